@@ -1,0 +1,96 @@
+"""What the generation loop yields. Plain frozen dataclasses: the app forwards them over Qt signals,
+the CLI prints them, tests compare them.
+
+Order for one request: zero or more TokenSampled / TextDelta / ReasoningDelta, then exactly one
+Finished (also on cancel and on error; an error after the request was accepted is a Finished with
+finish_reason="error" and `error` set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Finish reasons, and what each means.
+FINISH_STOP = "stop"  # an end-of-generation token id was sampled (not included in the output)
+FINISH_STOP_SEQUENCE = "stop_sequence"  # a user stop string matched (not included in the output)
+FINISH_LENGTH = "length"  # max_new_tokens or the context limit was reached
+FINISH_CANCELLED = "cancelled"  # the CancelToken was set; everything emitted so far is kept
+FINISH_GRAMMAR_COMPLETE = "grammar_complete"  # JSON mode: the value is complete and valid
+FINISH_ERROR = "error"  # an exception ended the request; `Finished.error` says what
+FINISH_REASONS = (
+    FINISH_STOP,
+    FINISH_STOP_SEQUENCE,
+    FINISH_LENGTH,
+    FINISH_CANCELLED,
+    FINISH_GRAMMAR_COMPLETE,
+    FINISH_ERROR,
+)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Answer text, safe to append (complete UTF-8 characters, never part of a stop string)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Text inside <think>...</think> for models that emit it; shown apart from the answer."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TopAlternative:
+    token_id: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenSampled:
+    """One sampled token with its log-probability and the top alternatives (token inspector).
+
+    Emitted for every generated token, before the text it contributes is released (text may be
+    held back by the detokenizer or the stop matcher, so map tokens to text by `index`).
+    """
+
+    index: int  # 0-based position among generated tokens
+    token_id: int
+    text: str  # the token's own piece, decoded alone (may be partial UTF-8 -> replacement chars)
+    logprob: float
+    top: tuple[TopAlternative, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int  # after BOS and chat template
+    completion_tokens: int
+    cached_tokens: int | None  # None: no prefix cache consulted; 0: consulted, missed
+    prefill_ms: float
+    decode_ms: float
+    ttft_ms: float  # request start -> first sampled token (>= prefill_ms)
+    prompt_tok_s: float
+    decode_tok_s: float
+    context_used: int
+    context_limit: int
+    draft_tokens_proposed: int = 0  # speculative decoding
+    draft_tokens_accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        if not self.draft_tokens_proposed:
+            return None
+        return self.draft_tokens_accepted / self.draft_tokens_proposed
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str
+    usage: Usage
+    text: str  # the whole answer as emitted (concatenation of TextDelta)
+    reasoning: str = ""  # concatenation of ReasoningDelta
+    token_ids: tuple[int, ...] = ()  # generated ids, stop/end-of-generation tokens excluded
+    error: str | None = None
+    preset: dict = field(default_factory=dict)  # resolved sampling values with provenance
