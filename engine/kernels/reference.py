@@ -1,0 +1,151 @@
+"""Plain numpy implementation of the Backend protocol (engine/kernels/backend.py).
+
+It is the oracle the JIT kernels are tested against and the fallback when they cannot be
+compiled, so it favours obvious code over speed. Weights are dequantized a slice of rows at a
+time and thrown away after use: keeping a float32 copy would need ~4-8x the file's memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.qtensor import QTensor
+
+# Rows dequantized per slice in `linear`: bounded so a 262k-row tied embedding never turns into
+# one 670 MB float32 temporary.
+_SLICE_FLOATS = 1 << 22
+
+
+def dequantize_rows_range(w: QTensor, r0: int, r1: int) -> np.ndarray:
+    """Rows r0..r1-1 of a 2-D weight as float32 (r1 - r0, cols)."""
+    try:
+        from engine.quants import dequantize_rows
+    except ImportError:
+        from gguf.quants import dequantize
+
+        return np.asarray(dequantize(w.data[r0:r1], w.qtype), dtype=np.float32).reshape(r1 - r0, w.cols)
+    return dequantize_rows(w, np.arange(r0, r1))
+
+
+def dequantize_rows_at(w: QTensor, rows: np.ndarray) -> np.ndarray:
+    """The given rows of a 2-D weight as float32 (len(rows), cols)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    try:
+        from engine.quants import dequantize_rows
+    except ImportError:
+        from gguf.quants import dequantize
+
+        return np.asarray(dequantize(w.data[rows], w.qtype), dtype=np.float32).reshape(len(rows), w.cols)
+    return dequantize_rows(w, rows)
+
+
+def dequantize_full(w: QTensor) -> np.ndarray:
+    """A whole (small) tensor as float32 in its numpy shape: for norm weights and biases."""
+    try:
+        from engine.quants import dequantize
+    except ImportError:
+        from gguf.quants import dequantize as gguf_dequantize
+
+        return np.asarray(gguf_dequantize(w.data, w.qtype), dtype=np.float32).reshape(w.shape)
+    return np.asarray(dequantize(w), dtype=np.float32).reshape(w.shape)
+
+
+def _gelu_tanh(g: np.ndarray) -> np.ndarray:
+    return 0.5 * g * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (g + np.float32(0.044715) * g * g * g)))
+
+
+def _silu(g: np.ndarray) -> np.ndarray:
+    return g / (np.float32(1.0) + np.exp(-g))
+
+
+class ReferenceBackend:
+    name = "numpy"
+
+    def linear(self, w: QTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        n_out, n_in = w.rows, w.cols
+        if x.ndim != 2 or x.shape[1] != n_in:
+            raise ValueError(f"linear {w.name}: x has shape {x.shape}, expected (T, {n_in})")
+        if out is None:
+            out = np.empty((x.shape[0], n_out), dtype=np.float32)
+        step = max(1, _SLICE_FLOATS // n_in)
+        for r0 in range(0, n_out, step):
+            r1 = min(n_out, r0 + step)
+            np.matmul(x, dequantize_rows_range(w, r0, r1).T, out=out[:, r0:r1])
+        return out
+
+    def embedding(self, w: QTensor, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        rows = dequantize_rows_at(w, ids)
+        if out is None:
+            return rows
+        out[...] = rows
+        return out
+
+    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float,
+                out: np.ndarray | None = None) -> np.ndarray:
+        mean_sq = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+        inv = (1.0 / np.sqrt(mean_sq + eps)).astype(np.float32)
+        if out is None:
+            out = np.empty_like(x)
+        np.multiply(x, inv, out=out)
+        out *= weight
+        return out
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, *, theta: float, neox: bool,
+             freq_scale: float = 1.0) -> np.ndarray:
+        head_dim = x.shape[-1]
+        half = head_dim // 2
+        inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)
+        angles = (np.asarray(positions, dtype=np.float64)[:, None] * freq_scale) * inv_freq[None, :]
+        cos = np.cos(angles).astype(np.float32)[:, None, :]  # (T, 1, half)
+        sin = np.sin(angles).astype(np.float32)[:, None, :]
+        if neox:
+            a, b = x[..., :half].copy(), x[..., half:].copy()
+            x[..., :half] = a * cos - b * sin
+            x[..., half:] = a * sin + b * cos
+        else:
+            a, b = x[..., 0::2].copy(), x[..., 1::2].copy()
+            x[..., 0::2] = a * cos - b * sin
+            x[..., 1::2] = a * sin + b * cos
+        return x
+
+    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, *, p0: int,
+                  scale: float, window: int = 0, softcap: float = 0.0,
+                  out: np.ndarray | None = None) -> np.ndarray:
+        n_tokens, n_head, head_dim = q.shape
+        n_kv = k_cache.shape[1]
+        group = n_head // n_kv
+        n_keys = p0 + n_tokens
+        keys = k_cache[:n_keys].astype(np.float32)  # (n_keys, n_kv, head_dim)
+        values = v_cache[:n_keys].astype(np.float32)
+        qg = q.reshape(n_tokens, n_kv, group, head_dim)
+        scores = np.einsum("tkgd,nkd->kgtn", qg, keys) * np.float32(scale)  # (n_kv, group, T, n_keys)
+        if softcap > 0.0:
+            scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+        query_pos = p0 + np.arange(n_tokens)[:, None]
+        key_pos = np.arange(n_keys)[None, :]
+        allowed = key_pos <= query_pos
+        if window > 0:
+            allowed &= key_pos > query_pos - window
+        scores = np.where(allowed, scores, -np.inf)
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        mixed = np.einsum("kgtn,nkd->tkgd", probs, values).reshape(n_tokens, n_head * head_dim)
+        if out is None:
+            return np.ascontiguousarray(mixed, dtype=np.float32)
+        out[...] = mixed
+        return out
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        result = _silu(gate) * up
+        if out is None:
+            return result
+        out[...] = result
+        return out
+
+    def geglu(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        result = _gelu_tanh(gate) * up
+        if out is None:
+            return result
+        out[...] = result
+        return out
