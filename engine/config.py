@@ -1,0 +1,205 @@
+"""ModelConfig: the hyperparameters a forward pass needs, read from GGUF metadata per architecture.
+
+Everything architecture-specific that is not a tensor lives here as a plain field, so the model
+code reads `cfg.rope_neox` instead of asking "is this qwen?". Values that the GGUF does not store
+but the architecture fixes (Gemma 3's local RoPE base, its attention scale) are set here, with
+the reason next to them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import ModelFileError, UnsupportedModelError
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+
+# Gemma 3: local (sliding-window) layers use RoPE base 10000; the GGUF stores only the global
+# base (1e6). Matches transformers' `rope_local_base_freq` and llama.cpp's hard-coded value.
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# Gemma 3: five local layers, then one global layer (layers 5, 11, 17, ... are global), when the
+# file carries no explicit pattern.
+GEMMA3_SWA_PERIOD = 6
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layers: int
+    d_model: int
+    n_ff: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    n_vocab: int
+    context_length: int
+    norm_eps: float
+    rope_theta: float  # base of the global (full attention) layers
+    rope_theta_local: float  # base of sliding-window layers (== rope_theta where there are none)
+    rope_neox: bool  # pairing style, see Backend.rope
+    rope_freq_scale: float  # linear RoPE scaling (1 / factor) on global layers; 1.0 = none
+    sliding_window: int  # 0 = no sliding window anywhere
+    layer_uses_window: tuple[bool, ...]  # per layer: sliding-window (local) attention?
+    attn_scale: float  # multiplies q.k
+    embed_scale: float  # multiplies the token embedding (Gemma: sqrt(d_model))
+    activation: str  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    qk_norm: bool  # per-head RMSNorm on q and k before RoPE (qwen3, gemma3)
+    qkv_bias: bool  # biases on q/k/v projections (qwen2)
+    sandwich_norms: bool  # extra RMSNorm after attention and after FFN (gemma3)
+    final_logit_softcap: float = 0.0
+    attn_logit_softcap: float = 0.0
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_head * self.head_dim
+
+    def layer_rope_theta(self, layer: int) -> float:
+        return self.rope_theta_local if self.layer_uses_window[layer] else self.rope_theta
+
+    def layer_rope_freq_scale(self, layer: int) -> float:
+        return 1.0 if self.layer_uses_window[layer] else self.rope_freq_scale
+
+    def layer_window(self, layer: int) -> int:
+        return self.sliding_window if self.layer_uses_window[layer] else 0
+
+    @classmethod
+    def from_gguf(cls, gguf_file) -> "ModelConfig":
+        """Build from an opened GGUF (`.arch`, `.metadata`, `.tensors`). Raises
+        UnsupportedModelError for other architectures, ModelFileError for missing/invalid keys."""
+        arch = str(gguf_file.arch)
+        if arch not in SUPPORTED_ARCHS:
+            raise UnsupportedModelError(
+                f"Model architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+        md = _Metadata(gguf_file.metadata, arch)
+
+        d_model = md.positive_int("embedding_length")
+        n_head = md.positive_int("attention.head_count")
+        n_kv_head = md.positive_int("attention.head_count_kv", default=n_head)
+        if n_head % n_kv_head:
+            raise ModelFileError(
+                f"{arch}.attention.head_count={n_head} is not a multiple of head_count_kv={n_kv_head}")
+        head_dim = md.positive_int("attention.key_length", default=d_model // n_head)
+        value_dim = md.positive_int("attention.value_length", default=head_dim)
+        if value_dim != head_dim:
+            raise UnsupportedModelError(
+                f"{arch}.attention.value_length={value_dim} differs from key_length={head_dim}; "
+                "only equal key/value head sizes are supported")
+        if head_dim % 2:
+            raise ModelFileError(f"attention head size {head_dim} must be even for RoPE")
+        rope_dims = md.positive_int("rope.dimension_count", default=head_dim)
+        if rope_dims != head_dim:
+            raise UnsupportedModelError(
+                f"{arch}.rope.dimension_count={rope_dims}: only full-head RoPE ({head_dim}) is supported")
+        n_layers = md.positive_int("block_count")
+
+        embd = gguf_file.tensors.get("token_embd.weight")
+        if embd is None:
+            raise ModelFileError("tensor 'token_embd.weight' is missing")
+        n_vocab = int(embd.shape[0])
+
+        rope_theta = md.positive_float("rope.freq_base", default=10000.0)
+        rope_freq_scale = _rope_freq_scale(md, arch)
+        gemma = arch == "gemma3"
+        if gemma:
+            sliding_window = md.positive_int("attention.sliding_window", default=512)
+            layer_uses_window = _gemma3_window_layers(md, n_layers)
+            rope_theta_local = GEMMA3_LOCAL_ROPE_BASE
+            # transformers: query_pre_attn_scalar = head_dim for the 270m..12B models (llama.cpp
+            # uses 1/sqrt(n_embd_head_k) for all but 27B, which scales by d_model / n_head).
+            attn_scale = 1.0 / math.sqrt(head_dim)
+        else:
+            sliding_window = 0
+            layer_uses_window = (False,) * n_layers
+            rope_theta_local = rope_theta
+            attn_scale = 1.0 / math.sqrt(head_dim)
+
+        return cls(
+            arch=arch,
+            n_layers=n_layers,
+            d_model=d_model,
+            n_ff=md.positive_int("feed_forward_length"),
+            n_head=n_head,
+            n_kv_head=n_kv_head,
+            head_dim=head_dim,
+            n_vocab=n_vocab,
+            context_length=md.positive_int("context_length"),
+            norm_eps=md.positive_float("attention.layer_norm_rms_epsilon", default=1e-6),
+            rope_theta=rope_theta,
+            rope_theta_local=rope_theta_local,
+            rope_neox=arch != "llama",  # llama.cpp LLAMA_ROPE_TYPE_NORM only for llama here
+            rope_freq_scale=rope_freq_scale,
+            sliding_window=sliding_window,
+            layer_uses_window=layer_uses_window,
+            attn_scale=attn_scale,
+            embed_scale=math.sqrt(d_model) if gemma else 1.0,
+            activation="gelu_tanh" if gemma else "silu",
+            qk_norm=arch in ("qwen3", "gemma3"),
+            qkv_bias=arch == "qwen2",
+            sandwich_norms=gemma,
+            final_logit_softcap=md.nonneg_float("final_logit_softcapping", default=0.0),
+            attn_logit_softcap=md.nonneg_float("attn_logit_softcapping", default=0.0),
+        )
+
+
+class _Metadata:
+    """Typed access to `<arch>.<key>` metadata with errors that name the key and value."""
+
+    def __init__(self, metadata: dict[str, Any], arch: str):
+        self.metadata, self.arch = metadata, arch
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        full = f"{self.arch}.{key}"
+        if full in self.metadata:
+            return self.metadata[full]
+        if default is None:
+            raise ModelFileError(f"required metadata key '{full}' is missing")
+        return default
+
+    def positive_int(self, key: str, default: int | None = None) -> int:
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
+            raise ModelFileError(f"metadata {self.arch}.{key}={value!r} must be a positive integer")
+        return int(value)
+
+    def positive_float(self, key: str, default: float | None = None) -> float:
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+            raise ModelFileError(f"metadata {self.arch}.{key}={value!r} must be a positive finite number")
+        return float(value)
+
+    def nonneg_float(self, key: str, default: float) -> float:
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
+            raise ModelFileError(f"metadata {self.arch}.{key}={value!r} must be a finite number >= 0")
+        return float(value)
+
+
+def _rope_freq_scale(md: _Metadata, arch: str) -> float:
+    kind = md.metadata.get(f"{arch}.rope.scaling.type", "none")
+    if kind in ("none", None):
+        return 1.0
+    if kind == "linear":
+        return 1.0 / md.positive_float("rope.scaling.factor", default=1.0)
+    raise UnsupportedModelError(
+        f"{arch}.rope.scaling.type='{kind}' is not supported; supported: none, linear")
+
+
+def _gemma3_window_layers(md: _Metadata, n_layers: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window. Newer converters store a per-layer bool array or a
+    period under attention.sliding_window_pattern; otherwise the Gemma 3 period of 6."""
+    pattern = md.metadata.get(f"{md.arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != n_layers:
+            raise ModelFileError(
+                f"{md.arch}.attention.sliding_window_pattern has {len(pattern)} entries, expected {n_layers}")
+        return tuple(bool(v) for v in pattern)
+    period = GEMMA3_SWA_PERIOD if pattern is None else int(pattern)
+    if period <= 0:
+        raise ModelFileError(f"{md.arch}.attention.sliding_window_pattern={pattern!r} must be positive")
+    return tuple((layer % period) < period - 1 for layer in range(n_layers))

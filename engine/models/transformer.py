@@ -1,0 +1,221 @@
+"""The decoder-only transformer shared by llama, qwen2, qwen3 and gemma3.
+
+The architectures differ only in switches that ModelConfig carries (RoPE pairing, q/k norms,
+q/k/v biases, Gemma's sandwich norms / GeGLU / scaled embeddings / sliding window), so one
+forward pass serves all four. Attribute names match the GGUF tensor names (`blk.N.attn_q`
+-> `layers[N].attn_q`). Prefill (T tokens) and decode (T = 1) run through the same code; all
+activation buffers are allocated once for `max_batch` tokens and longer prompts go in chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.errors import ModelFileError
+from engine.kernels.reference import dequantize_full
+from engine.kv_cache import KVCache
+from engine.qtensor import QTensor
+
+DEFAULT_MAX_BATCH = 256
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray  # (d_model,) f32
+    attn_q: QTensor  # (q_dim, d_model)
+    attn_k: QTensor  # (kv_dim, d_model)
+    attn_v: QTensor  # (kv_dim, d_model)
+    attn_output: QTensor  # (d_model, q_dim)
+    ffn_norm: np.ndarray  # (d_model,) f32
+    ffn_gate: QTensor  # (n_ff, d_model)
+    ffn_up: QTensor  # (n_ff, d_model)
+    ffn_down: QTensor  # (d_model, n_ff)
+    attn_q_bias: np.ndarray | None = None  # (q_dim,) qwen2
+    attn_k_bias: np.ndarray | None = None  # (kv_dim,)
+    attn_v_bias: np.ndarray | None = None  # (kv_dim,)
+    attn_q_norm: np.ndarray | None = None  # (head_dim,) qwen3, gemma3
+    attn_k_norm: np.ndarray | None = None  # (head_dim,)
+    post_attention_norm: np.ndarray | None = None  # (d_model,) gemma3
+    post_ffw_norm: np.ndarray | None = None  # (d_model,) gemma3
+
+
+class _RunState:
+    """Activation buffers for up to `max_batch` tokens, allocated once (shapes per row block)."""
+
+    def __init__(self, cfg: ModelConfig, max_batch: int):
+        f32 = np.float32
+        self.x = np.zeros((max_batch, cfg.d_model), f32)  # residual stream
+        self.h = np.zeros((max_batch, cfg.d_model), f32)  # normed input of a sub-block
+        self.proj = np.zeros((max_batch, cfg.d_model), f32)  # sub-block output before residual add
+        self.q = np.zeros((max_batch, cfg.q_dim), f32)
+        self.k = np.zeros((max_batch, cfg.kv_dim), f32)
+        self.v = np.zeros((max_batch, cfg.kv_dim), f32)
+        self.att = np.zeros((max_batch, cfg.q_dim), f32)  # attention output, heads concatenated
+        self.gate = np.zeros((max_batch, cfg.n_ff), f32)
+        self.up = np.zeros((max_batch, cfg.n_ff), f32)
+        self.last = np.zeros((1, cfg.d_model), f32)  # final-normed last token
+        self.logits = np.zeros((1, cfg.n_vocab), f32)
+
+
+class TransformerModel:
+    def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], backend,
+                 max_batch: int = DEFAULT_MAX_BATCH):
+        self.config = config
+        self.backend = backend
+        self.max_batch = max_batch
+        self.token_embd = _require(tensors, "token_embd.weight")
+        # Tied output: many small models reuse the embedding matrix as the output projection.
+        self.output = tensors.get("output.weight", self.token_embd)
+        self.output_norm = _vector(_require(tensors, "output_norm.weight"))
+        self.layers = [self._load_layer(tensors, i) for i in range(config.n_layers)]
+        self._state = _RunState(config, max_batch)
+
+    def _load_layer(self, tensors: dict[str, QTensor], i: int) -> Layer:
+        cfg = self.config
+        p = f"blk.{i}."
+
+        def need(name: str) -> QTensor:
+            return _require(tensors, p + name + ".weight")
+
+        def vector(name: str, suffix: str = ".weight") -> np.ndarray:
+            return _vector(_require(tensors, p + name + suffix))
+
+        layer = Layer(
+            attn_norm=vector("attn_norm"),
+            attn_q=need("attn_q"), attn_k=need("attn_k"), attn_v=need("attn_v"),
+            attn_output=need("attn_output"),
+            ffn_norm=vector("ffn_norm"),
+            ffn_gate=need("ffn_gate"), ffn_up=need("ffn_up"), ffn_down=need("ffn_down"),
+        )
+        if cfg.qkv_bias:
+            layer.attn_q_bias = vector("attn_q", ".bias")
+            layer.attn_k_bias = vector("attn_k", ".bias")
+            layer.attn_v_bias = vector("attn_v", ".bias")
+        if cfg.qk_norm:
+            layer.attn_q_norm = vector("attn_q_norm")
+            layer.attn_k_norm = vector("attn_k_norm")
+        if cfg.sandwich_norms:
+            layer.post_attention_norm = vector("post_attention_norm")
+            layer.post_ffw_norm = vector("post_ffw_norm")
+        _check_shape(layer.attn_q, (cfg.q_dim, cfg.d_model))
+        _check_shape(layer.attn_k, (cfg.kv_dim, cfg.d_model))
+        _check_shape(layer.attn_v, (cfg.kv_dim, cfg.d_model))
+        _check_shape(layer.attn_output, (cfg.d_model, cfg.q_dim))
+        _check_shape(layer.ffn_gate, (cfg.n_ff, cfg.d_model))
+        _check_shape(layer.ffn_up, (cfg.n_ff, cfg.d_model))
+        _check_shape(layer.ffn_down, (cfg.d_model, cfg.n_ff))
+        return layer
+
+    # ------------------------------------------------------------------------------------------
+    def new_cache(self, n_ctx: int) -> KVCache:
+        return KVCache.for_config(self.config, n_ctx)
+
+    def forward(self, tokens, cache: KVCache, *, all_logits: bool = False) -> np.ndarray:
+        """Append `tokens` at positions cache.n_tokens.. and return float32 logits: (n_vocab,)
+        for the last token, or (T, n_vocab) for every token when all_logits. The returned array
+        is a fresh copy the caller may keep."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("forward() needs at least one token")
+        bad = (ids < 0) | (ids >= self.config.n_vocab)
+        if bad.any():
+            raise ValueError(f"token id {int(ids[bad][0])} is out of range [0, {self.config.n_vocab})")
+        cache.reserve(ids.size)
+        chunks = []
+        for c0 in range(0, ids.size, self.max_batch):
+            chunk = ids[c0:c0 + self.max_batch]
+            is_last = c0 + chunk.size == ids.size
+            chunks.append(self._forward_chunk(chunk, cache, all_logits, is_last))
+        if all_logits:
+            return np.concatenate(chunks, axis=0)
+        return chunks[-1]
+
+    def _forward_chunk(self, ids: np.ndarray, cache: KVCache, all_logits: bool, is_last: bool):
+        cfg, ops, st = self.config, self.backend, self._state
+        n = ids.size
+        p0 = cache.reserve(n)
+        positions = np.arange(p0, p0 + n, dtype=np.int32)
+        x = st.x[:n]
+        ops.embedding(self.token_embd, ids, out=x)
+        if cfg.embed_scale != 1.0:
+            # Gemma multiplies by sqrt(d_model) rounded to the activation dtype (float32 here).
+            x *= np.float32(cfg.embed_scale)
+
+        h, proj, att = st.h[:n], st.proj[:n], st.att[:n]
+        q, k, v = st.q[:n], st.k[:n], st.v[:n]
+        gate, up = st.gate[:n], st.up[:n]
+        q_heads = q.reshape(n, cfg.n_head, cfg.head_dim)
+        k_heads = k.reshape(n, cfg.n_kv_head, cfg.head_dim)
+        for li, layer in enumerate(self.layers):
+            # --- attention ---
+            ops.rmsnorm(x, layer.attn_norm, cfg.norm_eps, out=h)
+            ops.linear(layer.attn_q, h, out=q)
+            ops.linear(layer.attn_k, h, out=k)
+            ops.linear(layer.attn_v, h, out=v)
+            if layer.attn_q_bias is not None:
+                q += layer.attn_q_bias
+                k += layer.attn_k_bias
+                v += layer.attn_v_bias
+            if layer.attn_q_norm is not None:
+                qr = q.reshape(n * cfg.n_head, cfg.head_dim)
+                kr = k.reshape(n * cfg.n_kv_head, cfg.head_dim)
+                ops.rmsnorm(qr, layer.attn_q_norm, cfg.norm_eps, out=qr)
+                ops.rmsnorm(kr, layer.attn_k_norm, cfg.norm_eps, out=kr)
+            theta, fscale = cfg.layer_rope_theta(li), cfg.layer_rope_freq_scale(li)
+            ops.rope(q_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale)
+            ops.rope(k_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale)
+            k_cache, v_cache = cache.layer(li)
+            k_cache[p0:p0 + n] = k_heads
+            v_cache[p0:p0 + n] = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
+            ops.attention(q_heads, k_cache, v_cache, p0=p0, scale=cfg.attn_scale,
+                          window=cfg.layer_window(li), softcap=cfg.attn_logit_softcap, out=att)
+            ops.linear(layer.attn_output, att, out=proj)
+            if layer.post_attention_norm is not None:
+                ops.rmsnorm(proj, layer.post_attention_norm, cfg.norm_eps, out=proj)
+            x += proj
+            # --- feed-forward ---
+            ops.rmsnorm(x, layer.ffn_norm, cfg.norm_eps, out=h)
+            ops.linear(layer.ffn_gate, h, out=gate)
+            ops.linear(layer.ffn_up, h, out=up)
+            if cfg.activation == "gelu_tanh":
+                ops.geglu(gate, up, out=gate)
+            else:
+                ops.swiglu(gate, up, out=gate)
+            ops.linear(layer.ffn_down, gate, out=proj)
+            if layer.post_ffw_norm is not None:
+                ops.rmsnorm(proj, layer.post_ffw_norm, cfg.norm_eps, out=proj)
+            x += proj
+        cache.commit(ids)
+
+        if all_logits:
+            normed = ops.rmsnorm(x, self.output_norm, cfg.norm_eps)
+            logits = ops.linear(self.output, normed)
+        elif is_last:
+            ops.rmsnorm(x[n - 1:n], self.output_norm, cfg.norm_eps, out=st.last)
+            logits = ops.linear(self.output, st.last, out=st.logits)[0].copy()
+        else:
+            return None
+        if cfg.final_logit_softcap > 0.0:
+            cap = np.float32(cfg.final_logit_softcap)
+            logits = cap * np.tanh(logits / cap)
+        return logits
+
+
+def _require(tensors: dict[str, QTensor], name: str) -> QTensor:
+    tensor = tensors.get(name)
+    if tensor is None:
+        raise ModelFileError(f"tensor '{name}' is missing from the model file")
+    return tensor
+
+
+def _vector(t: QTensor) -> np.ndarray:
+    """Norm weights and biases: tiny, so converted to float32 once at load."""
+    return np.ascontiguousarray(dequantize_full(t).reshape(-1), dtype=np.float32)
+
+
+def _check_shape(t: QTensor, expected: tuple[int, int]) -> None:
+    if tuple(t.shape) != expected:
+        raise ModelFileError(f"tensor '{t.name}' has shape {tuple(t.shape)}, expected {expected}")
