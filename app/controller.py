@@ -1,0 +1,140 @@
+"""EngineController: owns the worker thread and is the GUI thread's handle on the engine.
+
+- Requests go to the worker through queued signals (the worker lives on its own QThread).
+- `cancel()` sets the CancelToken directly from the GUI thread: the worker is busy inside
+  generate() and would never run a queued cancel slot in time.
+- `shutdown()`: cancel, `quit()`, `wait()` — the thread ends after the current token.
+- Worker events arrive through an EventChannel (see app/worker.py); each drain becomes one emit
+  per kind (tokens, reasoning, text, usage), then finished/errored.
+- Only events of the current request are forwarded; a late batch from a cancelled request that
+  was superseded cannot leak into the next reply.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from app.engine_bridge import ChatRequest, EngineBridge, ModelInfo, PresetView
+from app.worker import EngineWorker, RequestFailed
+from engine.cancel import CancelToken
+from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Usage
+
+
+class EngineController(QObject):
+    loadProgress = Signal(str, float)
+    modelLoaded = Signal(object)  # ModelInfo
+    loadFailed = Signal(str, str)  # path, message
+
+    replyReasoning = Signal(str)
+    replyText = Signal(str)
+    replyTokens = Signal(list)
+    replyUsage = Signal(object)
+    replyFinished = Signal(object)  # engine Finished
+    replyErrored = Signal(str)
+
+    _load = Signal(str, int, int)
+    _generate = Signal(int, object, object)
+
+    def __init__(self, bridge: EngineBridge, parent: QObject | None = None):
+        super().__init__(parent)
+        self.bridge = bridge
+        self.model: ModelInfo | None = None
+        self.loading = False
+        self._request_id = 0
+        self._active: int | None = None
+        self._cancel: CancelToken | None = None
+
+        self._thread = QThread()
+        self._thread.setObjectName("engine-worker")
+        self._worker = EngineWorker(bridge)
+        self._worker.moveToThread(self._thread)
+        self._load.connect(self._worker.load)
+        self._generate.connect(self._worker.generate)
+        w = self._worker
+        w.loadProgress.connect(self.loadProgress)
+        w.modelLoaded.connect(self._on_loaded)
+        w.loadFailed.connect(self._on_load_failed)
+        w.eventsReady.connect(self._drain)  # queued: the worker lives on another thread
+        self._thread.start()
+
+    # --- state ----------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self._active is not None
+
+    # --- requests -------------------------------------------------------------------------------
+    def load_model(self, path: str, n_ctx: int = 0, n_threads: int = 0) -> None:
+        self.cancel()
+        self.loading = True
+        self._load.emit(str(path), int(n_ctx), int(n_threads))
+
+    def generate(self, request: ChatRequest) -> int:
+        if self._active is not None:
+            raise RuntimeError("a reply is already being generated")
+        self._request_id += 1
+        self._active = self._request_id
+        self._cancel = CancelToken()
+        self._generate.emit(self._request_id, request, self._cancel)
+        return self._request_id
+
+    def cancel(self) -> None:
+        if self._cancel is not None:
+            self._cancel.cancel()
+
+    def resolve_preset(self, saved: dict | None, overrides: dict | None) -> PresetView:
+        """Runs on the GUI thread: configuration logic only (see app/engine_bridge.py)."""
+        if self._worker.lm is None:
+            raise RuntimeError("no model loaded")
+        return self.bridge.resolve_preset(self._worker.lm, saved, overrides)
+
+    def shutdown(self) -> None:
+        self.cancel()
+        self._thread.quit()
+        self._thread.wait()
+
+    # --- worker callbacks (GUI thread) ----------------------------------------------------------
+    @Slot()
+    def _drain(self) -> None:
+        """Everything the worker produced since the last drain, merged into one emit per kind."""
+        text, reasoning, tokens, usage = [], [], [], None
+        for request_id, event in self._worker.channel.drain():
+            if request_id != self._active:
+                continue  # a superseded request's tail
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, ReasoningDelta):
+                reasoning.append(event.text)
+            elif isinstance(event, TokenSampled):
+                tokens.append(event)
+            elif isinstance(event, Usage):
+                usage = event
+            elif isinstance(event, (Finished, RequestFailed)):
+                self._emit_batch(text, reasoning, tokens, usage)
+                text, reasoning, tokens, usage = [], [], [], None
+                self._active, self._cancel = None, None
+                if isinstance(event, Finished):
+                    self.replyFinished.emit(event)
+                else:
+                    self.replyErrored.emit(event.message)
+        self._emit_batch(text, reasoning, tokens, usage)
+
+    def _emit_batch(self, text, reasoning, tokens, usage) -> None:
+        if tokens:
+            self.replyTokens.emit(tokens)
+        if reasoning:
+            self.replyReasoning.emit("".join(reasoning))
+        if text:
+            self.replyText.emit("".join(text))
+        if usage is not None:
+            self.replyUsage.emit(usage)
+
+    @Slot(object)
+    def _on_loaded(self, info: ModelInfo) -> None:
+        self.loading = False
+        self.model = info
+        self.modelLoaded.emit(info)
+
+    @Slot(str, str)
+    def _on_load_failed(self, path: str, message: str) -> None:
+        self.loading = False
+        self.loadFailed.emit(path, message)

@@ -1,0 +1,99 @@
+"""The only place the app calls the engine. Everything here runs on the worker thread except
+`resolve_preset`, which is pure configuration logic (no model compute) and is cheap enough for the
+GUI thread, so the preset panel can validate an edit immediately even while a reply streams.
+
+Tests substitute a fake with the same four methods (tests/app_fakes.py) that yields the real
+engine event dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Protocol
+
+from engine.cancel import CancelToken
+
+JSON_MODES = ("off", "object", "schema")
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """What the window asks for; the bridge turns it into the engine's GenerationRequest."""
+
+    messages: tuple[dict, ...]  # {"role": ..., "content": ...}, system prompt first if any
+    overrides: dict = field(default_factory=dict)
+    saved_preset: dict | None = None
+    json_mode: str = "off"
+    json_schema: dict | None = None
+    top_logprobs: int = 5
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: str
+    architecture: str
+    n_ctx: int
+    template: str  # chat template name, "(fallback)" appended when the model has none
+
+
+@dataclass(frozen=True)
+class PresetView:
+    values: dict
+    sources: dict  # field -> "override" / "saved preset" / "generation_config.json" / ...
+
+
+ProgressCallback = Callable[[str, float], None]
+
+
+class EngineBridge(Protocol):
+    def load(self, path: str, *, n_ctx: int | None, n_threads: int | None,
+             progress: ProgressCallback) -> object: ...
+
+    def describe(self, lm: object) -> ModelInfo: ...
+
+    def resolve_preset(self, lm: object, saved: dict | None, overrides: dict | None) -> PresetView: ...
+
+    def generate(self, lm: object, request: ChatRequest, cancel: CancelToken) -> Iterator[object]: ...
+
+
+class RealEngine:
+    """The engine packages, imported lazily so the window opens before numpy/llvmlite load."""
+
+    def load(self, path, *, n_ctx, n_threads, progress):
+        from engine.loader import load_model
+
+        return load_model(path, n_ctx=n_ctx or None, n_threads=n_threads or None, progress=progress)
+
+    def describe(self, lm) -> ModelInfo:
+        template = lm.chat_template
+        template_name = getattr(template, "name", "") or "chat template"
+        if getattr(template, "is_fallback", False):
+            template_name += " (fallback)"
+        return ModelInfo(
+            path=str(lm.path),
+            name=Path(str(lm.path)).name,
+            architecture=str(lm.gguf.arch),
+            n_ctx=int(lm.n_ctx),
+            template=template_name,
+        )
+
+    def resolve_preset(self, lm, saved, overrides) -> PresetView:
+        from engine.presets import resolve_preset
+
+        resolved = resolve_preset(lm, saved=saved or None, overrides=overrides or None)
+        return PresetView(values=dict(resolved.values), sources=dict(resolved.sources))
+
+    def generate(self, lm, request: ChatRequest, cancel):
+        from engine.generate import GenerationRequest, generate
+
+        engine_request = GenerationRequest(
+            messages=[dict(m) for m in request.messages],
+            overrides=dict(request.overrides),
+            saved_preset=request.saved_preset or None,
+            json_mode=request.json_mode,
+            json_schema=request.json_schema,
+            top_logprobs=request.top_logprobs,
+        )
+        return generate(lm, engine_request, cancel)

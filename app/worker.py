@@ -1,0 +1,109 @@
+"""EngineWorker: a QObject that lives on a QThread and does every slow thing — model load, kernel
+compile, generation — so the GUI thread only ever receives signals.
+
+Requests arrive as queued signal calls from app/controller.py. Cancel does NOT go through a slot
+(a queued slot would only run after the busy generate() returned); the controller sets the
+CancelToken directly and the engine polls it between tokens.
+
+Generation events cross threads through an EventChannel instead of one queued signal per event:
+the worker appends to a locked list and emits `eventsReady` only when the list goes from empty to
+non-empty. A model (or a fake) producing tens of thousands of tokens a second therefore posts at
+most one queued call per GUI drain, so it cannot flood the event loop, and no event ever waits for
+a timer: the first token reaches the GUI as soon as the GUI is free.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from app.engine_bridge import ChatRequest, EngineBridge
+from engine.cancel import CancelToken
+from engine.events import Finished
+
+
+class RequestFailed:
+    """Channel item: the request was refused or crashed before a Finished event."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+class EventChannel:
+    """Thread-safe hand-off of (request_id, event) pairs from the worker to the GUI thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[tuple[int, object]] = []
+
+    def put(self, request_id: int, event) -> bool:
+        """Returns True when the channel was empty, i.e. the GUI needs a wake-up."""
+        with self._lock:
+            self._items.append((request_id, event))
+            return len(self._items) == 1
+
+    def drain(self) -> list[tuple[int, object]]:
+        with self._lock:
+            items, self._items = self._items, []
+        return items
+
+
+class EngineWorker(QObject):
+    loadProgress = Signal(str, float)  # stage, fraction 0..1
+    modelLoaded = Signal(object)  # ModelInfo
+    loadFailed = Signal(str, str)  # path, message for the user
+
+    eventsReady = Signal()  # the channel went from empty to non-empty
+
+    def __init__(self, bridge: EngineBridge):
+        super().__init__()
+        self._bridge = bridge
+        self.channel = EventChannel()
+        self.lm = None  # the loaded model; only touched on the worker thread after load
+
+    @Slot(str, int, int)
+    def load(self, path: str, n_ctx: int, n_threads: int) -> None:
+        try:
+            lm = self._bridge.load(
+                path, n_ctx=n_ctx or None, n_threads=n_threads or None,
+                progress=lambda stage, fraction: self.loadProgress.emit(str(stage), float(fraction)),
+            )
+            info = self._bridge.describe(lm)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a dialog, never a crash
+            self.loadFailed.emit(path, _user_message(exc))
+            return
+        self.lm = lm
+        self.modelLoaded.emit(info)
+
+    @Slot(int, object, object)
+    def generate(self, request_id: int, request: ChatRequest, cancel: CancelToken) -> None:
+        if self.lm is None:
+            self._put(request_id, RequestFailed("No model is loaded yet."))
+            return
+        finished = False
+        try:
+            for event in self._bridge.generate(self.lm, request, cancel):
+                self._put(request_id, event)
+                finished = isinstance(event, Finished)
+            if not finished:
+                self._put(request_id, RequestFailed("The engine stopped without finishing the reply."))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a dialog, never a crash
+            self._put(request_id, RequestFailed(_user_message(exc)))
+
+    def _put(self, request_id: int, event) -> None:
+        if self.channel.put(request_id, event):
+            self.eventsReady.emit()
+
+
+def _user_message(exc: BaseException) -> str:
+    """Engine errors are written for people (engine/errors.py); anything else gets its type too."""
+    from engine.errors import EngineError
+
+    if isinstance(exc, (EngineError, OSError)):
+        return str(exc) or type(exc).__name__
+    detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return f"Unexpected error: {detail}"

@@ -1,0 +1,124 @@
+"""A scripted engine for the app's widget tests: same four methods as app.engine_bridge.RealEngine,
+yields the real engine event dataclasses, validates presets with the engine's typed error.
+
+Scripts: `FakeEngine(replies=[...])` answers each request with the next reply (split into word
+tokens). `gate` (a threading.Event) pauses the stream after `pause_after` tokens so a test can
+cancel mid-stream deterministically.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+from app.engine_bridge import ChatRequest, ModelInfo, PresetView
+from engine.errors import ConfigValidationError, ModelFileError
+from engine.events import (
+    FINISH_CANCELLED,
+    FINISH_GRAMMAR_COMPLETE,
+    FINISH_STOP,
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    TokenSampled,
+    TopAlternative,
+    Usage,
+)
+
+CHECKPOINT_PRESET = {"temperature": 0.2, "top_p": 0.9, "top_k": 50, "max_new_tokens": 256, "do_sample": True}
+CHECKPOINT_SOURCES = {
+    "temperature": "generation_config.json",
+    "top_p": "generation_config.json",
+    "top_k": "default",
+    "max_new_tokens": "default",
+    "do_sample": "gguf metadata",
+}
+
+
+@dataclass
+class FakeModel:
+    path: str
+    n_ctx: int
+
+
+@dataclass
+class FakeEngine:
+    replies: list[str] = field(default_factory=lambda: ["Hello! How can I help?"])
+    reasoning: str = ""
+    token_delay_s: float = 0.0
+    pause_after: int | None = None
+    gate: threading.Event = field(default_factory=threading.Event)
+    requests: list[ChatRequest] = field(default_factory=list)
+    load_stages: tuple = (("reading model", 0.3), ("compiling kernels", 0.8), ("ready", 1.0))
+    fail_generate_with: Exception | None = None
+
+    def load(self, path, *, n_ctx, n_threads, progress):
+        if str(path).endswith(".bad"):
+            raise ModelFileError(f"{path} is not a GGUF file (magic b'NOPE', expected b'GGUF')")
+        for stage, fraction in self.load_stages:
+            progress(stage, fraction)
+        return FakeModel(str(path), n_ctx or 2048)
+
+    def describe(self, lm):
+        return ModelInfo(path=lm.path, name=lm.path.rsplit("/", 1)[-1], architecture="llama",
+                         n_ctx=lm.n_ctx, template="chatml")
+
+    def resolve_preset(self, lm, saved, overrides):
+        values, sources = dict(CHECKPOINT_PRESET), dict(CHECKPOINT_SOURCES)
+        for origin, layer in (("saved preset", saved or {}), ("override", overrides or {})):
+            for key, value in layer.items():
+                if key not in values:
+                    raise ConfigValidationError(key, value, f"one of {sorted(values)}")
+                values[key], sources[key] = value, origin
+        if not isinstance(values["temperature"], (int, float)) or not 0 <= values["temperature"] <= 100:
+            raise ConfigValidationError("temperature", values["temperature"], "a number in [0, 100]")
+        if not isinstance(values["top_p"], (int, float)) or not 0 < values["top_p"] <= 1:
+            raise ConfigValidationError("top_p", values["top_p"], "a number in (0, 1]")
+        return PresetView(values, sources)
+
+    def generate(self, lm, request: ChatRequest, cancel):
+        self.requests.append(request)
+        if self.fail_generate_with is not None:
+            raise self.fail_generate_with
+        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
+        return self._stream(lm, request, reply, cancel)
+
+    def _stream(self, lm, request, reply, cancel):
+        start = time.perf_counter()
+        prompt_tokens = sum(len(m["content"].split()) + 4 for m in request.messages)
+        if self.reasoning:
+            yield ReasoningDelta(self.reasoning)
+        pieces = re.findall(r"\s*\S+", reply)
+        emitted, reason, first = [], FINISH_STOP, None
+        for i, piece in enumerate(pieces):
+            if self.pause_after is not None and i == self.pause_after:
+                self.gate.wait(10)
+            if cancel.cancelled:
+                reason = FINISH_CANCELLED
+                break
+            if first is None:
+                first = time.perf_counter()
+            top = (TopAlternative(1000 + i, piece, -0.2), TopAlternative(2000 + i, " alt", -1.9))
+            yield TokenSampled(index=i, token_id=1000 + i, text=piece, logprob=-0.2, top=top)
+            yield TextDelta(piece)
+            emitted.append(piece)
+            if self.token_delay_s:
+                time.sleep(self.token_delay_s)
+        else:
+            if request.json_mode != "off":
+                reason = FINISH_GRAMMAR_COMPLETE
+        end = time.perf_counter()
+        first = first or end
+        n = len(emitted)
+        usage = Usage(
+            prompt_tokens=prompt_tokens, completion_tokens=n, cached_tokens=None,
+            prefill_ms=(first - start) * 1000, decode_ms=(end - first) * 1000,
+            ttft_ms=(first - start) * 1000 + 0.01,
+            prompt_tok_s=prompt_tokens / max(first - start, 1e-6),
+            decode_tok_s=n / max(end - first, 1e-6),
+            context_used=prompt_tokens + n, context_limit=lm.n_ctx,
+        )
+        yield Finished(finish_reason=reason, usage=usage, text="".join(emitted),
+                       reasoning=self.reasoning, token_ids=tuple(1000 + i for i in range(n)))

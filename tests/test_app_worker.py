@@ -1,0 +1,127 @@
+"""Worker thread + controller: load progress, streamed events in order, cancel from the GUI
+thread while the worker is busy, errors as signals (never exceptions across threads)."""
+
+import threading
+
+import pytest
+
+from app.controller import EngineController
+from app.engine_bridge import ChatRequest
+from engine.errors import ContextOverflowError
+from tests.app_fakes import FakeEngine
+
+
+@pytest.fixture
+def make_controller(qtbot):
+    made = []
+
+    def make(engine):
+        c = EngineController(engine)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.shutdown()
+
+
+def load(qtbot, controller, path="/models/fake.gguf"):
+    with qtbot.waitSignal(controller.modelLoaded, timeout=5000):
+        controller.load_model(path)
+
+
+def test_load_reports_progress_then_model_info(qtbot, make_controller):
+    c = make_controller(FakeEngine())
+    seen = []
+    c.loadProgress.connect(lambda s, f: seen.append((s, f)))
+    c.modelLoaded.connect(lambda info: seen.append("loaded"))
+    load(qtbot, c)
+    assert seen == [("reading model", 0.3), ("compiling kernels", 0.8), ("ready", 1.0), "loaded"]
+    assert c.model.name == "fake.gguf" and not c.loading
+
+
+def test_bad_file_becomes_load_failed_signal(qtbot, make_controller):
+    c = make_controller(FakeEngine())
+    with qtbot.waitSignal(c.loadFailed, timeout=5000) as sig:
+        c.load_model("/tmp/broken.bad")
+    path, message = sig.args
+    assert path == "/tmp/broken.bad" and "not a GGUF file" in message
+    assert c.model is None
+
+
+def test_one_token_reply_signals_in_strict_order(qtbot, make_controller):
+    c = make_controller(FakeEngine(replies=["Hi"]))
+    load(qtbot, c)
+    got = []
+    for signal in (c.replyTokens, c.replyText, c.replyFinished):
+        signal.connect(got.append)
+    with qtbot.waitSignals([c.replyTokens, c.replyText, c.replyFinished], order="strict", timeout=5000):
+        c.generate(ChatRequest(messages=({"role": "user", "content": "hello"},)))
+    tokens, text, finished = got
+    assert [t.text for t in tokens] == ["Hi"] and text == "Hi" and finished.text == "Hi"
+
+
+def test_reply_streams_in_order_and_finishes(qtbot, make_controller):
+    c = make_controller(FakeEngine(replies=["one two three four five"], token_delay_s=0.02))
+    load(qtbot, c)
+    log = []
+    c.replyText.connect(lambda t: log.append(("text", t)))
+    c.replyTokens.connect(lambda ts: log.append(("tokens", [t.index for t in ts])))
+    with qtbot.waitSignal(c.replyFinished, timeout=5000) as sig:
+        c.generate(ChatRequest(messages=({"role": "user", "content": "count"},)))
+    finished = sig.args[0]
+    texts = [t for kind, t in log if kind == "text"]
+    indices = [i for kind, ts in log if kind == "tokens" for i in ts]
+    assert "".join(texts) == "one two three four five" == finished.text
+    assert indices == [0, 1, 2, 3, 4]
+    assert len(texts) > 1  # 20 ms apart: streamed, not delivered in one lump at the end
+    assert finished.finish_reason == "stop" and not c.busy
+
+
+def test_cancel_from_gui_thread_stops_busy_worker(qtbot, make_controller):
+    engine = FakeEngine(replies=["a b c d e f g h"], pause_after=3)
+    c = make_controller(engine)
+    load(qtbot, c)
+    texts = []
+    c.replyText.connect(texts.append)
+    with qtbot.waitSignal(c.replyFinished, timeout=5000) as sig:
+        c.generate(ChatRequest(messages=({"role": "user", "content": "go"},)))
+        qtbot.waitUntil(lambda: "".join(texts) == "a b c")
+        c.cancel()  # direct: the worker is blocked inside generate(), no slot could run
+        engine.gate.set()
+    finished = sig.args[0]
+    assert finished.finish_reason == "cancelled"
+    assert finished.text == "a b c" == "".join(texts)
+
+
+def test_refused_request_becomes_errored_signal(qtbot, make_controller):
+    engine = FakeEngine()
+    engine.fail_generate_with = ContextOverflowError("prompt 5000 + max_new_tokens 256 > context 4096")
+    c = make_controller(engine)
+    load(qtbot, c)
+    with qtbot.waitSignal(c.replyErrored, timeout=5000) as sig:
+        c.generate(ChatRequest(messages=({"role": "user", "content": "x"},)))
+    assert "context 4096" in sig.args[0] and not c.busy
+
+
+def test_unexpected_exception_names_its_type(qtbot, make_controller):
+    engine = FakeEngine()
+    engine.fail_generate_with = KeyError("boom")
+    c = make_controller(engine)
+    load(qtbot, c)
+    with qtbot.waitSignal(c.replyErrored, timeout=5000) as sig:
+        c.generate(ChatRequest(messages=({"role": "user", "content": "x"},)))
+    assert sig.args[0].startswith("Unexpected error: KeyError")
+
+
+def test_worker_never_runs_on_gui_thread(qtbot, make_controller):
+    seen = {}
+
+    class SpyEngine(FakeEngine):
+        def load(self, *a, **k):
+            seen["load"] = threading.current_thread() is threading.main_thread()
+            return super().load(*a, **k)
+
+    c = make_controller(SpyEngine())
+    load(qtbot, c)
+    assert seen == {"load": False}
