@@ -1,0 +1,208 @@
+"""JSON mode (engine/constrained.py) on a hand-made byte-level vocabulary.
+
+The tiny tokenizer has the 256 byte tokens, a few merges and one end token, so the grammar's
+decisions can be checked by hand; the real-model tests (both vocabularies) are at the bottom.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers.pre_tokenizers import ByteLevel
+
+from engine.constrained import JsonConstraint, json_grammar, llg_tokenizer_for, make_json_constraint, validate_json_schema
+from engine.errors import ConfigValidationError, ConstraintError
+
+MERGES = [("{", '"'), ('"', ":"), ("Ġ", '"'), ('"', ","), ('"', "}")]
+
+
+class TinyTokenizer:
+    """What JSON mode needs from engine.tokenizer.Tokenizer: .hf, .eog_ids, .vocab_size."""
+
+    def __init__(self, drop_chars: str = ""):
+        byte_chars = [c for c in sorted(ByteLevel.alphabet()) if c not in drop_chars]
+        vocab = {c: i for i, c in enumerate(byte_chars)}
+        for a, b in MERGES:
+            if a in vocab and b in vocab:
+                vocab[a + b] = len(vocab)
+        merges = [(a, b) for a, b in MERGES if a in vocab and b in vocab]
+        self.hf = Tokenizer(models.BPE(vocab, merges))
+        self.hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        self.hf.decoder = decoders.ByteLevel()
+        self.eos_id = len(vocab)
+        self.hf.add_special_tokens([AddedToken("<end>", special=True)])
+        self.eog_ids = frozenset({self.eos_id})
+        self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return TinyTokenizer()
+
+
+def run_constrained(tok, constraint, logits_for_step, max_tokens=400, prompt=(7, 8, 9)):
+    """A minimal greedy loop over the processor; returns (generated ids, finish reason)."""
+    tokens = list(prompt)
+    generated = []
+    for step in range(max_tokens):
+        logits = constraint(tokens, logits_for_step(step).copy())
+        token = int(np.argmax(logits))
+        if constraint.is_complete or token in tok.eog_ids:
+            return generated, "grammar_complete" if constraint.is_accepting else "stop"
+        tokens.append(token)
+        generated.append(token)
+        constraint(tokens, np.zeros(tok.vocab_size, np.float32))  # advance, as the next step would
+        if constraint.is_complete:
+            return generated, "grammar_complete"
+    return generated, "length"
+
+
+def test_valid_json_text_is_allowed_token_by_token_and_only_end_follows(tiny):
+    constraint = make_json_constraint(tiny, "object")
+    text = '{"a": [1, 2.5, -3e2], "b": {"c": "d"}, "e": null, "f": true}'
+    tokens = [1, 2]
+    for token in tiny.encode(text):
+        logits = constraint(tokens, np.zeros(tiny.vocab_size, np.float32))
+        assert np.isfinite(logits[token]), tiny.decode([token])
+        tokens.append(token)
+    assert not constraint.is_complete  # the last token is consumed on the next call
+    logits = constraint(tokens, np.zeros(tiny.vocab_size, np.float32))
+    assert constraint.is_complete
+    assert np.flatnonzero(np.isfinite(logits)).tolist() == [tiny.eos_id]
+
+
+def test_first_token_must_open_an_object_and_whitespace_is_not_free(tiny):
+    constraint = make_json_constraint(tiny, "object")
+    logits = constraint([1], np.zeros(tiny.vocab_size, np.float32))
+    allowed = {tiny.decode([int(i)]) for i in np.flatnonzero(np.isfinite(logits))}
+    assert allowed == {"{", '{"'}  # '{}' and '{"key"...' only; no leading space or newline
+
+
+def test_logits_of_allowed_tokens_are_untouched_and_padded_ids_are_masked(tiny):
+    constraint = make_json_constraint(tiny, "object")
+    rng = np.random.default_rng(0)
+    original = rng.standard_normal(tiny.vocab_size + 7).astype(np.float32)  # model pads its vocab
+    masked = constraint([1], original.copy())
+    keep = np.isfinite(masked)
+    assert np.array_equal(masked[keep], original[keep])
+    assert not keep[tiny.vocab_size:].any()
+
+
+def test_accepting_a_forbidden_token_raises(tiny):
+    constraint = make_json_constraint(tiny, "object")
+    constraint([1], np.zeros(tiny.vocab_size, np.float32))
+    with pytest.raises(ConstraintError, match="not allowed"):
+        constraint.accept(tiny.encode("x")[0])
+
+
+def test_mask_with_no_allowed_token_raises_instead_of_emitting_one():
+    # A vocabulary without "z" and "q" cannot spell any value the schema allows.
+    tok = TinyTokenizer(drop_chars="zq")
+    constraint = make_json_constraint(tok, "schema", {"type": "string", "pattern": "^[zq]$"})
+    tokens = [1]
+    logits = constraint(tokens, np.zeros(tok.vocab_size, np.float32))
+    assert np.flatnonzero(np.isfinite(logits)).tolist() == tok.encode('"')
+    tokens += tok.encode('"')
+    with pytest.raises(ConstraintError, match="cannot continue: no token"):
+        constraint(tokens, np.zeros(tok.vocab_size, np.float32))
+
+
+def test_rollback_returns_to_an_earlier_state(tiny):
+    constraint = make_json_constraint(tiny, "object")
+    tokens = [1]
+    constraint(tokens, np.zeros(tiny.vocab_size, np.float32))
+    before = None
+    for i, token in enumerate(tiny.encode('{"a": 1')):
+        tokens.append(token)
+        logits = constraint(tokens, np.zeros(tiny.vocab_size, np.float32))
+        if i == 0:
+            before = np.isfinite(logits)
+    n = constraint.n_consumed
+    constraint.rollback(n - 1)
+    del tokens[2:]
+    assert np.array_equal(np.isfinite(constraint(tokens, np.zeros(tiny.vocab_size, np.float32))), before)
+
+
+NESTED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "kind": {"enum": ["cat", "dog", "bird"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 30},
+        "weight": {"type": "number"},
+        "owner": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}, "vip": {"type": "boolean"}},
+            "required": ["city", "vip"],
+            "additionalProperties": False,
+        },
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["name", "kind", "age", "weight", "owner", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_logits_under_a_nested_schema_always_give_a_valid_document(tiny, seed):
+    """Whatever the model prefers, a value that ends with grammar_complete parses and validates."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((400, tiny.vocab_size)).astype(np.float32) * 3
+    # Keep numbers from growing digit by digit forever: make closing tokens a bit more likely.
+    for closer in (",", "}", "]", '",', '"}', "Ġ", '"'):
+        table[:, tiny.hf.token_to_id(closer)] += 4.0
+    constraint = make_json_constraint(tiny, "schema", NESTED_SCHEMA)
+    generated, reason = run_constrained(tiny, constraint, lambda step: table[step])
+    assert reason == "grammar_complete", (reason, tiny.decode(generated))
+    document = json.loads(tiny.decode(generated))
+    jsonschema.validate(document, NESTED_SCHEMA)
+
+
+def test_a_value_cut_short_is_not_complete(tiny):
+    constraint = make_json_constraint(tiny, "object")
+    tokens = [1]
+    for token in tiny.encode('{"a": [1, 2'):
+        constraint(tokens, np.zeros(tiny.vocab_size, np.float32))
+        tokens.append(token)
+    constraint(tokens, np.zeros(tiny.vocab_size, np.float32))
+    assert not constraint.is_complete and not constraint.is_accepting
+
+
+@pytest.mark.parametrize(
+    "schema, problem",
+    [
+        ('{"type": "foo"}', "Invalid type: foo"),
+        ('{"properties": 5}', "properties must be an object"),
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"type": "string", "pattern": "(("}', "unclosed group"),
+        ('{"type": "integer", "minimum": 5, "maximum": 2}', "nsatisfiable"),
+        ('{"type": "object", "properties": {"a": {"$ref": "#/defs/x"}}}', "/defs/x"),
+    ],
+)
+def test_invalid_schema_is_a_constraint_error_naming_the_problem(schema, problem):
+    with pytest.raises(ConstraintError, match=problem):
+        validate_json_schema(schema)
+
+
+def test_schema_mode_without_schema_and_unknown_mode_are_refused(tiny):
+    with pytest.raises(ConstraintError, match="needs a JSON schema"):
+        make_json_constraint(tiny, "schema", None)
+    with pytest.raises(ConfigValidationError, match="json_mode"):
+        make_json_constraint(tiny, "yaml")
+    assert make_json_constraint(tiny, "off") is None
+
+
+def test_llguidance_tokenizer_is_built_once_per_tokenizer(tiny):
+    assert llg_tokenizer_for(tiny) is llg_tokenizer_for(tiny)
+    assert isinstance(JsonConstraint(llg_tokenizer_for(tiny), json_grammar("object")), JsonConstraint)
