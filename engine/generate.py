@@ -1,0 +1,513 @@
+"""The generation loop: a request in, a stream of events out (engine/events.py).
+
+    events = generate(lm, GenerationRequest(messages=[...], overrides={"max_new_tokens": 64}), cancel)
+
+`generate` does everything that can refuse a request up front and raises instead of yielding:
+resolving and validating the preset (ConfigValidationError, PresetFileError), rendering and
+tokenizing the prompt, the context and memory ceilings (ContextOverflowError, MemoryBudgetError:
+checked before any KV memory is allocated or any forward pass runs) and building a JSON
+constraint (ConstraintError). It then returns an iterator. From there on every outcome,
+including an exception, ends with exactly one `Finished` event.
+
+The iterator is a stack of small generators, each adding one thing:
+
+    _prefill            prompt -> KV cache + first logits, in chunks, cancel checked between chunks
+    _decode_steps       logits -> processors -> sampler -> Step(token, logprobs), one forward per
+                        token, or a verified speculative draft per forward; cancel checked before
+                        every sampled token
+    _events             steps -> end-of-generation ids, detokenizer, stop strings, <think> split
+                        -> TokenSampled / TextDelta / ReasoningDelta, then Finished with Usage
+
+Seams for decoding features (helper "decoding" provides the implementations):
+
+- Prefix cache: `GenerationRequest.prefix_cache`, an object with
+      lookup(lm, prompt_ids, min_capacity) -> PrefixHit | None
+      store(lm, token_ids, cache, next_logits) -> None
+  `lookup` returns a KVCache the loop may write to (a copy), holding prompt_ids[:n_tokens], with
+  capacity >= min_capacity; with n_tokens == len(prompt_ids) it must also give next_logits (the
+  logits after the last prompt token), which makes an exact repeat need no forward pass at all.
+  `store` is called after prefill (token_ids == the prompt, next_logits its final logits) and at
+  the end of a request that did not fail (token_ids == every token in the cache), always with
+  `cache.n_tokens == len(token_ids)`; the loop keeps writing to `cache` afterwards, so store
+  must copy what it keeps. Usage.cached_tokens is None when no prefix cache was given.
+- JSON constraint: built by `engine.constrained.make_json_constraint(tokenizer, mode, schema)`.
+  It is a logits processor run after the penalties, `accept(token_id)` is called for every
+  chosen token, and its `is_complete` property ends the request with "grammar_complete".
+- Speculative decoding: a drafter, `draft(tokens, max_tokens) -> list[int]` (cheap guesses of
+  the next tokens, e.g. prompt lookup). `GenerationRequest.speculative` is None (engine default:
+  `engine.speculative.default_drafter(lm, config)` if that module exists), False (off), True
+  (`engine.speculative.default_drafter(lm, config, required=True)`), or a drafter object.
+  The loop verifies a draft with one `model.forward([last] + draft, cache, all_logits=True)`
+  and picks tokens position by position with the very same processors + constraint + sampler
+  as plain decoding, keeping the draft while it agrees and rolling the cache back with
+  `cache.truncate` at the first disagreement. Because every token is still chosen from its own
+  position's distribution by the same sampler and RNG stream, the output is identical to plain
+  decoding for greedy and for seeded sampling; a draft only saves forward passes.
+
+Log-probabilities in TokenSampled are natural-log softmax of the logits after penalties and the
+JSON mask, before temperature and truncation: the model's own belief about each alternative.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence
+
+import numpy as np
+
+from engine.cancel import CancelToken
+from engine.errors import ConfigValidationError, ContextOverflowError, EngineError, MemoryBudgetError
+from engine.events import (
+    FINISH_CANCELLED,
+    FINISH_ERROR,
+    FINISH_GRAMMAR_COMPLETE,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    FINISH_STOP_SEQUENCE,
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    TokenSampled,
+    TopAlternative,
+    Usage,
+)
+from engine.generation_config import GenerationConfig
+from engine.presets import ResolvedPreset, resolve_preset
+from engine.reasoning import REASONING, ReasoningSplitter, prompt_opens_reasoning
+from engine.sampling import apply_processors, log_softmax, make_logits_processors, make_sampler
+from engine.stopping import StopStringMatcher, decide_finish_reason
+
+PREFILL_CHUNK = 256  # tokens per prefill forward; the cancel token is checked between chunks
+MAX_TOP_LOGPROBS = 20
+MAX_DRAFT_TOKENS = 16
+JSON_MODES = ("off", "object", "schema")
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[dict] | None = None  # chat messages, rendered with the model's chat template
+    prompt: str | None = None  # raw text, tokenized with BOS as the model's metadata says
+    prompt_ids: Sequence[int] | None = None  # already-tokenized prompt (exactly as given)
+    overrides: dict = field(default_factory=dict)  # per-request values (GenerationConfig fields)
+    saved_preset: dict | None = None  # the user's saved values for this model
+    json_mode: str = "off"  # "off" | "object" | "schema"
+    json_schema: Any = None  # dict or JSON text, for json_mode="schema"
+    speculative: Any = None  # None (engine default) | False | True | a drafter object
+    top_logprobs: int = 0  # alternatives per TokenSampled (0..MAX_TOP_LOGPROBS)
+    kv_budget_bytes: int | None = None  # None: default_kv_budget_bytes()
+    prefix_cache: Any = None  # see the module docstring
+
+
+@dataclass
+class PrefixHit:
+    cache: Any  # KVCache holding prompt_ids[:n_tokens]; the loop owns it from now on
+    n_tokens: int
+    next_logits: np.ndarray | None = None  # logits after those tokens (required for a full hit)
+
+
+class PrefixCache(Protocol):
+    def lookup(self, lm, prompt_ids: Sequence[int], min_capacity: int) -> PrefixHit | None: ...
+
+    def store(self, lm, token_ids: Sequence[int], cache, next_logits: np.ndarray | None) -> None: ...
+
+
+class Drafter(Protocol):
+    def draft(self, tokens: Sequence[int], max_tokens: int) -> list[int]: ...
+
+
+# --- planning: everything that can refuse a request ----------------------------------------------
+@dataclass
+class _Plan:
+    prompt_ids: list[int]
+    preset: ResolvedPreset
+    config: GenerationConfig
+    seed: int | None
+    max_new_tokens: int
+    capacity: int
+    eog_ids: frozenset[int]
+    starts_in_reasoning: bool
+    top_logprobs: int
+    constraint: Any
+    drafter: Any
+    prefix_cache: Any
+
+
+def default_kv_budget_bytes() -> int:
+    """Half the machine's physical memory: the KV cache must leave room for weights and the OS."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 4 * 2**30
+
+
+def kv_bytes_needed(lm, n_ctx: int) -> int:
+    from engine.kv_cache import KVCache
+
+    return KVCache.bytes_needed(lm.config, n_ctx)
+
+
+def build_prompt_ids(lm, request: GenerationRequest) -> tuple[list[int], str]:
+    """-> (token ids, the prompt text). Exactly one of messages / prompt / prompt_ids."""
+    given = [x is not None for x in (request.messages, request.prompt, request.prompt_ids)]
+    if sum(given) != 1:
+        raise ConfigValidationError("prompt", "messages/prompt/prompt_ids", "exactly one of messages, prompt, prompt_ids")
+    if request.prompt_ids is not None:
+        ids = [int(t) for t in request.prompt_ids]
+        text = ""
+    else:
+        text = request.prompt if request.prompt is not None else lm.chat_template.render(request.messages, add_generation_prompt=True)
+        ids = list(lm.tokenizer.encode(text, add_special=True))
+        bos = getattr(lm.tokenizer, "bos_id", None)
+        # a template that writes the BOS text itself plus the tokenizer adding one -> one BOS
+        if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+            ids = ids[1:]
+    if not ids:
+        raise ConfigValidationError("prompt", "", "at least one token after tokenization")
+    return ids, text
+
+
+def check_ceilings(lm, n_prompt: int, max_new_tokens: int | None, budget_bytes: int) -> tuple[int, int]:
+    """-> (max_new_tokens, KV capacity). Refuses before anything is allocated."""
+    limit = int(lm.n_ctx)
+    if n_prompt >= limit:
+        raise ContextOverflowError(
+            f"The prompt takes {n_prompt} positions, leaving no room to generate in the context "
+            f"window of {limit} positions")
+    if max_new_tokens is None:
+        max_new_tokens = limit - n_prompt
+    elif n_prompt + max_new_tokens > limit:
+        raise ContextOverflowError(
+            f"prompt ({n_prompt}) + max_new_tokens ({max_new_tokens}) = {n_prompt + max_new_tokens} "
+            f"positions exceeds the context window of {limit} positions")
+    capacity = n_prompt + max_new_tokens
+    needed = kv_bytes_needed(lm, capacity)
+    if needed > budget_bytes:
+        raise MemoryBudgetError(
+            f"The KV cache for {capacity} positions needs {needed} bytes ({needed / 2**20:.1f} MiB), "
+            f"more than the memory budget of {budget_bytes} bytes ({budget_bytes / 2**20:.1f} MiB)")
+    return max_new_tokens, capacity
+
+
+def plan_request(lm, request: GenerationRequest) -> _Plan:
+    preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
+    config = preset.config
+    if not isinstance(request.top_logprobs, int) or not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ConfigValidationError("top_logprobs", request.top_logprobs, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+    if request.json_mode not in JSON_MODES:
+        raise ConfigValidationError("json_mode", request.json_mode, f"one of {', '.join(JSON_MODES)}")
+    budget = default_kv_budget_bytes() if request.kv_budget_bytes is None else int(request.kv_budget_bytes)
+    prompt_ids, prompt_text = build_prompt_ids(lm, request)
+    max_new, capacity = check_ceilings(lm, len(prompt_ids), config.max_new_tokens, budget)
+    seed = None
+    if config.do_sample:
+        seed = config.seed if config.seed is not None else secrets.randbits(63)
+    constraint = None
+    if request.json_mode != "off":
+        from engine.constrained import make_json_constraint
+
+        constraint = make_json_constraint(lm.tokenizer, request.json_mode, request.json_schema)
+    return _Plan(
+        prompt_ids=prompt_ids,
+        preset=preset,
+        config=config,
+        seed=seed,
+        max_new_tokens=max_new,
+        capacity=capacity,
+        eog_ids=frozenset(lm.tokenizer.eog_ids) | preset.extra_eog_ids,
+        starts_in_reasoning=prompt_opens_reasoning(prompt_text),
+        top_logprobs=request.top_logprobs,
+        constraint=constraint,
+        drafter=_choose_drafter(lm, request, config),
+        prefix_cache=request.prefix_cache,
+    )
+
+
+def _choose_drafter(lm, request: GenerationRequest, config: GenerationConfig):
+    choice = request.speculative
+    if choice is False:
+        return None
+    if choice is None or choice is True:
+        try:
+            from engine.speculative import default_drafter
+        except ImportError:
+            if choice is True:
+                raise EngineError("Speculative decoding is not available in this build") from None
+            return None
+        return default_drafter(lm, config, required=choice is True)
+    if not callable(getattr(choice, "draft", None)):
+        raise ConfigValidationError("speculative", choice, "None, True, False or an object with draft(tokens, max_tokens)")
+    return choice
+
+
+def generate(lm, request: GenerationRequest, cancel: CancelToken | None = None) -> Iterator[object]:
+    """Validate and plan the request (raising typed errors), then return the event iterator."""
+    started = time.perf_counter()
+    plan = plan_request(lm, request)
+    return _events(lm, plan, cancel or CancelToken(), started)
+
+
+# --- the running request -------------------------------------------------------------------------
+@dataclass
+class _Step:
+    token_id: int
+    logprobs: np.ndarray | None  # log-softmax over the vocabulary, when anyone needs it
+
+
+@dataclass
+class _Progress:
+    """What the lower generators report upward (timings, cache state, why they stopped)."""
+
+    prompt_started: float = 0.0
+    prefill_done: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    cached_tokens: int | None = None
+    cache: Any = None
+    fed_tokens: list[int] = field(default_factory=list)  # tokens whose KV rows are in `cache`
+    last_logits: np.ndarray | None = None  # logits after fed_tokens
+    cancelled: bool = False
+    grammar_complete: bool = False
+    draft_proposed: int = 0
+    draft_accepted: int = 0
+
+
+def _prefill(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> np.ndarray | None:
+    """Fill the KV cache with the prompt; -> logits after it, or None when cancelled."""
+    prompt = plan.prompt_ids
+    hit = None
+    if plan.prefix_cache is not None:
+        hit = plan.prefix_cache.lookup(lm, prompt, plan.capacity)
+        if hit is not None and (hit.n_tokens == len(prompt) and hit.next_logits is None):
+            hit.cache.truncate(len(prompt) - 1)  # a full hit without logits: recompute the last one
+            hit = PrefixHit(hit.cache, len(prompt) - 1)
+        progress.cached_tokens = hit.n_tokens if hit is not None else 0
+    if hit is not None and hit.n_tokens > 0:
+        cache, done, logits = hit.cache, hit.n_tokens, hit.next_logits
+    else:
+        cache, done, logits = lm.model.new_cache(plan.capacity), 0, None
+    progress.cache = cache
+    progress.fed_tokens = list(prompt[:done])
+    while done < len(prompt):
+        if cancel.cancelled:
+            return None
+        chunk = prompt[done:done + PREFILL_CHUNK]
+        logits = lm.model.forward(chunk, cache)
+        done += len(chunk)
+        progress.fed_tokens.extend(chunk)
+    logits = np.array(logits, dtype=np.float32)  # our own copy: processors work in place
+    progress.last_logits = logits
+    if plan.prefix_cache is not None:
+        plan.prefix_cache.store(lm, list(prompt), cache, logits.copy())
+    return logits
+
+
+def _decode_steps(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> Iterator[_Step]:
+    """Prefill, then choose tokens one by one until the caller stops asking, the budget is spent
+    or the cancel token is set. Yields each chosen token; the caller decides whether it ends the
+    request. The cache always holds progress.fed_tokens, except transiently during a draft."""
+    progress.prompt_started = time.perf_counter()
+    logits = _prefill(lm, plan, cancel, progress)
+    progress.prefill_done = time.perf_counter()
+    if logits is None:
+        progress.cancelled = True
+        return
+    cfg = plan.config
+    processors = make_logits_processors(cfg, n_prompt=len(plan.prompt_ids))
+    if plan.constraint is not None:
+        processors.append(plan.constraint)
+    sample = make_sampler(cfg, seed=plan.seed)
+    want_logprobs = True  # TokenSampled always carries the chosen token's log-probability
+    tokens = list(plan.prompt_ids)
+    cache = progress.cache
+    model = lm.model
+
+    def choose(row: np.ndarray) -> _Step:
+        processed = apply_processors(processors, tokens, row)
+        token = sample(processed)
+        if plan.constraint is not None:
+            plan.constraint.accept(token)
+        return _Step(token, log_softmax(processed) if want_logprobs else None)
+
+    pending = [logits]  # logits rows not yet used, in order
+    draft: list[int] = []  # the drafted tokens those rows (after the first) were verified against
+    generated = 0
+    while generated < plan.max_new_tokens:
+        if cancel.cancelled:
+            progress.cancelled = True
+            return
+        row = pending.pop(0)
+        step = choose(row)
+        now = time.perf_counter()
+        progress.first_token = progress.first_token or now
+        progress.last_token = now
+        generated += 1
+        tokens.append(step.token_id)
+        progress.last_logits = row
+        expected = draft.pop(0) if draft else None
+        if expected is not None and expected == step.token_id:
+            progress.draft_accepted += 1
+            progress.fed_tokens.append(step.token_id)  # its KV row is already in the cache
+        elif expected is not None:
+            # the draft diverged here: drop the rest of it and the rows it produced
+            cache.truncate(len(progress.fed_tokens))
+            draft, pending = [], []
+        if plan.constraint is not None and plan.constraint.is_complete:
+            progress.grammar_complete = True
+        yield step
+        if progress.grammar_complete or generated >= plan.max_new_tokens:
+            return
+        if pending:
+            continue
+        # the chosen token is not in the cache yet: feed it, with a draft when there is one
+        remaining = plan.max_new_tokens - generated
+        draft = _draft(plan.drafter, tokens, min(remaining - 1, MAX_DRAFT_TOKENS), plan.capacity - len(tokens))
+        progress.draft_proposed += len(draft)
+        if draft:
+            rows = model.forward([step.token_id, *draft], cache, all_logits=True)
+            pending = [np.array(r, dtype=np.float32) for r in rows]
+        else:
+            pending = [np.array(model.forward([step.token_id], cache), dtype=np.float32)]
+        progress.fed_tokens.append(step.token_id)
+
+
+def _draft(drafter, tokens: list[int], max_tokens: int, room: int) -> list[int]:
+    if drafter is None or max_tokens <= 0:
+        return []
+    limit = min(max_tokens, room)
+    if limit <= 0:
+        return []
+    return [int(t) for t in drafter.draft(tokens, limit)][:limit]
+
+
+def _events(lm, plan: _Plan, cancel: CancelToken, started: float) -> Iterator[object]:
+    tokenizer = lm.tokenizer
+    detokenizer = new_detokenizer(tokenizer)
+    stops = StopStringMatcher(plan.config.stop)
+    splitter = ReasoningSplitter(starts_inside=plan.starts_in_reasoning)
+    progress = _Progress()
+    answer: list[str] = []
+    reasoning: list[str] = []
+    token_ids: list[int] = []
+    n_sampled = 0
+    reason = None
+    error = None
+
+    def release(text: str) -> Iterator[object]:
+        for kind, part in splitter.push(text):
+            if kind == REASONING:
+                reasoning.append(part)
+                yield ReasoningDelta(part)
+            else:
+                answer.append(part)
+                yield TextDelta(part)
+
+    steps = _decode_steps(lm, plan, cancel, progress)
+    try:
+        for step in steps:
+            n_sampled += 1
+            if step.token_id in plan.eog_ids:
+                reason = FINISH_STOP
+                break
+            token_ids.append(step.token_id)
+            yield _token_event(tokenizer, step, len(token_ids) - 1, plan.top_logprobs)
+            text, matched = stops.push(detokenizer.add(step.token_id))
+            yield from release(text)
+            if matched:
+                reason = FINISH_STOP_SEQUENCE
+                break
+        else:
+            reasons = set()
+            if progress.grammar_complete:
+                reasons.add(FINISH_GRAMMAR_COMPLETE)
+            if progress.cancelled:
+                reasons.add(FINISH_CANCELLED)
+            if not reasons:
+                reasons.add(FINISH_LENGTH)
+            reason = decide_finish_reason(reasons)
+        if reason != FINISH_STOP_SEQUENCE:
+            # the end came from elsewhere: release what the detokenizer and the matcher held
+            tail, matched = stops.push(detokenizer.flush())
+            if matched:
+                reason = decide_finish_reason({reason, FINISH_STOP_SEQUENCE})
+            else:
+                tail += stops.flush()
+            yield from release(tail)
+        for kind, part in splitter.flush():
+            (reasoning if kind == REASONING else answer).append(part)
+            yield ReasoningDelta(part) if kind == REASONING else TextDelta(part)
+    except Exception as exc:  # after acceptance, every failure is reported as a Finished event
+        reason = FINISH_ERROR
+        error = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
+    finally:
+        steps.close()
+    if error is None:
+        _store_final_state(lm, plan, progress)
+    yield Finished(
+        finish_reason=reason,
+        usage=_usage(lm, plan, progress, started, n_sampled),
+        text="".join(answer),
+        reasoning="".join(reasoning),
+        token_ids=tuple(token_ids),
+        error=error,
+        preset={**plan.preset.to_dict(), "seed_used": plan.seed},
+    )
+
+
+def new_detokenizer(tokenizer):
+    from engine.detokenizer import StreamingDetokenizer
+
+    return StreamingDetokenizer(tokenizer)
+
+
+def _token_event(tokenizer, step: _Step, index: int, top_n: int) -> TokenSampled:
+    logprob = float(step.logprobs[step.token_id]) if step.logprobs is not None else math.nan
+    top: tuple[TopAlternative, ...] = ()
+    if top_n and step.logprobs is not None:
+        lp = step.logprobs
+        best = np.argpartition(-lp, top_n - 1)[:top_n] if top_n < lp.shape[0] else np.arange(lp.shape[0])
+        best = best[np.lexsort((best, -lp[best]))]
+        top = tuple(TopAlternative(int(i), tokenizer.decode([int(i)]), float(lp[i])) for i in best)
+    return TokenSampled(index=index, token_id=step.token_id, text=tokenizer.decode([step.token_id]), logprob=logprob, top=top)
+
+
+def _store_final_state(lm, plan: _Plan, progress: _Progress) -> None:
+    """Hand the final consistent KV state to the prefix cache (never after an error)."""
+    if plan.prefix_cache is None or progress.cache is None or progress.prefill_done is None:
+        return
+    if progress.last_logits is None:
+        return
+    cache = progress.cache
+    fed = progress.fed_tokens
+    if cache.n_tokens > len(fed):  # an unverified draft tail left behind by an early stop
+        cache.truncate(len(fed))
+    plan.prefix_cache.store(lm, list(fed), cache, None)
+
+
+def _usage(lm, plan: _Plan, progress: _Progress, started: float, n_sampled: int) -> Usage:
+    prefill_end = progress.prefill_done or time.perf_counter()
+    prefill_ms = (prefill_end - (progress.prompt_started or started)) * 1000.0
+    n_prompt = len(plan.prompt_ids)
+    prefilled = n_prompt - (progress.cached_tokens or 0)
+    if progress.first_token is not None:
+        ttft_ms = (progress.first_token - started) * 1000.0
+        decode_ms = (progress.last_token - progress.first_token) * 1000.0
+    else:
+        ttft_ms, decode_ms = 0.0, 0.0
+    return Usage(
+        prompt_tokens=n_prompt,
+        completion_tokens=n_sampled,
+        cached_tokens=progress.cached_tokens,
+        prefill_ms=prefill_ms,
+        decode_ms=decode_ms,
+        ttft_ms=ttft_ms,
+        prompt_tok_s=prefilled / (prefill_ms / 1000.0) if prefill_ms > 0 and prefilled > 0 else 0.0,
+        decode_tok_s=(n_sampled - 1) / (decode_ms / 1000.0) if decode_ms > 0 and n_sampled > 1 else 0.0,
+        context_used=min(n_prompt + n_sampled, int(lm.n_ctx)),
+        context_limit=int(lm.n_ctx),
+        draft_tokens_proposed=progress.draft_proposed,
+        draft_tokens_accepted=progress.draft_accepted,
+    )

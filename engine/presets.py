@@ -1,0 +1,238 @@
+"""Where each sampling value of a request comes from, and the merged, validated result.
+
+Sources, highest priority first (the names are what `ResolvedPreset.sources` holds):
+
+1. "override"                 the request's per-call values (CLI flags, the app's panel edits)
+2. "saved preset"             the user's saved per-model preset
+3. "generation_config.json"   the checkpoint's generation config, looked for beside the GGUF:
+                              `<gguf stem>.json` (only when it looks like a generation config:
+                              a JSON object with at least one generation key and no model-config
+                              markers), then `generation_config.json` in the same folder
+4. "gguf metadata"            llama.cpp's `general.sampling.*` keys in the GGUF
+5. "default"                  GenerationConfig's built-in defaults (transformers' defaults)
+
+The absent-field rule, applied the same way to every field and every source: a field takes its
+value from the highest-priority source that states it; a source that does not mention a field
+says nothing about it (it does not reset it to a default); a field no source states takes the
+built-in default. Each source is first translated into our fields by its own conventions:
+
+- generation_config.json uses transformers' names and meanings taken literally: `do_sample`
+  absent means the file does not decide it (and with no other source, the default False =
+  greedy, exactly transformers' behaviour); `top_k` absent falls through to 50 like transformers.
+  `stop_strings` maps to `stop`; `eos_token_id` (int or list) adds end-of-generation ids.
+  A file that exists but cannot be read or parsed is an error (PresetFileError), not ignored.
+  A `<stem>.json` that is not a generation config is skipped and noted in `notes`.
+- GGUF `general.sampling.*` follows llama.cpp, where temperature <= 0 means greedy and any
+  temperature > 0 means sampling: `temp` therefore states both `temperature` and `do_sample`
+  (= temp > 0). `top_k`, `top_p`, `min_p`, `penalty_repeat` (-> repetition_penalty) and
+  `penalty_last_n` (-> repeat_last_n) map one to one. Keys we do not implement (sequence,
+  mirostat, xtc) are listed in `notes`.
+- override and saved preset use our own field names (GenerationConfig) literally.
+
+The merged values are validated as a whole (GenerationConfig.from_values); a violation raises
+ConfigValidationError naming the field, value, allowed range and the source of the bad value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.errors import ConfigValidationError, PresetFileError
+from engine.generation_config import GenerationConfig
+
+SOURCE_OVERRIDE = "override"
+SOURCE_SAVED = "saved preset"
+SOURCE_GENERATION_CONFIG = "generation_config.json"
+SOURCE_GGUF = "gguf metadata"
+SOURCE_DEFAULT = "default"
+SOURCES = (SOURCE_OVERRIDE, SOURCE_SAVED, SOURCE_GENERATION_CONFIG, SOURCE_GGUF, SOURCE_DEFAULT)
+
+# transformers generation_config.json name -> our field
+_HF_FIELDS = {
+    "do_sample": "do_sample",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_new_tokens",
+    "stop_strings": "stop",
+}
+# keys that mark a JSON file as a generation config (as opposed to e.g. a model config.json)
+_HF_GENERATION_MARKERS = set(_HF_FIELDS) | {"eos_token_id", "bos_token_id", "pad_token_id", "max_length",
+                                            "num_beams", "transformers_version"}
+_MODEL_CONFIG_MARKERS = {"architectures", "model_type", "hidden_size", "vocab_size"}
+
+# GGUF general.sampling.<key> -> our field (temp handled apart: it also decides do_sample)
+_GGUF_FIELDS = {
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "penalty_repeat": "repetition_penalty",
+    "penalty_last_n": "repeat_last_n",
+}
+_GGUF_PREFIX = "general.sampling."
+
+
+@dataclass(frozen=True)
+class ResolvedPreset:
+    values: dict  # field -> value, every GenerationConfig field present, JSON-serializable
+    sources: dict  # field -> one of SOURCES
+    notes: tuple[str, ...] = ()  # things the user may want to know (skipped files, ignored keys)
+    extra_eog_ids: frozenset[int] = field(default_factory=frozenset)  # from generation_config.json
+
+    @property
+    def config(self) -> GenerationConfig:
+        return GenerationConfig.from_values(self.values)
+
+    def to_dict(self) -> dict:
+        """{"values": {...}, "sources": {...}, "notes": [...]}: what the CLI and the app show."""
+        return {"values": dict(self.values), "sources": dict(self.sources), "notes": list(self.notes)}
+
+    def records(self) -> dict:
+        """field -> {"value": v, "source": s}, for a table of values with provenance."""
+        return {name: {"value": self.values[name], "source": self.sources[name]} for name in self.values}
+
+
+def resolve_preset(lm_or_path, saved: dict | None = None, overrides: dict | None = None) -> ResolvedPreset:
+    """Merge the sources for a loaded model (anything with `.path` and `.gguf.metadata`) or a GGUF
+    path, validate, and return values with provenance. Raises ConfigValidationError or
+    PresetFileError."""
+    path, metadata = _model_path_and_metadata(lm_or_path)
+    notes: list[str] = []
+    hf_values, extra_eog = _generation_config_values(path, notes)
+    layers = [
+        (SOURCE_OVERRIDE, _checked_field_names(overrides or {}, SOURCE_OVERRIDE)),
+        (SOURCE_SAVED, _checked_field_names(saved or {}, SOURCE_SAVED)),
+        (SOURCE_GENERATION_CONFIG, hf_values),
+        (SOURCE_GGUF, gguf_sampling_values(metadata, notes)),
+        (SOURCE_DEFAULT, GenerationConfig.defaults()),
+    ]
+    values, sources = {}, {}
+    for name in GenerationConfig.field_names():
+        for source, layer in layers:
+            if name in layer:
+                values[name], sources[name] = layer[name], source
+                break
+    try:
+        config = GenerationConfig.from_values(values)
+    except ConfigValidationError as exc:
+        source = sources.get(exc.field, SOURCE_OVERRIDE)
+        raise ConfigValidationError(exc.field, exc.value, f"{exc.allowed} (value from {source})") from None
+    return ResolvedPreset(config.to_dict(), sources, tuple(notes), frozenset(extra_eog))
+
+
+def _checked_field_names(layer: dict, source: str) -> dict:
+    if not isinstance(layer, dict):
+        raise ConfigValidationError(source, layer, "a mapping of field -> value")
+    known = GenerationConfig.field_names()
+    for name, value in layer.items():
+        if name not in known:
+            raise ConfigValidationError(name, value, f"a known field ({', '.join(known)}) in the {source}")
+    # None in a saved preset or override means "not set here", so lower sources still apply
+    return {name: value for name, value in layer.items() if value is not None or name in ("seed", "max_new_tokens")}
+
+
+def _model_path_and_metadata(lm_or_path) -> tuple[Path | None, dict]:
+    if isinstance(lm_or_path, (str, Path)):
+        from engine.gguf import open_gguf  # only needed when given a bare path
+
+        gguf_file = open_gguf(lm_or_path)
+        return Path(lm_or_path), dict(gguf_file.metadata)
+    path = getattr(lm_or_path, "path", None)
+    gguf_file = getattr(lm_or_path, "gguf", None)
+    metadata = dict(getattr(gguf_file, "metadata", None) or {})
+    return (Path(path) if path is not None else None), metadata
+
+
+# --- GGUF general.sampling.* ---------------------------------------------------------------------
+def gguf_sampling_values(metadata: dict, notes: list[str] | None = None) -> dict:
+    """Translate llama.cpp's general.sampling.* keys into our fields (see module docstring)."""
+    values = {}
+    for key, raw in metadata.items():
+        if not key.startswith(_GGUF_PREFIX):
+            continue
+        name = key[len(_GGUF_PREFIX):]
+        value = _plain(raw)
+        if name == "temp":
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value <= 0:
+                values["do_sample"], values["temperature"] = False, 0.0
+            else:
+                values["do_sample"], values["temperature"] = True, value
+        elif name in _GGUF_FIELDS:
+            values[_GGUF_FIELDS[name]] = value
+        elif notes is not None:
+            notes.append(f"GGUF key {key} is not used by this engine")
+    return values
+
+
+def _plain(value):
+    """numpy scalars from the GGUF reader -> Python numbers."""
+    if hasattr(value, "item") and not isinstance(value, (list, tuple, str)):
+        try:
+            return value.item()
+        except (TypeError, ValueError):
+            return value
+    return value
+
+
+# --- generation_config.json ----------------------------------------------------------------------
+def generation_config_paths(gguf_path: Path) -> list[tuple[Path, bool]]:
+    """Candidate files, most specific first, with whether they must be a generation config."""
+    return [(gguf_path.with_suffix(".json"), False), (gguf_path.parent / "generation_config.json", True)]
+
+
+def _generation_config_values(gguf_path: Path | None, notes: list[str]) -> tuple[dict, set[int]]:
+    if gguf_path is None:
+        return {}, set()
+    for candidate, is_named_generation_config in generation_config_paths(gguf_path):
+        if not candidate.is_file():
+            continue
+        data = _read_json(candidate, strict=is_named_generation_config, notes=notes)
+        if data is None:
+            continue
+        if not is_named_generation_config and not _looks_like_generation_config(data):
+            notes.append(f"{candidate.name} beside the model is not a generation config; skipped")
+            continue
+        return _translate_hf(data, candidate)
+    return {}, set()
+
+
+def _read_json(path: Path, *, strict: bool, notes: list[str]):
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if strict:
+            raise PresetFileError(f"{path} cannot be read as JSON: {exc}") from exc
+        notes.append(f"{path.name} beside the model is not readable JSON; skipped ({exc})")
+        return None
+    if not isinstance(data, dict):
+        if strict:
+            raise PresetFileError(f"{path} must hold a JSON object, found {type(data).__name__}")
+        notes.append(f"{path.name} beside the model is not a JSON object; skipped")
+        return None
+    return data
+
+
+def _looks_like_generation_config(data: dict) -> bool:
+    return bool(_HF_GENERATION_MARKERS & data.keys()) and not (_MODEL_CONFIG_MARKERS & data.keys())
+
+
+def _translate_hf(data: dict, path: Path) -> tuple[dict, set[int]]:
+    values = {}
+    for hf_name, ours in _HF_FIELDS.items():
+        if data.get(hf_name) is not None:  # transformers writes null for "not set"
+            values[ours] = data[hf_name]
+    eos = data.get("eos_token_id")
+    if eos is None:
+        extra = set()
+    elif isinstance(eos, int) and not isinstance(eos, bool) and eos >= 0:
+        extra = {eos}
+    elif isinstance(eos, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
+        extra = set(eos)
+    else:
+        raise PresetFileError(f"{path}: eos_token_id={eos!r} must be a token id or a list of token ids")
+    return values, extra
