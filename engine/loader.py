@@ -1,0 +1,94 @@
+"""load_model: one GGUF path -> everything generation needs (config, weights, kernels, tokenizer,
+chat template), with progress reported for the app's loading screen."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.config import ModelConfig
+from engine.errors import ConfigValidationError
+from engine.gguf import GGUFFile, open_gguf
+from engine.models import build_model
+
+DEFAULT_MAX_CONTEXT = 4096  # default window: bounded so the KV cache stays small on a desktop
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    gguf: GGUFFile
+    config: ModelConfig
+    model: Any  # engine.models.transformer.TransformerModel
+    n_ctx: int
+    backend: Any  # engine.kernels.backend.Backend
+
+    @property
+    def name(self) -> str:
+        return str(self.gguf.metadata.get("general.name") or self.path.stem)
+
+    @cached_property
+    def tokenizer(self):
+        """engine.tokenizer.Tokenizer built from the file's vocabulary (built at load time when
+        that module is present, so a bad vocabulary fails the load, not the first request)."""
+        from engine.tokenizer import Tokenizer
+
+        return Tokenizer.from_gguf(self.gguf)
+
+    @cached_property
+    def chat_template(self):
+        """engine.chat_template.ChatTemplate for the file's template (or the fallback)."""
+        from engine.chat_template import ChatTemplate
+
+        return ChatTemplate.from_gguf(self.gguf, self.tokenizer)
+
+
+def load_model(path, *, n_ctx: int | None = None, n_threads: int | None = None,
+               progress: Progress | None = None) -> LoadedModel:
+    """Open, validate and prepare a model. Raises ModelFileError / UnsupportedModelError /
+    TokenizerError / ConfigValidationError (n_ctx, n_threads) before any large allocation."""
+    report = progress or (lambda stage, fraction: None)
+    path = Path(path)
+    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
+        raise ConfigValidationError("n_threads", n_threads, "an integer >= 1")
+
+    report("reading model file", 0.0)
+    gguf_file = open_gguf(path)
+    config = ModelConfig.from_gguf(gguf_file)
+    n_ctx = _resolve_n_ctx(n_ctx, config)
+
+    report("compiling kernels", 0.2)
+    from engine.kernels.backend import get_backend
+
+    def kernel_progress(stage: str, fraction: float) -> None:
+        report(stage, 0.2 + 0.7 * max(0.0, min(1.0, fraction)))
+
+    backend = get_backend(n_threads=n_threads, progress=kernel_progress)
+
+    report("preparing weights", 0.9)
+    model = build_model(gguf_file, config, backend)
+    loaded = LoadedModel(path=path, gguf=gguf_file, config=config, model=model, n_ctx=n_ctx,
+                         backend=backend)
+    report("tokenizer", 0.95)
+    # Build tokenizer and template now so a broken vocabulary or template fails the load. Until
+    # those modules exist in a build, they stay lazy and the forward pass is usable on its own.
+    if importlib.util.find_spec("engine.tokenizer") is not None:
+        loaded.tokenizer
+    if importlib.util.find_spec("engine.chat_template") is not None:
+        loaded.chat_template
+    report("ready", 1.0)
+    return loaded
+
+
+def _resolve_n_ctx(n_ctx: int | None, config: ModelConfig) -> int:
+    if n_ctx is None:
+        return min(config.context_length, DEFAULT_MAX_CONTEXT)
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 1 <= n_ctx <= config.context_length:
+        raise ConfigValidationError("n_ctx", n_ctx, f"an integer from 1 to {config.context_length} "
+                                    "(the model's training context)")
+    return n_ctx
