@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# CI smoke test of the frozen app.
+#
+#   bash packaging/smoke_test.sh [--no-build] [--with-default-model]
+#
+# 1. Builds the bundle once (packaging/build.sh); --no-build reuses dist/LocalChat.
+# 2. Copies it to a fresh directory and makes that read-only: a read-only bind mount when we
+#    may create mount namespaces (root + unshare), else `chmod -R a-w` (enforced for non-root).
+# 3. Runs `localchat --smoke PROMPT --model <SmolLM2 GGUF>` headless (QT_QPA_PLATFORM=offscreen)
+#    with empty HOME/XDG dirs and no network (a new, empty network namespace via `unshare -n`),
+#    twice: with a cold JIT cache, then warm. Each run must exit 0 and print a non-empty reply.
+#    Also checks the JIT cache landed in the user cache dir and nothing was written to the bundle.
+# 4. Prints the bundle size and both start-to-exit times.
+# --with-default-model builds the all-in-one bundle and runs it without --model instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+
+build=1
+build_args=()
+with_model=0
+for arg in "$@"; do
+  case "$arg" in
+    --no-build) build=0 ;;
+    --with-default-model) with_model=1; build_args+=(--with-default-model) ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "smoke_test.sh: unknown option '$arg' (allowed: --no-build, --with-default-model)" >&2; exit 2 ;;
+  esac
+done
+
+prompt=${LOCALCHAT_SMOKE_PROMPT:-"What is the capital of France?"}
+run_timeout=${LOCALCHAT_SMOKE_TIMEOUT:-600}
+
+fail() { echo "SMOKE FAIL: $*" >&2; exit 1; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+if [ "$build" = 1 ]; then
+  build_started=$(now)
+  bash packaging/build.sh "${build_args[@]}"
+  echo "smoke: build took $(elapsed "$build_started" "$(now)") s"
+fi
+[ -x dist/LocalChat/localchat ] || fail "no bundle at dist/LocalChat (run without --no-build)"
+
+model_args=()
+if [ "$with_model" = 1 ]; then
+  [ -f "dist/LocalChat/_internal/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] \
+    || fail "dist/LocalChat has no bundled model; build with --with-default-model"
+else
+  model=$(.venv/bin/python -c 'from engine.model_files import default_model_path; print(default_model_path())')
+  model_args=(--model "$model")
+fi
+
+work=$(mktemp -d /tmp/localchat-smoke.XXXXXX)
+cleanup() {
+  chmod -R u+w "$work" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The bundle as a user would have it in a read-only place (/opt, a mounted image...).
+mkdir -p "$work/ro" "$work/home" "$work/cache" "$work/data" "$work/config" "$work/runtime"
+chmod 700 "$work/runtime"
+cp -a dist/LocalChat "$work/ro/"
+chmod -R a-w "$work/ro/LocalChat"
+bundle="$work/ro/LocalChat"
+touch "$work/before-run"
+
+# How each run is isolated: no network and a truly read-only bundle where the kernel lets us.
+isolation="chmod -R a-w only; network left on"
+wrap=()
+if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null \
+  && unshare -m -n sh -c "mount --bind '$bundle' '$bundle' && mount -o remount,ro,bind '$bundle'" 2>/dev/null; then
+  isolation="read-only bind mount, no network (unshare -m -n)"
+  wrap=(unshare -m -n sh -c 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"' "$bundle")
+elif command -v unshare >/dev/null && unshare -r -n true 2>/dev/null; then
+  isolation="chmod -R a-w, no network (unshare -r -n)"
+  wrap=(unshare -r -n)
+elif [ "$(id -u)" = 0 ]; then
+  # As root without namespaces, permission bits do not stop writes; the check after the run
+  # (no file in the bundle newer than the copy) still catches any.
+  isolation="chmod -R a-w (not enforced for root; checked afterwards), network left on"
+fi
+echo "smoke: isolation: $isolation"
+
+run_smoke() {  # $1 = label; prints the reply, sets last_seconds
+  local label=$1 started out rc
+  started=$(now)
+  set +e
+  out=$(env -i PATH=/usr/bin:/bin HOME="$work/home" XDG_CACHE_HOME="$work/cache" \
+    XDG_DATA_HOME="$work/data" XDG_CONFIG_HOME="$work/config" XDG_RUNTIME_DIR="$work/runtime" \
+    QT_QPA_PLATFORM=offscreen LANG=C.UTF-8 \
+    timeout "$run_timeout" "${wrap[@]}" "$bundle/localchat" --smoke "$prompt" "${model_args[@]}" \
+    2>"$work/$label.stderr")
+  rc=$?
+  set -e
+  last_seconds=$(elapsed "$started" "$(now)")
+  if [ "$rc" != 0 ]; then
+    cat "$work/$label.stderr" >&2
+    fail "$label run exited with $rc after $last_seconds s"
+  fi
+  if [ -z "$(printf '%s' "$out" | tr -d '[:space:]')" ]; then
+    cat "$work/$label.stderr" >&2
+    fail "$label run printed no reply"
+  fi
+  echo "smoke: $label run: exit 0 in $last_seconds s; reply: $out"
+}
+
+run_smoke cold
+cold_seconds=$last_seconds
+jit_objects=$(find "$work/cache" -path '*LocalChat*' -name '*.o' | wc -l)
+[ "$jit_objects" -gt 0 ] || fail "no JIT objects under XDG_CACHE_HOME after the cold run"
+run_smoke warm
+warm_seconds=$last_seconds
+
+written=$(find "$bundle" -newer "$work/before-run" | head -5)
+[ -z "$written" ] || fail "the app wrote into its bundle: $written"
+
+echo "smoke: PASS"
+echo "smoke: bundle size $(du -sh dist/LocalChat | cut -f1); JIT cache $(du -sh "$work/cache" | cut -f1) in $jit_objects objects"
+echo "smoke: start-to-exit with a short greedy reply: cold JIT cache $cold_seconds s, warm $warm_seconds s"
