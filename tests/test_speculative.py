@@ -1,0 +1,89 @@
+"""Speculative decoding: the prompt-lookup drafter (engine/speculative.py) against a brute-force
+reference, and greedy output with speculation == without it on the real models."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.errors import ConfigValidationError
+from engine.speculative import PromptLookupDrafter, default_drafter
+
+
+def brute_force_draft(seq, max_tokens, min_ngram, max_ngram, max_draft):
+    """Longest suffix n-gram first; its latest earlier occurrence that has a follower."""
+    limit = min(max_tokens, max_draft)
+    if limit <= 0:
+        return []
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if len(seq) <= n:
+            continue
+        suffix = seq[-n:]
+        for start in range(len(seq) - n - 1, -1, -1):
+            if seq[start:start + n] == suffix:
+                return seq[start + n:start + n + limit]
+    return []
+
+
+def test_drafts_what_followed_the_latest_occurrence_of_the_longest_suffix():
+    d = PromptLookupDrafter(max_ngram=3, min_ngram=1, max_draft=4)
+    #        0  1  2  3  4  5  6  7  8  9 10 11
+    seq = [5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 1, 2]
+    # suffix (1, 2) -> latest earlier occurrence at 6..7, followed by 3 7 8 1
+    assert d.draft(seq, 10) == [3, 7, 8, 1]
+    assert d.draft(seq, 2) == [3, 7]
+    seq.append(3)
+    # suffix (1, 2, 3) -> occurrences at 1 and 6; the latest one (6) is followed by 7 8 1 2
+    assert d.draft(seq, 10) == [7, 8, 1, 2]
+
+
+def test_no_repeat_no_draft():
+    d = PromptLookupDrafter()
+    assert d.draft(list(range(50)), 8) == []
+    assert d.draft([], 8) == []
+    assert d.draft([1, 2, 1, 2], 0) == []
+
+
+def test_a_changed_sequence_is_reindexed():
+    d = PromptLookupDrafter(max_ngram=2, min_ngram=2)
+    assert d.draft([1, 2, 3, 1, 2], 5) == [3, 1, 2]
+    assert d.draft([4, 2, 6, 4, 2], 5) == [6, 4, 2]  # a new request: nothing of the old index left
+    assert d.draft([4, 2, 6], 5) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seq=st.lists(st.integers(0, 4), max_size=60),
+    steps=st.lists(st.integers(1, 5), max_size=12),
+    min_ngram=st.integers(1, 3),
+    extra=st.integers(0, 2),
+    max_draft=st.integers(1, 6),
+    max_tokens=st.integers(0, 8),
+)
+def test_incremental_index_matches_brute_force(seq, steps, min_ngram, extra, max_draft, max_tokens):
+    """Fed the sequence a few tokens at a time (as during generation), the drafter proposes
+    exactly what a full scan of the sequence proposes."""
+    max_ngram = min_ngram + extra
+    d = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, max_draft=max_draft)
+    cut = 0
+    for step in steps + [len(seq)]:
+        cut = min(len(seq), cut + step)
+        prefix = seq[:cut]
+        assert d.draft(prefix, max_tokens) == brute_force_draft(prefix, max_tokens, min_ngram, max_ngram, max_draft)
+
+
+def test_invalid_settings_are_refused():
+    with pytest.raises(ConfigValidationError, match="speculative_ngram"):
+        PromptLookupDrafter(max_ngram=1, min_ngram=2)
+    with pytest.raises(ConfigValidationError, match="speculative_max_draft"):
+        PromptLookupDrafter(max_draft=0)
+
+
+def test_on_by_default_for_greedy_only():
+    greedy, sampled = SimpleNamespace(do_sample=False), SimpleNamespace(do_sample=True)
+    assert isinstance(default_drafter(None, greedy), PromptLookupDrafter)
+    assert default_drafter(None, sampled) is None
+    assert isinstance(default_drafter(None, sampled, required=True), PromptLookupDrafter)
