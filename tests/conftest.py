@@ -1,0 +1,57 @@
+"""Shared pytest fixtures: the two packaged real models and a cached tiny-model factory."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# Make `tests.tiny_models` importable however pytest was invoked (rootdir or tests/ as cwd).
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from engine.model_files import ModelNotInstalledError, default_model_path, gemma3_270m_path  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (llama arch, GPT-2 BPE, ChatML)."""
+    try:
+        return default_model_path()
+    except ModelNotInstalledError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """gemma-3-270m Q4_K_M (gemma3 arch, SentencePiece 262k vocab)."""
+    try:
+        return gemma3_270m_path()
+    except ModelNotInstalledError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """`make(arch, qtype=F32, seed=0, **dims) -> Path`: a tiny random GGUF, written once per session.
+
+    Files are cached by their arguments, so tests asking for the same model share one file.
+    """
+    from tests.tiny_models import write_tiny_model
+
+    directory = tmp_path_factory.mktemp("tiny_models")
+    cache: dict[tuple, Path] = {}
+
+    def make(arch: str, qtype=None, seed: int = 0, **kwargs) -> Path:
+        from gguf import GGMLQuantizationType
+
+        qtype = GGMLQuantizationType.F32 if qtype is None else GGMLQuantizationType(qtype)
+        key = (arch, qtype, seed, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+        if key not in cache:
+            path = directory / f"tiny-{arch}-{qtype.name}-{seed}-{len(cache)}.gguf"
+            cache[key] = write_tiny_model(path, arch, qtype, seed, **kwargs)
+        return cache[key]
+
+    return make

@@ -1,0 +1,127 @@
+"""engine.gguf against gguf-py's GGUFReader (an independent parser) on real and tiny files."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+
+from engine.gguf import SUPPORTED_QTYPES, open_gguf
+from tests.tiny_models import ALL_QTYPES, ARCHS, K_QUANTS
+
+Q = GGMLQuantizationType
+K_DIMS = dict(d_model=256, d_ff=512, n_heads=4, n_kv_heads=2, head_dim=64)
+
+
+def assert_same_as_reader(path) -> None:
+    """Every metadata value and tensor must equal what GGUFReader reads from the same file."""
+    ours = open_gguf(path)
+    reader = GGUFReader(path)
+    fields = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert set(ours.metadata) == set(fields)
+    for key, field in fields.items():
+        expected = field.contents()
+        got = ours.metadata[key]
+        assert ours.metadata_types[key].type == field.types[0], key
+        if isinstance(expected, float):
+            assert math.isclose(got, expected, rel_tol=0, abs_tol=0) or got == expected, key
+        else:
+            assert got == expected, key
+    assert [t.name for t in reader.tensors] == list(ours.tensors)
+    for rt in reader.tensors:
+        qt = ours.tensors[rt.name]
+        assert qt.qtype == rt.tensor_type
+        assert qt.shape == tuple(reversed(rt.shape.tolist()))
+        assert ours.tensor_offsets[rt.name] == rt.data_offset
+        raw = rt.data.view(np.uint8) if qt.qtype == Q.BF16 else rt.data
+        mine = qt.data.view(np.uint8).reshape(raw.shape) if qt.qtype == Q.BF16 else qt.data
+        assert mine.shape == raw.shape and mine.dtype == raw.dtype
+        assert np.array_equal(mine, raw)
+    assert ours.data_offset == reader.data_offset
+    assert ours.alignment == reader.alignment
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_models_of_every_arch_match_reader(tiny_model_factory, arch):
+    # Without tokenizer metadata: GGUFReader needs ~4 s per 49k-token vocabulary.
+    assert_same_as_reader(tiny_model_factory(arch, Q.Q8_0, tokenizer=None))
+
+
+
+@pytest.mark.parametrize("qtype", ALL_QTYPES, ids=lambda t: t.name)
+def test_tiny_models_of_every_qtype_match_reader(tiny_model_factory, qtype):
+    dims = K_DIMS if qtype in K_QUANTS else {}
+    assert_same_as_reader(tiny_model_factory("llama", qtype, tokenizer=None, **dims))
+
+
+@pytest.mark.slow
+def test_smollm2_matches_reader(smollm2_path):
+    assert_same_as_reader(smollm2_path)
+
+
+def test_smollm2_header(smollm2_path):
+    g = open_gguf(smollm2_path)
+    assert g.version == 3 and g.arch == "llama"
+    assert g.arch_value("block_count") == 30
+    assert g.arch_value("embedding_length") == 576
+    assert g.metadata["tokenizer.ggml.model"] == "gpt2"
+    tokens = g.metadata["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, list) and len(tokens) == 49152 and all(isinstance(t, str) for t in tokens[:100])
+    assert tokens[2] == "<|im_end|>"
+    assert isinstance(g.metadata["tokenizer.ggml.add_bos_token"], bool)
+    assert g.metadata_types["tokenizer.ggml.token_type"].element_type == GGUFValueType.INT32
+    assert "output.weight" not in g.tensors  # tied embeddings
+    embd = g.tensors["token_embd.weight"]
+    assert embd.qtype == Q.Q8_0 and embd.shape == (49152, 576) and embd.data.shape == (49152, 18 * 34)
+    q = g.tensors["blk.0.attn_q.weight"]
+    assert q.qtype == Q.Q4_1 and q.shape == (576, 576) and q.data.dtype == np.uint8
+    norm = g.tensors["blk.0.attn_norm.weight"]
+    assert norm.qtype == Q.F32 and norm.data.dtype == np.float32 and norm.data.shape == (576,)
+    # Real sizes from the model card: 134.5M parameters.
+    assert g.parameter_count() == 134_515_008
+    mix = g.quant_mix()
+    assert mix["Q4_1"][0] == 210 and mix["Q8_0"][0] == 1 and mix["F32"][0] == 61
+    assert sum(b for _, b in mix.values()) == g.tensor_bytes() <= g.file_size
+
+
+def test_tensors_are_read_only_views_not_copies(smollm2_path):
+    g = open_gguf(smollm2_path)
+    t = g.tensors["blk.3.ffn_down.weight"]
+    assert not t.data.flags.writeable
+    assert not t.data.flags.owndata
+    # The bytes at the recorded file offset are exactly the tensor's bytes.
+    with open(smollm2_path, "rb") as f:
+        f.seek(g.tensor_offsets[t.name])
+        assert f.read(64) == t.data.reshape(-1)[:64].tobytes()
+
+
+def test_gemma3_header(gemma3_path):
+    g = open_gguf(gemma3_path)
+    assert g.arch == "gemma3"
+    assert g.arch_value("attention.sliding_window") == 512
+    assert g.arch_value("attention.key_length") == 256
+    assert len(g.metadata["tokenizer.ggml.tokens"]) == 262144
+    scores = g.metadata["tokenizer.ggml.scores"]
+    assert isinstance(scores, list) and isinstance(scores[0], float)
+    types = {t.qtype for t in g.tensors.values()}
+    assert types <= set(SUPPORTED_QTYPES) and Q.Q4_K in types and Q.Q6_K in types
+    assert g.tensors["blk.0.ffn_down.weight"].data.shape == (640, 2048 // 256 * 210)
+
+
+def test_tiny_model_layout(tiny_model_factory):
+    g = open_gguf(tiny_model_factory("gemma3", Q.F32))
+    assert g.arch == "gemma3"
+    assert g.arch_value("block_count") == 6
+    assert g.arch_value("attention.sliding_window") == 8
+    assert "output.weight" not in g.tensors  # gemma3 ties the output to the embeddings
+    for name in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
+        assert f"blk.5.{name}.weight" in g.tensors
+    assert g.tensors["blk.0.attn_q.weight"].shape == (4 * 16, 64)
+    assert g.tensors["blk.0.attn_k.weight"].shape == (2 * 16, 64)
+    assert g.tensors["blk.0.ffn_down.weight"].shape == (64, 128)
+    qwen2 = open_gguf(tiny_model_factory("qwen2", Q.F32))
+    assert qwen2.tensors["blk.1.attn_v.bias"].shape == (32,)
+    assert "output.weight" in qwen2.tensors
+    assert qwen2.metadata["tokenizer.ggml.pre"] == "smollm"

@@ -1,0 +1,269 @@
+"""Tiny random-weight GGUF files for every architecture and tensor type the engine runs.
+
+`write_tiny_model(path, "llama")` writes a valid GGUF with llama.cpp's metadata keys and tensor
+names, a real tokenizer (SmolLM2's GPT-2 BPE, 49152 tokens, copied from the packaged model's
+metadata; Gemma 3's SentencePiece vocabulary with tokenizer="gemma3"; or none) and random weights
+small enough that activations stay sane through a few layers. Tests of the loader, the forward
+pass and the kernels use these instead of real checkpoints so they run in milliseconds.
+
+Block types gguf-py can quantize (F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1) are quantized from the
+random float weights. gguf-py has no K-quant quantizer, so K-quant tensors are random blocks whose
+fp16 scale fields are then set so the dequantized tensor has the requested spread: every bit
+pattern of the other fields is a valid block. K-quants need rows that are multiples of 256
+(choose d_model, d_ff and n_heads * head_dim accordingly).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import quants as gguf_quants
+
+from engine.gguf import open_gguf
+from engine.model_files import default_model_path, gemma3_270m_path
+
+Q = GGMLQuantizationType
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+QUANTIZABLE = (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)
+K_QUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+ALL_QTYPES = (Q.F32, *QUANTIZABLE, *K_QUANTS)
+
+# Per-architecture defaults that match the real models of that family.
+_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(rope_freq_base=10000.0, rms_eps=1e-5, tie_embeddings=False),
+    "qwen2": dict(rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=False),
+    "qwen3": dict(rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=False),
+    # Gemma 3 always ties the output to the embeddings; every 6th layer (5, 11, ..) is global.
+    "gemma3": dict(rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=True, n_layers=6, sliding_window=8),
+}
+
+_FILE_TYPES = {
+    Q.F32: LlamaFileType.ALL_F32,
+    Q.F16: LlamaFileType.MOSTLY_F16,
+    Q.BF16: LlamaFileType.MOSTLY_BF16,
+    Q.Q4_0: LlamaFileType.MOSTLY_Q4_0,
+    Q.Q4_1: LlamaFileType.MOSTLY_Q4_1,
+    Q.Q5_0: LlamaFileType.MOSTLY_Q5_0,
+    Q.Q5_1: LlamaFileType.MOSTLY_Q5_1,
+    Q.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+    Q.Q2_K: LlamaFileType.MOSTLY_Q2_K,
+    Q.Q3_K: LlamaFileType.MOSTLY_Q3_K_M,
+    Q.Q4_K: LlamaFileType.MOSTLY_Q4_K_M,
+    Q.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
+    Q.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+}
+
+# Byte offsets of the fp16 scale fields in one K-quant block: (d, dmin or None), and the dmin/d
+# ratio that centres the dequantized values near zero (mean of sc*q equals the mean of m).
+_K_SCALE_FIELDS: dict[GGMLQuantizationType, tuple[int, int | None, float]] = {
+    Q.Q2_K: (80, 82, 1.5),  # scales[16] qs[64] d dmin: w = d*sc*q - dmin*m, q in 0..3
+    Q.Q3_K: (108, None, 0.0),  # hmask[32] qs[64] scales[12] d: symmetric
+    Q.Q4_K: (0, 2, 7.5),  # d dmin scales[12] qs[128]: q in 0..15
+    Q.Q5_K: (0, 2, 15.5),  # d dmin scales[12] qh[32] qs[128]: q in 0..31
+    Q.Q6_K: (208, None, 0.0),  # ql[128] qh[64] scales[16] d: symmetric
+}
+
+
+@functools.lru_cache(maxsize=2)
+def tokenizer_metadata(source: str = "smollm2") -> tuple[tuple[str, Any, GGUFValueType, GGUFValueType | None], ...]:
+    """(key, value, type, element type) of every tokenizer.* entry of a packaged real model."""
+    path = {"smollm2": default_model_path, "gemma3": gemma3_270m_path}[source]()
+    g = open_gguf(path)
+    return tuple(
+        (key, value, g.metadata_types[key].type, g.metadata_types[key].element_type)
+        for key, value in g.metadata.items()
+        if key.startswith("tokenizer.")
+    )
+
+
+def write_tiny_model(
+    path: str | Path,
+    arch: str,
+    qtype: GGMLQuantizationType = Q.F32,
+    seed: int = 0,
+    *,
+    n_layers: int | None = None,
+    d_model: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    head_dim: int = 16,
+    d_ff: int = 128,
+    n_ctx_train: int = 2048,
+    tokenizer: str | None = "smollm2",
+    vocab_size: int = 256,
+    embedding_qtype: GGMLQuantizationType | None = None,
+    rope_freq_base: float | None = None,
+    rms_eps: float | None = None,
+    sliding_window: int | None = None,
+    tie_embeddings: bool | None = None,
+    weight_scale: float = 0.05,
+    extra_metadata: dict[str, tuple[Any, GGUFValueType]] | None = None,
+    omit_keys: tuple[str, ...] = (),
+    omit_tensors: tuple[str, ...] = (),
+) -> Path:
+    """Write a tiny random-weight model of `arch` to `path` and return the path.
+
+    `qtype` is the type of every 2-D weight (norms and biases stay F32); `embedding_qtype`
+    overrides it for token_embd. `omit_keys` / `omit_tensors` drop entries by exact name, and
+    `extra_metadata` adds or replaces keys ({key: (value, GGUFValueType)}), for bad-file tests.
+    tokenizer=None writes no tokenizer metadata and a `vocab_size`-row embedding: the fastest
+    file to write and parse, for tests that only need weights.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch={arch!r} is not one of {ARCHS}")
+    qtype = GGMLQuantizationType(qtype)
+    if qtype not in ALL_QTYPES:
+        raise ValueError(f"qtype={qtype.name} is not one of {[t.name for t in ALL_QTYPES]}")
+    defaults = _ARCH_DEFAULTS[arch]
+    n_layers = n_layers if n_layers is not None else defaults.get("n_layers", 2)
+    rope_freq_base = rope_freq_base if rope_freq_base is not None else defaults["rope_freq_base"]
+    rms_eps = rms_eps if rms_eps is not None else defaults["rms_eps"]
+    tie_embeddings = tie_embeddings if tie_embeddings is not None else defaults["tie_embeddings"]
+    sliding_window = sliding_window if sliding_window is not None else defaults.get("sliding_window")
+    embedding_qtype = GGMLQuantizationType(embedding_qtype if embedding_qtype is not None else qtype)
+
+    tok = tokenizer_metadata(tokenizer) if tokenizer is not None else ()
+    if tok:
+        vocab_size = len(next(v for k, v, _, _ in tok if k == "tokenizer.ggml.tokens"))
+    rng = np.random.default_rng(seed)
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+
+    # --- metadata (llama.cpp key names) ---------------------------------------------------------
+    kv: dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]] = {}
+
+    def put(key: str, value: Any, vtype: GGUFValueType, sub: GGUFValueType | None = None) -> None:
+        kv[key] = (value, vtype, sub)
+
+    U32, F32, STR = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING
+    put("general.type", "model", STR)
+    put("general.name", f"tiny-{arch}-{qtype.name}", STR)
+    put("general.file_type", int(_FILE_TYPES[qtype]), U32)
+    put("general.quantization_version", 2, U32)
+    put(f"{arch}.context_length", n_ctx_train, U32)
+    put(f"{arch}.embedding_length", d_model, U32)
+    put(f"{arch}.block_count", n_layers, U32)
+    put(f"{arch}.feed_forward_length", d_ff, U32)
+    put(f"{arch}.attention.head_count", n_heads, U32)
+    put(f"{arch}.attention.head_count_kv", n_kv_heads, U32)
+    put(f"{arch}.attention.key_length", head_dim, U32)
+    put(f"{arch}.attention.value_length", head_dim, U32)
+    put(f"{arch}.attention.layer_norm_rms_epsilon", float(rms_eps), F32)
+    put(f"{arch}.rope.freq_base", float(rope_freq_base), F32)
+    if arch == "llama":
+        put("llama.rope.dimension_count", head_dim, U32)
+        put("llama.vocab_size", vocab_size, U32)
+    if arch == "gemma3":
+        put("gemma3.attention.sliding_window", sliding_window, U32)
+    for key, value, vtype, sub in tok:
+        put(key, value, vtype, sub)
+    for key, (value, vtype) in (extra_metadata or {}).items():
+        put(key, value, vtype, _element_type(value) if vtype == GGUFValueType.ARRAY else None)
+
+    # --- tensors (llama.cpp names, numpy shapes (out_features, in_features)) -------------------
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    def bias(n: int) -> np.ndarray:
+        return (0.02 * rng.standard_normal(n)).astype(np.float32)
+
+    tensors: list[tuple[str, np.ndarray, GGMLQuantizationType]] = []
+
+    def weight(name: str, rows: int, cols: int, wtype: GGMLQuantizationType = qtype) -> None:
+        tensors.append((name, _random_weight(rng, rows, cols, wtype, weight_scale, name), wtype))
+
+    def vector(name: str, values: np.ndarray) -> None:
+        tensors.append((name, values, Q.F32))
+
+    weight("token_embd.weight", vocab_size, d_model, embedding_qtype)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", norm(d_model))
+        weight(p + "attn_q.weight", q_dim, d_model)
+        weight(p + "attn_k.weight", kv_dim, d_model)
+        weight(p + "attn_v.weight", kv_dim, d_model)
+        weight(p + "attn_output.weight", d_model, q_dim)
+        if arch == "qwen2":
+            vector(p + "attn_q.bias", bias(q_dim))
+            vector(p + "attn_k.bias", bias(kv_dim))
+            vector(p + "attn_v.bias", bias(kv_dim))
+        if arch in ("qwen3", "gemma3"):
+            vector(p + "attn_q_norm.weight", norm(head_dim))
+            vector(p + "attn_k_norm.weight", norm(head_dim))
+        if arch == "gemma3":
+            vector(p + "post_attention_norm.weight", norm(d_model))
+        vector(p + "ffn_norm.weight", norm(d_model))
+        weight(p + "ffn_gate.weight", d_ff, d_model)
+        weight(p + "ffn_up.weight", d_ff, d_model)
+        weight(p + "ffn_down.weight", d_model, d_ff)
+        if arch == "gemma3":
+            vector(p + "post_ffw_norm.weight", norm(d_model))
+    vector("output_norm.weight", norm(d_model))
+    if not tie_embeddings:
+        weight("output.weight", vocab_size, d_model)
+
+    # --- write ----------------------------------------------------------------------------------
+    path = Path(path)
+    writer = GGUFWriter(path, arch)
+    if "general.architecture" in omit_keys:
+        del writer.kv_data[0]["general.architecture"]
+    for key, (value, vtype, sub) in kv.items():
+        if key not in omit_keys:
+            writer.add_key_value(key, value, vtype, sub)
+    for name, data, wtype in tensors:
+        if name not in omit_tensors:
+            writer.add_tensor(name, data, raw_dtype=None if wtype in (Q.F32, Q.F16) else wtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _element_type(values: list) -> GGUFValueType:
+    return GGUFValueType.get_type(values[0])
+
+
+def _random_weight(
+    rng: np.random.Generator, rows: int, cols: int, qtype: GGMLQuantizationType, scale: float, name: str
+) -> np.ndarray:
+    """Storage for a (rows, cols) weight of `qtype`: float array or uint8 (rows, row_bytes)."""
+    if qtype in K_QUANTS:
+        return _random_kquant(rng, rows, cols, qtype, scale, name)
+    values = (scale * rng.standard_normal((rows, cols))).astype(np.float32)
+    if qtype == Q.F32:
+        return values
+    if qtype == Q.F16:
+        return values.astype(np.float16)
+    block_size = GGML_QUANT_SIZES[qtype][0]
+    if cols % block_size:
+        raise ValueError(f"{name}: {cols} columns is not a multiple of the {qtype.name} block size {block_size}")
+    return gguf_quants.quantize(values, qtype)
+
+
+def _random_kquant(
+    rng: np.random.Generator, rows: int, cols: int, qtype: GGMLQuantizationType, scale: float, name: str
+) -> np.ndarray:
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    if cols % block_size:
+        raise ValueError(
+            f"{name}: {cols} columns is not a multiple of 256, which {qtype.name} needs; "
+            f"pick d_model, d_ff and n_heads * head_dim as multiples of 256"
+        )
+    blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
+    d_at, dmin_at, dmin_ratio = _K_SCALE_FIELDS[qtype]
+
+    def set_scales(d: float) -> None:
+        blocks[:, d_at : d_at + 2] = np.full((len(blocks), 1), d, np.float16).view(np.uint8)
+        if dmin_at is not None:
+            dmin = np.full((len(blocks), 1), d * dmin_ratio, np.float16)
+            blocks[:, dmin_at : dmin_at + 2] = dmin.view(np.uint8)
+
+    # Dequantized values are linear in (d, dmin): measure the spread at d=1, then rescale.
+    set_scales(1.0)
+    spread = float(gguf_quants.dequantize(blocks, qtype).std())
+    set_scales(scale / spread)
+    return blocks.reshape(rows, cols // block_size * type_size)
