@@ -28,7 +28,7 @@ SPECIALS = ["<s>", "</s>", "<|im_end|>", "<|im_start|>"]
 BOS, EOS, IM_END, IM_START = 0, 1, 2, 3
 PIECES = SPECIALS + [
     "Hello", " world", "!", " How", " are", " you", "?", "\n", " END", "E", "N", "D", " ",
-    "<think>", "</think>", "thinking", " a", "b", "c", "ab", "abc", "x", "y", "z", "é", "\xa0",
+    "<think>", "</think>", "thinking", " a", "a", "b", "c", "ab", "abc", "x", "y", "z", "é", "\xa0", "user", "assistant", "system",
 ]
 VOCAB_SIZE = len(PIECES) + 4  # a few ids with empty text, like unused tokens in real vocabularies
 

@@ -1,0 +1,130 @@
+"""Stop strings with minimal hold-back, finish-reason precedence, <think> splitting."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.events import FINISH_REASONS
+from engine.reasoning import ANSWER, REASONING, ReasoningSplitter, prompt_opens_reasoning
+from engine.stopping import FINISH_PRECEDENCE, StopStringMatcher, decide_finish_reason
+
+
+def feed(matcher, pieces):
+    released = []
+    for piece in pieces:
+        text, matched = matcher.push(piece)
+        released.append(text)
+        if matched:
+            return released, True
+    released.append(matcher.flush())
+    return released, False
+
+
+def test_holds_back_only_a_possible_start_of_a_stop_string():
+    m = StopStringMatcher(["</end>"])
+    assert m.push("Hello <") == ("Hello ", False)
+    assert m.held == "<"
+    assert m.push("/e") == ("", False)
+    assert m.held == "</e"
+    # disproved the moment the text diverges: everything held is released at once
+    assert m.push("x") == ("</ex", False)
+    assert m.held == ""
+
+
+def test_match_across_tokens_emits_nothing_of_the_stop_string_or_after():
+    released, matched = feed(StopStringMatcher(["STOP"]), ["ab", "cS", "T", "OPdef", "more"])
+    assert matched and "".join(released) == "abc"
+
+
+def test_earliest_of_several_stop_strings_wins():
+    released, matched = feed(StopStringMatcher(["world", "lo w"]), ["Hel", "lo world"])
+    assert matched and "".join(released) == "Hel"
+
+
+def test_hold_back_uses_the_longest_candidate_prefix():
+    m = StopStringMatcher(["abc", "bcd"])
+    assert m.push("xab") == ("x", False)  # "ab" could start "abc"
+    assert m.push("c") == ("", True)  # "abc" matched: nothing after "x" is released
+
+
+def test_overlapping_prefix_rescan():
+    # "aab" contains the stop "ab" starting inside the held text
+    released, matched = feed(StopStringMatcher(["ab"]), ["a", "a", "b"])
+    assert matched and "".join(released) == "a"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(st.text(alphabet="abc<>/ é", max_size=4), max_size=12),
+    stops=st.lists(st.text(alphabet="abc<>/ é", min_size=1, max_size=4), min_size=1, max_size=3),
+)
+def test_output_equals_input_up_to_the_first_match(pieces, stops):
+    full = "".join(pieces)
+    released, matched = feed(StopStringMatcher(stops), pieces)
+    positions = [full.find(s) for s in stops if s in full]
+    if positions:
+        assert matched and "".join(released) == full[: min(positions)]
+    else:
+        assert not matched and "".join(released) == full  # byte-identical to no stop strings
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.lists(st.text(alphabet="abcS", max_size=3), max_size=10))
+def test_hold_back_is_minimal(pieces):
+    m = StopStringMatcher(["SaS"])
+    for piece in pieces:
+        _, matched = m.push(piece)
+        if matched:
+            return
+        held = m.held
+        assert len(held) < 3 and "SaS".startswith(held)
+        # nothing longer than what is held could still be a stop start
+        assert held == "" or held[0] == "S"
+
+
+def test_no_stop_strings_releases_everything_immediately():
+    m = StopStringMatcher([])
+    assert m.push("abc") == ("abc", False)
+
+
+def test_precedence_order_is_total_and_documented():
+    assert set(FINISH_PRECEDENCE) == set(FINISH_REASONS)
+    assert decide_finish_reason({"length", "stop_sequence"}) == "stop_sequence"
+    assert decide_finish_reason({"length", "stop"}) == "stop"
+    assert decide_finish_reason({"cancelled", "length"}) == "length"
+    assert decide_finish_reason({"grammar_complete", "length"}) == "grammar_complete"
+    assert decide_finish_reason({"stop", "grammar_complete"}) == "stop"
+    assert decide_finish_reason({"error", "stop"}) == "error"
+    assert decide_finish_reason(set()) is None
+    with pytest.raises(ValueError):
+        decide_finish_reason({"bogus"})
+
+
+# --- reasoning -----------------------------------------------------------------------------------
+def split(pieces, starts_inside=False):
+    splitter = ReasoningSplitter(starts_inside)
+    parts = []
+    for piece in pieces:
+        parts.extend(splitter.push(piece))
+    parts.extend(splitter.flush())
+    merged = {REASONING: "", ANSWER: ""}
+    for kind, text in parts:
+        merged[kind] += text
+    return merged
+
+
+def test_think_block_split_across_tokens():
+    out = split(["<th", "ink>\nLet me", " think.</th", "ink>\n\nThe answer", " is 4."])
+    assert out == {REASONING: "Let me think.", ANSWER: "The answer is 4."}
+
+
+def test_no_think_tags_is_all_answer_and_unchanged():
+    out = split(["a < b", " and <t", "ag>"])
+    assert out == {REASONING: "", ANSWER: "a < b and <tag>"}
+
+
+def test_prompt_that_opens_think_starts_inside():
+    assert prompt_opens_reasoning("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_reasoning("<think>x</think> answer")
+    out = split(["plan", "</think>", "done"], starts_inside=True)
+    assert out == {REASONING: "plan", ANSWER: "done"}
