@@ -122,3 +122,27 @@ class FakeEngine:
         )
         yield Finished(finish_reason=reason, usage=usage, text="".join(emitted),
                        reasoning=self.reasoning, token_ids=tuple(1000 + i for i in range(n)))
+
+
+def make_window(qtbot, data_dir, engine, *, load=True, model_path="/models/fake-model.gguf"):
+    """A MainWindow over a fake engine with its store and settings in `data_dir`."""
+    from app.controller import EngineController
+    from app.settings import SettingsFile
+    from app.store import Store
+    from app.views.main_window import MainWindow
+
+    store = Store(data_dir / "chats.sqlite3")
+    settings_file = SettingsFile(data_dir / "settings.json")
+    controller = EngineController(engine)
+    window = MainWindow(controller, store, settings_file.load(), settings_file)
+    qtbot.addWidget(window)
+    window.show()
+    if load:
+        with qtbot.waitSignal(controller.modelLoaded, timeout=5000):
+            window.open_model(model_path)
+    return window
+
+
+def close_window(window):
+    window.close()
+    window.store.close()

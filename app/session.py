@@ -1,0 +1,290 @@
+"""ChatSession: the GUI-thread logic between the widgets, the store and the engine controller.
+
+It owns the current conversation, turns user actions (send, edit + regenerate, regenerate,
+cancel) into engine requests, records the streaming reply (ReplyRecorder) and computes the live
+usage shown while tokens arrive. Widgets only call its methods and listen to its signals.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from PySide6.QtCore import QObject, Signal
+
+from app.controller import EngineController
+from app.engine_bridge import ChatRequest, ModelInfo
+from app.preset_state import PresetState
+from app.reply_recorder import ReplyRecorder
+from app.settings import Settings, SettingsFile
+from app.store import STATUS_ERROR, Store, StoredMessage
+from engine.events import Finished
+
+TOP_LOGPROBS = 5
+
+
+class ChatSession(QObject):
+    conversationsChanged = Signal()
+    conversationOpened = Signal(object, list)  # Conversation, [StoredMessage]
+    messageAdded = Signal(object)  # StoredMessage (user message or an empty streaming reply)
+    replyText = Signal(str)
+    replyReasoning = Signal(str)
+    replyTokens = Signal(list)
+    liveUsage = Signal(dict)  # while streaming; keys as engine.events.Usage plus "finish_reason"
+    replyFinished = Signal(object)  # StoredMessage as stored
+    replyFailed = Signal(str, object)  # message for a dialog, StoredMessage as stored
+    busyChanged = Signal(bool)
+    presetChanged = Signal(object)  # PresetView
+
+    def __init__(self, controller: EngineController, store: Store, settings: Settings,
+                 settings_file: SettingsFile, parent: QObject | None = None):
+        super().__init__(parent)
+        self.controller, self.store = controller, store
+        self.settings, self.settings_file = settings, settings_file
+        self.conversation_id: int | None = None
+        self.json_mode = "off"
+        self.json_schema: dict | None = None
+        self.presets: PresetState | None = None
+        self._recorder: ReplyRecorder | None = None
+        self._reply_message: StoredMessage | None = None
+        self._started = 0.0
+        self._first_token_at: float | None = None
+        self._n_tokens = 0
+        self._prompt_estimate = 0
+
+        controller.modelLoaded.connect(self._on_model_loaded)
+        controller.replyText.connect(self._on_text)
+        controller.replyReasoning.connect(self._on_reasoning)
+        controller.replyTokens.connect(self._on_tokens)
+        controller.replyFinished.connect(self._on_finished)
+        controller.replyErrored.connect(self._on_errored)
+
+    # --- conversations --------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self._recorder is not None
+
+    def open_conversation(self, conversation_id: int) -> None:
+        conv = self.store.conversation(conversation_id)
+        if conv is None:
+            return
+        self.conversation_id = conversation_id
+        self.conversationOpened.emit(conv, self.store.messages(conversation_id))
+
+    def new_conversation(self) -> int:
+        cid = self.store.create_conversation()
+        self.conversationsChanged.emit()
+        self.open_conversation(cid)
+        return cid
+
+    def ensure_conversation(self) -> int:
+        if self.conversation_id is None or self.store.conversation(self.conversation_id) is None:
+            existing = self.store.list_conversations()
+            if existing:
+                self.open_conversation(existing[0].id)
+            else:
+                self.new_conversation()
+        return self.conversation_id
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        self.store.rename_conversation(conversation_id, title)
+        self.conversationsChanged.emit()
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        if self.busy and conversation_id == self.conversation_id:
+            self.cancel()
+        self.store.delete_conversation(conversation_id)
+        if conversation_id == self.conversation_id:
+            self.conversation_id = None
+        self.conversationsChanged.emit()
+        self.ensure_conversation()
+
+    def set_system_prompt(self, text: str) -> None:
+        self.store.set_system_prompt(self.ensure_conversation(), text)
+
+    # --- generation -----------------------------------------------------------------------------
+    def send(self, text: str) -> bool:
+        """Append a user message and start the reply. False when it cannot start now."""
+        text = text.strip()
+        if not text or self.busy or self.controller.model is None:
+            return False
+        cid = self.ensure_conversation()
+        first_message = not self.store.messages(cid)
+        user_id = self.store.add_message(cid, "user", text)
+        if first_message:
+            # Name the chat after its first question so the sidebar is readable at a glance.
+            self.store.rename_conversation(cid, _title_from(text))
+            self.conversationsChanged.emit()
+        self.messageAdded.emit(self.store.message(user_id))
+        self._start_reply(cid)
+        return True
+
+    def regenerate_last(self) -> bool:
+        """Drop the last reply (if any) and answer the last user message again."""
+        if self.busy or self.controller.model is None or self.conversation_id is None:
+            return False
+        messages = self.store.messages(self.conversation_id)
+        while messages and messages[-1].role != "user":
+            messages.pop()
+        if not messages:
+            return False
+        return self._regenerate_after(messages[-1])
+
+    def edit_and_regenerate(self, message_id: int, new_text: str) -> bool:
+        message = self.store.message(message_id)
+        if message is None or message.role != "user" or self.busy or self.controller.model is None:
+            return False
+        self.store.update_message_content(message_id, new_text.strip() or message.content)
+        return self._regenerate_after(self.store.message(message_id))
+
+    def _regenerate_after(self, user_message: StoredMessage) -> bool:
+        cid = user_message.conversation_id
+        self.store.delete_messages_from(cid, user_message.position + 1)
+        self.open_conversation(cid)  # the view redraws without the dropped messages
+        self._start_reply(cid)
+        return True
+
+    def cancel(self) -> None:
+        self.controller.cancel()
+
+    def build_request(self, conversation_id: int) -> ChatRequest:
+        conv = self.store.conversation(conversation_id)
+        messages = []
+        if conv.system_prompt.strip():
+            messages.append({"role": "system", "content": conv.system_prompt.strip()})
+        for m in self.store.messages(conversation_id):
+            if m.role in ("user", "assistant") and m.status != "streaming" and (m.content or m.role == "user"):
+                messages.append({"role": m.role, "content": m.content})
+        presets = self.presets
+        return ChatRequest(
+            messages=tuple(messages),
+            overrides=dict(presets.overrides) if presets else {},
+            saved_preset=dict(presets.saved) if presets and presets.saved else None,
+            json_mode=self.json_mode,
+            json_schema=self.json_schema if self.json_mode == "schema" else None,
+            top_logprobs=TOP_LOGPROBS,
+        )
+
+    def _start_reply(self, cid: int) -> None:
+        request = self.build_request(cid)
+        reply_id = self.store.begin_reply(cid, json_mode=self.json_mode)
+        self._recorder = ReplyRecorder(self.store, reply_id)
+        self._reply_message = self.store.message(reply_id)
+        self._started, self._first_token_at, self._n_tokens = time.perf_counter(), None, 0
+        # Rough prompt size for the live context bar until the engine reports the exact count.
+        self._prompt_estimate = sum(len(m["content"]) for m in request.messages) // 4
+        self.messageAdded.emit(self._reply_message)
+        self.busyChanged.emit(True)
+        self.controller.generate(request)
+
+    def tick(self) -> None:
+        """Called on every repaint tick while streaming: durability save + live usage."""
+        if self._recorder is None:
+            return
+        self._recorder.maybe_save()
+        self.liveUsage.emit(self.live_usage())
+
+    def live_usage(self) -> dict:
+        now = time.perf_counter()
+        n = self._n_tokens
+        first = self._first_token_at
+        decode_s = (now - first) if first is not None else 0.0
+        info = self.controller.model
+        return {
+            "prompt_tokens": None,
+            "completion_tokens": n,
+            "cached_tokens": None,
+            "ttft_ms": (first - self._started) * 1000 if first is not None else None,
+            "prefill_ms": None,
+            "prompt_tok_s": None,
+            "decode_tok_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+            "context_used": self._prompt_estimate + n,
+            "context_limit": info.n_ctx if info else 0,
+            "finish_reason": "generating…",
+        }
+
+    # --- controller callbacks -------------------------------------------------------------------
+    def _on_model_loaded(self, info: ModelInfo) -> None:
+        saved = self.settings.presets.get(info.path)
+        try:
+            self.presets = PresetState(lambda s, o: self.controller.resolve_preset(s, o), saved)
+        except Exception:  # noqa: BLE001 - a stale saved preset must not block the model
+            self.presets = PresetState(lambda s, o: self.controller.resolve_preset(s, o), None)
+        self.presetChanged.emit(self.presets.view)
+
+    def _on_text(self, text: str) -> None:
+        if self._recorder is not None:
+            self._recorder.add_text(text)
+            self.replyText.emit(text)
+
+    def _on_reasoning(self, text: str) -> None:
+        if self._recorder is not None:
+            self._recorder.add_reasoning(text)
+            self.replyReasoning.emit(text)
+
+    def _on_tokens(self, tokens: list) -> None:
+        if self._recorder is None:
+            return
+        if self._first_token_at is None:
+            self._first_token_at = time.perf_counter()
+        self._n_tokens += len(tokens)
+        self._recorder.add_tokens(tokens)
+        self.replyTokens.emit(tokens)
+
+    def _on_finished(self, finished: Finished) -> None:
+        recorder, self._recorder = self._recorder, None
+        if recorder is None:
+            return
+        status = recorder.finish(finished)
+        stored = self.store.message(recorder.message_id)
+        self.busyChanged.emit(False)
+        if status == STATUS_ERROR:
+            self.replyFailed.emit(finished.error or "Generation failed.", stored)
+        else:
+            self.replyFinished.emit(stored)
+
+    def _on_errored(self, message: str) -> None:
+        recorder, self._recorder = self._recorder, None
+        if recorder is None:
+            return
+        recorder.fail(message)
+        stored = self.store.message(recorder.message_id)
+        self.busyChanged.emit(False)
+        self.replyFailed.emit(message, stored)
+
+    # --- presets --------------------------------------------------------------------------------
+    def set_preset_value(self, field: str, value) -> str | None:
+        if self.presets is None:
+            return "Load a model first."
+        error = self.presets.try_set(field, value)
+        if error is None:
+            self.presetChanged.emit(self.presets.view)
+        return error
+
+    def save_preset(self) -> None:
+        if self.presets is None or self.controller.model is None:
+            return
+        self.settings.presets[self.controller.model.path] = self.presets.save()
+        self.settings_file.save(self.settings)
+        self.presetChanged.emit(self.presets.view)
+
+    def reset_preset(self) -> None:
+        if self.presets is None or self.controller.model is None:
+            return
+        self.presets.reset()
+        self.settings.presets.pop(self.controller.model.path, None)
+        self.settings_file.save(self.settings)
+        self.presetChanged.emit(self.presets.view)
+
+    # --- JSON mode ------------------------------------------------------------------------------
+    def set_json_mode(self, mode: str, schema: dict | None = None) -> None:
+        self.json_mode = mode
+        if schema is not None:
+            self.json_schema = schema
+            self.settings.json_schema = json.dumps(schema, indent=2)
+
+
+def _title_from(text: str, limit: int = 48) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+

@@ -1,0 +1,110 @@
+"""The conversation column. Streaming text is buffered and drawn once per frame tick (flush_stream),
+so the number of re-renders per second is bounded by the tick rate, not by the model's speed."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
+
+from app.store import StoredMessage
+from app.views.message_widget import MessageWidget
+
+
+class ChatView(QScrollArea):
+    editRequested = Signal(int)
+    regenerateRequested = Signal(int)
+    messageSelected = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self._column = QWidget()
+        self._column.setObjectName("chat_column")
+        self._layout = QVBoxLayout(self._column)
+        self._layout.setContentsMargins(12, 12, 12, 12)
+        self._layout.setSpacing(10)
+        self._placeholder = QLabel(
+            "<h2>LocalChat</h2><p>Type a message below and press <b>Enter</b> to send "
+            "(<b>Shift+Enter</b> for a new line).<br>Everything runs on this computer.</p>")
+        self._placeholder.setAlignment(Qt.AlignCenter)
+        self._placeholder.setObjectName("placeholder")
+        self._layout.addWidget(self._placeholder)
+        self._layout.addStretch(1)
+        self.setWidget(self._column)
+        self.widgets: list[MessageWidget] = []
+        self._streaming: MessageWidget | None = None
+        self._pending_text: list[str] = []
+        self._pending_reasoning: list[str] = []
+        self.frames_drawn = 0  # repaint ticks that changed the streaming message (for tests)
+
+    # --- whole conversation ---------------------------------------------------------------------
+    def show_messages(self, messages: list[StoredMessage]) -> None:
+        for w in self.widgets:
+            w.deleteLater()
+        self.widgets = []
+        self._streaming = None
+        self._pending_text, self._pending_reasoning = [], []
+        for m in messages:
+            self.add_message(m, scroll=False)
+        self._placeholder.setVisible(not self.widgets)
+        QTimer.singleShot(0, self._scroll_to_end)
+
+    def add_message(self, message: StoredMessage, scroll: bool = True) -> MessageWidget:
+        widget = MessageWidget(message)
+        widget.editRequested.connect(self.editRequested)
+        widget.regenerateRequested.connect(self.regenerateRequested)
+        widget.selected.connect(self.messageSelected)
+        self._layout.insertWidget(self._layout.count() - 1, widget)
+        self.widgets.append(widget)
+        self._placeholder.setVisible(False)
+        if message.status == "streaming":
+            self._streaming = widget
+            widget.refresh(streaming=True)
+        if scroll:
+            QTimer.singleShot(0, self._scroll_to_end)
+        return widget
+
+    def widget_for(self, message_id: int) -> MessageWidget | None:
+        return next((w for w in self.widgets if w.message.id == message_id), None)
+
+    # --- streaming ------------------------------------------------------------------------------
+    def queue_text(self, text: str) -> None:
+        self._pending_text.append(text)
+
+    def queue_reasoning(self, text: str) -> None:
+        self._pending_reasoning.append(text)
+
+    def flush_stream(self) -> None:
+        """Draw what arrived since the last tick (one markdown re-render at most)."""
+        if self._streaming is None or not (self._pending_text or self._pending_reasoning):
+            return
+        at_bottom = self._at_bottom()
+        self._streaming.append_stream("".join(self._pending_text), "".join(self._pending_reasoning))
+        self._pending_text, self._pending_reasoning = [], []
+        self.frames_drawn += 1
+        if at_bottom:
+            QTimer.singleShot(0, self._scroll_to_end)
+
+    def finish_stream(self, stored: StoredMessage) -> None:
+        self.flush_stream()
+        if self._streaming is not None and self._streaming.message.id == stored.id:
+            self._streaming.set_message(stored)
+        else:
+            widget = self.widget_for(stored.id)
+            if widget is not None:
+                widget.set_message(stored)
+        self._streaming = None
+
+    @property
+    def streaming_widget(self) -> MessageWidget | None:
+        return self._streaming
+
+    # --- scrolling ------------------------------------------------------------------------------
+    def _at_bottom(self) -> bool:
+        bar = self.verticalScrollBar()
+        return bar.value() >= bar.maximum() - 40
+
+    def _scroll_to_end(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())

@@ -1,0 +1,463 @@
+"""The main window: composes the widgets and connects them to the ChatSession.
+
+Layout: model bar on top; chats on the left; the conversation, the input box and the JSON mode
+switch in the middle; usage, time to first token, sampling preset and token inspector on the
+right. Streaming text is drawn by a frame timer (FRAME_MS), never per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QMainWindow,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.controller import EngineController
+from app.engine_bridge import ModelInfo, PresetView
+from app.export import render_export, write_export
+from app.icon import app_icon
+from app.preset_state import parse_value
+from app.session import ChatSession
+from app.settings import Settings, SettingsFile
+from app.store import Store, StoredMessage
+from app.theme import apply_theme
+from app.views.chat_view import ChatView
+from app.views.json_mode_bar import JsonModeBar
+from app.views.model_bar import ModelBar
+from app.views.preset_panel import PresetPanel
+from app.views.settings_dialog import SettingsDialog
+from app.views.sidebar import Sidebar
+from app.views.token_inspector import TokenInspector
+from app.views.ttft_panel import TtftPanel
+from app.views.usage_panel import UsagePanel
+
+FRAME_MS = 33  # ~30 Hz: smooth enough for text, cheap enough for markdown re-rendering
+
+
+class InputBox(QPlainTextEdit):
+    """Enter sends, Shift+Enter inserts a newline."""
+
+    submitted = Signal()
+
+    def keyPressEvent(self, event):
+        if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not event.modifiers() & Qt.ShiftModifier:
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, controller: EngineController, store: Store, settings: Settings,
+                 settings_file: SettingsFile):
+        super().__init__()
+        self.controller, self.store = controller, store
+        self.settings, self.settings_file = settings, settings_file
+        self.session = ChatSession(controller, store, settings, settings_file, self)
+        self.selected_message_id: int | None = None
+        self._loading_path: str | None = None
+        self._export_tasks: set = set()
+
+        self.setWindowTitle("LocalChat")
+        self.setWindowIcon(app_icon())
+        self.setAcceptDrops(True)
+        self.resize(1280, 800)
+        self._build()
+        self._connect()
+        self._make_actions()
+        self.frame_timer = QTimer(self)
+        self.frame_timer.setInterval(FRAME_MS)
+        self.frame_timer.timeout.connect(self._on_frame)
+        self.model_bar.set_recent(settings.recent_models)
+        self._refresh_sidebar()
+        self.session.ensure_conversation()
+        self._set_busy(False)
+
+    # --- layout ---------------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.model_bar = ModelBar()
+        self.sidebar = Sidebar()
+        self.chat_view = ChatView()
+        self.system_prompt = QLineEdit()
+        self.system_prompt.setPlaceholderText("System prompt for this chat (optional)")
+        self.system_prompt.setToolTip("Instructions the model sees before every message of this chat")
+        self.input = InputBox()
+        self.input.setPlaceholderText("Message the model — Enter to send, Shift+Enter for a new line")
+        self.input.setFixedHeight(78)
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("send_button")
+        self.send_button.setToolTip("Send (Enter)")
+        self.cancel_button = QPushButton("Stop")
+        self.cancel_button.setObjectName("cancel_button")
+        self.cancel_button.setToolTip("Stop generating and keep the partial reply (Esc)")
+        self.json_bar = JsonModeBar()
+        if self.settings.json_schema:
+            from app.schema_check import check_schema
+
+            schema, problem = check_schema(self.settings.json_schema)
+            if schema is not None:
+                self.json_bar.set_schema(self.settings.json_schema, schema)
+        self.state_label = QLabel()
+        self.state_label.setObjectName("state_label")
+
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.cancel_button)
+        buttons.addStretch(1)
+        input_row = QHBoxLayout()
+        input_row.addWidget(self.input, 1)
+        input_row.addLayout(buttons)
+        footer = QHBoxLayout()
+        footer.addWidget(self.json_bar, 1)
+        footer.addWidget(self.state_label)
+
+        center = QWidget()
+        center_layout = QVBoxLayout(center)
+        center_layout.setContentsMargins(4, 4, 4, 4)
+        center_layout.addWidget(self.system_prompt)
+        center_layout.addWidget(self.chat_view, 1)
+        center_layout.addLayout(input_row)
+        center_layout.addLayout(footer)
+
+        self.usage_panel = UsagePanel()
+        self.ttft_panel = TtftPanel()
+        self.preset_panel = PresetPanel()
+        self.token_inspector = TokenInspector()
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.preset_panel, "Sampling")
+        self.tabs.addTab(self.token_inspector, "Tokens")
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(4, 4, 4, 4)
+        right_layout.addWidget(self.usage_panel)
+        right_layout.addWidget(self.ttft_panel)
+        right_layout.addWidget(self.tabs, 1)
+
+        splitter = QSplitter()
+        splitter.addWidget(self.sidebar)
+        splitter.addWidget(center)
+        splitter.addWidget(right)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([220, 700, 340])
+        root = QWidget()
+        root_layout = QVBoxLayout(root)
+        root_layout.setContentsMargins(0, 0, 0, 0)
+        root_layout.setSpacing(0)
+        root_layout.addWidget(self.model_bar)
+        root_layout.addWidget(splitter, 1)
+        self.setCentralWidget(root)
+
+    def _connect(self) -> None:
+        s, c = self.session, self.controller
+        self.model_bar.openRequested.connect(self.open_model)
+        self.model_bar.settingsRequested.connect(self.open_settings)
+        c.loadProgress.connect(self.model_bar.show_progress)
+        c.modelLoaded.connect(self._on_model_loaded)
+        c.loadFailed.connect(self._on_load_failed)
+
+        self.sidebar.newRequested.connect(self.new_chat)
+        self.sidebar.conversationSelected.connect(self._open_conversation)
+        self.sidebar.renameRequested.connect(s.rename_conversation)
+        self.sidebar.deleteRequested.connect(s.delete_conversation)
+        self.sidebar.searchChanged.connect(lambda _text: self._refresh_sidebar())
+        s.conversationsChanged.connect(self._refresh_sidebar)
+        s.conversationOpened.connect(self._on_conversation_opened)
+
+        self.input.submitted.connect(self.send)
+        self.send_button.clicked.connect(self.send)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.system_prompt.editingFinished.connect(lambda: s.set_system_prompt(self.system_prompt.text()))
+        self.json_bar.modeChanged.connect(self.session.set_json_mode)
+
+        s.messageAdded.connect(self._on_message_added)
+        s.replyText.connect(self.chat_view.queue_text)
+        s.replyReasoning.connect(self.chat_view.queue_reasoning)
+        s.replyTokens.connect(self.token_inspector.add_tokens)
+        s.liveUsage.connect(self._on_live_usage)
+        s.replyFinished.connect(self._on_reply_finished)
+        s.replyFailed.connect(self._on_reply_failed)
+        s.busyChanged.connect(self._set_busy)
+        s.presetChanged.connect(self._on_preset_changed)
+
+        self.chat_view.editRequested.connect(self.edit_message)
+        self.chat_view.regenerateRequested.connect(lambda _id: self.regenerate())
+        self.chat_view.messageSelected.connect(self.select_message)
+
+        self.preset_panel.valueEdited.connect(self._on_preset_edit)
+        self.preset_panel.saveRequested.connect(self._on_preset_save)
+        self.preset_panel.resetRequested.connect(self._on_preset_reset)
+
+    def _make_actions(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        chat_menu = self.menuBar().addMenu("&Chat")
+
+        def action(menu, text, shortcut, slot, name):
+            act = QAction(text, self)
+            if shortcut:
+                act.setShortcut(QKeySequence(shortcut))
+            act.setShortcutContext(Qt.WindowShortcut)
+            act.triggered.connect(slot)
+            menu.addAction(act)
+            setattr(self, name, act)
+            return act
+
+        action(file_menu, "Open model…", "Ctrl+O", self.model_bar.ask_open, "open_action")
+        action(file_menu, "Export chat…", "Ctrl+E", self.ask_export, "export_action")
+        action(file_menu, "Settings…", "Ctrl+,", self.open_settings, "settings_action")
+        file_menu.addSeparator()
+        action(file_menu, "Quit", "Ctrl+Q", self.close, "quit_action")
+        action(chat_menu, "New chat", "Ctrl+N", self.new_chat, "new_chat_action")
+        action(chat_menu, "Stop generating", "Esc", self.cancel, "cancel_action")
+        action(chat_menu, "Regenerate reply", "Ctrl+R", self.regenerate, "regenerate_action")
+        action(chat_menu, "Focus input", "Ctrl+L", self.input.setFocus, "focus_action")
+
+    # --- model ----------------------------------------------------------------------------------
+    def start(self, model_path: str | None = None) -> None:
+        """Load the requested model, else the last one, else the embedded default."""
+        path = model_path or self.settings.last_model
+        if not path or not Path(path).is_file():
+            from engine.model_files import ModelNotInstalledError, default_model_path
+
+            try:
+                path = str(default_model_path())
+            except ModelNotInstalledError as exc:
+                self.show_error("No model", str(exc))
+                return
+        self.open_model(path)
+
+    def open_model(self, path: str) -> None:
+        self._loading_path = path
+        self.model_bar.show_loading(path)
+        self._set_busy(self.session.busy)
+        self.controller.load_model(path, self.settings.context_size, self.settings.threads)
+
+    def _on_model_loaded(self, info: ModelInfo) -> None:
+        self.settings.remember_model(info.path)
+        self.settings_file.save(self.settings)
+        self.model_bar.set_recent(self.settings.recent_models)
+        self.model_bar.show_loaded(info.name, f"{info.architecture} · context {info.n_ctx:,} · {info.template}")
+        self._set_busy(self.session.busy)
+        self.input.setFocus()
+
+    def _on_load_failed(self, path: str, message: str) -> None:
+        previous = self.controller.model
+        self.model_bar.show_failed(f"<b>{previous.name}</b>" if previous else None)
+        self._set_busy(self.session.busy)
+        self.show_error("Could not open the model", f"{Path(path).name}\n\n{message}")
+
+    # --- chats ----------------------------------------------------------------------------------
+    def _refresh_sidebar(self) -> None:
+        self.sidebar.set_conversations(
+            self.store.list_conversations(self.sidebar.search.text()), self.session.conversation_id)
+
+    def _open_conversation(self, conversation_id: int) -> None:
+        if self.session.busy:
+            self.session.cancel()
+        self.session.open_conversation(conversation_id)
+
+    def _on_conversation_opened(self, conversation, messages: list[StoredMessage]) -> None:
+        self.chat_view.show_messages(messages)
+        self.system_prompt.setText(conversation.system_prompt)
+        self._refresh_sidebar()
+        replies = [m for m in messages if m.role == "assistant" and m.status != "streaming"]
+        if replies:
+            self.select_message(replies[-1].id)
+        else:
+            self.selected_message_id = None
+            self.usage_panel.clear()
+            self.token_inspector.set_tokens([])
+
+    def new_chat(self) -> None:
+        if self.session.busy:
+            self.session.cancel()
+        self.session.new_conversation()
+        self.input.setFocus()
+
+    # --- sending --------------------------------------------------------------------------------
+    def send(self) -> None:
+        text = self.input.toPlainText()
+        if not text.strip():
+            return
+        if self.controller.model is None:
+            self.state_label.setText("The model is still loading…" if self.controller.loading
+                                     else "Open a model first")
+            return
+        self.session.set_system_prompt(self.system_prompt.text())
+        if self.session.send(text):
+            self.input.clear()
+
+    def cancel(self) -> None:
+        self.session.cancel()
+
+    def regenerate(self) -> None:
+        self.session.regenerate_last()
+
+    def edit_message(self, message_id: int) -> None:
+        message = self.store.message(message_id)
+        if message is None or self.session.busy:
+            return
+        text, ok = QInputDialog.getMultiLineText(
+            self, "Edit message", "Edit your message; the reply is generated again from here:",
+            message.content)
+        if ok and text.strip():
+            self.session.edit_and_regenerate(message_id, text)
+
+    def _on_message_added(self, message: StoredMessage) -> None:
+        self.chat_view.add_message(message)
+        if message.role == "assistant":
+            self.selected_message_id = message.id
+            self.token_inspector.set_tokens([])
+            self.usage_panel.show_usage(self.session.live_usage(), live=True)
+            self.ttft_panel.show_live(None)
+            self.frame_timer.start()
+
+    def _on_frame(self) -> None:
+        self.chat_view.flush_stream()
+        self.token_inspector.flush()
+        self.session.tick()
+
+    def _on_live_usage(self, usage: dict) -> None:
+        streaming = self.chat_view.streaming_widget
+        if streaming is not None and streaming.message.id == self.selected_message_id:
+            self.usage_panel.show_usage(usage, live=True)
+            self.ttft_panel.show_live(usage.get("ttft_ms"))
+
+    def _on_reply_finished(self, stored: StoredMessage) -> None:
+        self.frame_timer.stop()
+        self.chat_view.finish_stream(stored)
+        self.token_inspector.flush()
+        usage = stored.usage or {}
+        self.ttft_panel.add_reply(usage.get("ttft_ms"), usage.get("prefill_ms"))
+        self.select_message(stored.id)
+        self.state_label.setText("Stopped — partial reply kept" if stored.status == "cancelled" else "")
+
+    def _on_reply_failed(self, message: str, stored: StoredMessage) -> None:
+        self.frame_timer.stop()
+        if stored is not None:
+            self.chat_view.finish_stream(stored)
+        self.show_error("Generation failed", message)
+
+    def select_message(self, message_id: int) -> None:
+        message = self.store.message(message_id)
+        if message is None or message.role != "assistant":
+            return
+        self.selected_message_id = message_id
+        if message.status == "streaming" and self.session.busy:
+            return
+        self.usage_panel.show_usage(message.usage, message.finish_reason)
+        if message.usage and "ttft_ms" in message.usage:
+            self.ttft_panel.show_reply(message.usage["ttft_ms"], message.usage.get("prefill_ms"))
+        self.token_inspector.set_tokens(message.tokens)
+
+    def _set_busy(self, busy: bool) -> None:
+        ready = self.controller.model is not None and not self.controller.loading
+        self.send_button.setEnabled(ready and not busy)
+        self.cancel_button.setEnabled(busy)
+        self.regenerate_action.setEnabled(ready and not busy)
+        if busy:
+            self.state_label.setText("Generating… (Esc to stop)")
+        elif self.state_label.text().startswith("Generating"):
+            self.state_label.setText("")
+
+    # --- presets --------------------------------------------------------------------------------
+    def _on_preset_changed(self, view: PresetView) -> None:
+        self.preset_panel.show_preset(view)
+
+    def _on_preset_edit(self, field: str, text: str) -> None:
+        current = self.preset_panel.view.values.get(field) if self.preset_panel.view else None
+        error = self.session.set_preset_value(field, parse_value(text, current))
+        if error is None:
+            self.preset_panel.clear_error()
+        else:
+            self.preset_panel.show_error(error)
+
+    def _on_preset_save(self) -> None:
+        self.session.save_preset()
+        self.preset_panel.clear_error()
+
+    def _on_preset_reset(self) -> None:
+        self.session.reset_preset()
+        self.preset_panel.clear_error()
+
+    # --- export ---------------------------------------------------------------------------------
+    def ask_export(self) -> None:
+        conv = self.store.conversation(self.session.ensure_conversation())
+        suggested = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "chat"
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export chat", suggested + ".md", "Markdown (*.md);;JSON (*.json)")
+        if path:
+            self.export_to(path)
+
+    def export_to(self, path: str) -> None:
+        """Write the current chat; .json gives JSON, anything else Markdown.
+
+        With the qasync loop running (the real app) the write happens in a worker thread via
+        asyncio; without one (some tests) it is written directly."""
+        conv = self.store.conversation(self.session.ensure_conversation())
+        messages = self.store.messages(conv.id)
+        try:
+            loop = asyncio.get_event_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None and loop.is_running():
+            task = loop.create_task(write_export(Path(path), conv, messages))
+            self._export_tasks.add(task)
+            task.add_done_callback(lambda t: self._export_done(t, path))
+        else:
+            Path(path).write_text(render_export(Path(path), conv, messages), encoding="utf-8")
+            self.state_label.setText(f"Exported to {Path(path).name}")
+
+    def _export_done(self, task, path: str) -> None:
+        self._export_tasks.discard(task)
+        if task.exception() is not None:
+            self.show_error("Export failed", str(task.exception()))
+        else:
+            self.state_label.setText(f"Exported to {Path(path).name}")
+
+    # --- settings -------------------------------------------------------------------------------
+    def open_settings(self) -> None:
+        dialog = SettingsDialog(self.settings, self)
+        if dialog.exec():
+            new = dialog.result_settings()
+            for name in ("threads", "context_size", "theme", "font_size"):
+                setattr(self.settings, name, getattr(new, name))
+            self.settings_file.save(self.settings)
+            apply_theme(QApplication.instance(), self.settings.theme, self.settings.font_size)
+
+    # --- errors, drag and drop, close -----------------------------------------------------------
+    def show_error(self, title: str, message: str) -> None:
+        QMessageBox.critical(self, title, message)
+
+    def dragEnterEvent(self, event):
+        if any(u.toLocalFile().lower().endswith(".gguf") for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event):
+        for url in event.mimeData().urls():
+            if url.toLocalFile().lower().endswith(".gguf"):
+                self.open_model(url.toLocalFile())
+                event.acceptProposedAction()
+                return
+
+    def closeEvent(self, event):
+        self.frame_timer.stop()
+        self.session.tick()  # last partial save before the thread goes away
+        self.controller.shutdown()
+        self.settings_file.save(self.settings)
+        super().closeEvent(event)

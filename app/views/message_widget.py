@@ -1,0 +1,185 @@
+"""One chat message: role header with status, collapsible reasoning, markdown body, actions."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.json_reply import render_json_reply
+from app.store import StoredMessage
+
+ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+STATUS_NOTES = {
+    "cancelled": "⏹ cancelled — partial reply kept",
+    "error": "⚠ failed",
+    "interrupted": "⚠ interrupted (the app closed while this reply was streaming)",
+    "streaming": "generating…",
+}
+
+
+class AutoHeightBrowser(QTextBrowser):
+    """A QTextBrowser as tall as its document, so the chat scrolls as one column."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setOpenExternalLinks(True)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+
+    def _fit(self, *_):
+        height = int(self.document().size().height()) + 2 * self.frameWidth() + 2
+        if height != self.height():
+            self.setFixedHeight(height)
+
+    def resizeEvent(self, event):
+        super().resizeEvent(event)
+        self._fit()
+
+
+class MessageWidget(QFrame):
+    editRequested = Signal(int)  # message id (user messages)
+    regenerateRequested = Signal(int)  # message id (assistant messages)
+    selected = Signal(int)  # message id: show its usage and tokens in the side panels
+
+    def __init__(self, message: StoredMessage, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.message = message
+        self.text = message.content
+        self.reasoning = message.reasoning
+        self.setObjectName("message_" + message.role)
+        self.setProperty("role", message.role)
+        self.setFrameShape(QFrame.StyledPanel)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 6, 10, 6)
+        layout.setSpacing(2)
+
+        header = QHBoxLayout()
+        self.role_label = QLabel(f"<b>{ROLE_TITLES.get(message.role, message.role)}</b>")
+        self.status_label = QLabel()
+        self.status_label.setObjectName("status")
+        header.addWidget(self.role_label)
+        header.addWidget(self.status_label, 1)
+        self.copy_button = self._action("Copy", "Copy this message as plain text", self._copy)
+        header.addWidget(self.copy_button)
+        if message.role == "user":
+            self.edit_button = self._action(
+                "Edit", "Edit this message and regenerate the reply from here",
+                lambda: self.editRequested.emit(self.message.id))
+            header.addWidget(self.edit_button)
+        if message.role == "assistant":
+            self.details_button = self._action(
+                "Details", "Show this reply's usage and its tokens (token inspector)",
+                lambda: self.selected.emit(self.message.id))
+            self.regenerate_button = self._action(
+                "Regenerate", "Generate this reply again (Ctrl+R)",
+                lambda: self.regenerateRequested.emit(self.message.id))
+            header.addWidget(self.details_button)
+            header.addWidget(self.regenerate_button)
+        layout.addLayout(header)
+
+        self.reasoning_toggle = QToolButton()
+        self.reasoning_toggle.setCheckable(True)
+        self.reasoning_toggle.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
+        self.reasoning_toggle.setArrowType(Qt.RightArrow)
+        self.reasoning_toggle.setText("Reasoning")
+        self.reasoning_toggle.toggled.connect(self._toggle_reasoning)
+        self.reasoning_view = AutoHeightBrowser()
+        self.reasoning_view.setObjectName("reasoning")
+        self.reasoning_view.setVisible(False)
+        layout.addWidget(self.reasoning_toggle)
+        layout.addWidget(self.reasoning_view)
+
+        self.body = AutoHeightBrowser()
+        self.body.viewport().installEventFilter(self)
+        layout.addWidget(self.body)
+
+        self.json_status = QLabel()
+        self.json_status.setObjectName("json_status")
+        layout.addWidget(self.json_status)
+
+        self.usage_label = QLabel()
+        self.usage_label.setObjectName("usage_line")
+        layout.addWidget(self.usage_label)
+        self.refresh()
+
+    def _action(self, text: str, tip: str, slot) -> QToolButton:
+        button = QToolButton()
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.clicked.connect(slot)
+        return button
+
+    # --- content --------------------------------------------------------------------------------
+    def append_stream(self, text: str = "", reasoning: str = "") -> None:
+        self.text += text
+        self.reasoning += reasoning
+        self.refresh(streaming=True)
+
+    def set_message(self, message: StoredMessage) -> None:
+        self.message = message
+        self.text, self.reasoning = message.content, message.reasoning
+        self.refresh()
+
+    def refresh(self, streaming: bool = False) -> None:
+        m = self.message
+        json_mode = m.role == "assistant" and m.json_mode != "off"
+        if json_mode and (self.text or not streaming):
+            view = render_json_reply(self.text, streaming=streaming)
+            self.body.setMarkdown(view.markdown)
+            self.json_status.setText(("✔ " if view.ok else "✖ " if not streaming else "") + view.status)
+            self.json_status.setProperty("ok", view.ok)
+            self.json_status.setVisible(True)
+        else:
+            self.body.setMarkdown(self.text if self.text else ("…" if streaming else ""))
+            self.json_status.setVisible(False)
+        has_reasoning = bool(self.reasoning)
+        self.reasoning_toggle.setVisible(has_reasoning)
+        if has_reasoning:
+            self.reasoning_view.setPlainText(self.reasoning)
+            words = len(self.reasoning.split())
+            self.reasoning_toggle.setText(f"Reasoning ({words} words)")
+        status = "streaming" if streaming else m.status
+        self.status_label.setText(STATUS_NOTES.get(status, ""))
+        self.status_label.setProperty("status", status)
+        self.usage_label.setText(_usage_line(m.usage) if not streaming else "")
+        self.usage_label.setVisible(bool(self.usage_label.text()))
+
+    def _toggle_reasoning(self, shown: bool) -> None:
+        self.reasoning_toggle.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)
+        self.reasoning_view.setVisible(shown)
+
+    def _copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.text)
+
+    def eventFilter(self, obj, event):
+        if event.type() == QEvent.MouseButtonPress and self.message.role == "assistant":
+            self.selected.emit(self.message.id)
+        return False
+
+
+def _usage_line(usage: dict | None) -> str:
+    if not usage:
+        return ""
+    if "error" in usage:
+        return f"error: {usage['error']}"
+    parts = [f"{usage.get('completion_tokens', 0)} tokens"]
+    if usage.get("ttft_ms") is not None:
+        parts.append(f"first token {usage['ttft_ms']:.0f} ms")
+    if usage.get("decode_tok_s"):
+        parts.append(f"{usage['decode_tok_s']:.1f} tok/s")
+    return " · ".join(parts)

@@ -1,0 +1,112 @@
+"""Sampling preset: every value resolved for the loaded model with where it came from. Values are
+edited in place; the engine validates each edit and a refusal shows the engine's message."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.engine_bridge import PresetView
+from app.preset_state import format_value
+
+SOURCE_COLORS = {"override": "#c05a00", "saved preset": "#2a7ab8"}
+
+
+class PresetPanel(QWidget):
+    valueEdited = Signal(str, str)  # field, text as typed
+    saveRequested = Signal()
+    resetRequested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        self.hint = QLabel("Double-click a value to change it. The source column says where "
+                           "each value comes from.")
+        self.hint.setWordWrap(True)
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(["Setting", "Value", "Source"])
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.Stretch)
+        header.setSectionResizeMode(2, QHeaderView.ResizeToContents)
+        self.table.verticalHeader().setVisible(False)
+        self.table.itemChanged.connect(self._on_item_changed)
+        self.error_label = QLabel()
+        self.error_label.setObjectName("preset_error")
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("color: #c0392b;")
+        self.error_label.setVisible(False)
+        buttons = QHBoxLayout()
+        self.save_button = QPushButton("Save as model preset")
+        self.save_button.setToolTip("Use these values every time this model is loaded")
+        self.save_button.clicked.connect(self.saveRequested)
+        self.reset_button = QPushButton("Reset to checkpoint")
+        self.reset_button.setToolTip("Forget your changes and the saved preset; use the model's own values")
+        self.reset_button.clicked.connect(self.resetRequested)
+        buttons.addWidget(self.save_button)
+        buttons.addWidget(self.reset_button)
+        layout.addWidget(self.hint)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.error_label)
+        layout.addLayout(buttons)
+        self.view: PresetView | None = None
+        self._filling = False
+        self.setEnabled(False)
+
+    def show_preset(self, view: PresetView) -> None:
+        self.view = view
+        self._filling = True
+        self.table.setRowCount(len(view.values))
+        for row, (name, value) in enumerate(view.values.items()):
+            name_item = QTableWidgetItem(name)
+            name_item.setFlags(Qt.ItemIsEnabled)
+            value_item = QTableWidgetItem(format_value(value))
+            value_item.setData(Qt.UserRole, name)
+            source = view.sources.get(name, "default")
+            source_item = QTableWidgetItem(source)
+            source_item.setFlags(Qt.ItemIsEnabled)
+            if source in SOURCE_COLORS:
+                source_item.setForeground(QBrush(QColor(SOURCE_COLORS[source])))
+            self.table.setItem(row, 0, name_item)
+            self.table.setItem(row, 1, value_item)
+            self.table.setItem(row, 2, source_item)
+        self._filling = False
+        self.setEnabled(True)
+
+    def show_error(self, message: str) -> None:
+        self.error_label.setText("Refused: " + message)
+        self.error_label.setVisible(True)
+        if self.view is not None:
+            self.show_preset(self.view)  # put the accepted value back in the cell
+
+    def clear_error(self) -> None:
+        self.error_label.setVisible(False)
+        self.error_label.clear()
+
+    def row_of(self, field: str) -> int:
+        for row in range(self.table.rowCount()):
+            if self.table.item(row, 0).text() == field:
+                return row
+        raise KeyError(field)
+
+    def value_text(self, field: str) -> str:
+        return self.table.item(self.row_of(field), 1).text()
+
+    def source_text(self, field: str) -> str:
+        return self.table.item(self.row_of(field), 2).text()
+
+    def _on_item_changed(self, item: QTableWidgetItem) -> None:
+        if self._filling or item.column() != 1:
+            return
+        self.valueEdited.emit(item.data(Qt.UserRole), item.text())

@@ -1,0 +1,81 @@
+"""Usage: tokens, speeds, context bar and finish reason — live while streaming, per message after."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QWidget
+
+FINISH_EXPLAINED = {
+    "stop": "stop (end of turn)",
+    "stop_sequence": "stop string matched",
+    "length": "length limit reached",
+    "cancelled": "cancelled by you",
+    "grammar_complete": "JSON complete",
+    "error": "error",
+}
+
+
+class UsagePanel(QGroupBox):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__("Usage — last reply", parent)
+        form = QFormLayout(self)
+        form.setContentsMargins(8, 8, 8, 8)
+        self.fields: dict[str, QLabel] = {}
+        for key, title, tip in (
+            ("prompt_tokens", "Prompt tokens", "Tokens in the prompt after the chat template"),
+            ("completion_tokens", "Reply tokens", "Tokens generated for the reply"),
+            ("cached_tokens", "Cached tokens", "Prompt tokens reused from the prefix cache"),
+            ("prompt_tok_s", "Prefill speed", "Prompt tokens processed per second"),
+            ("decode_tok_s", "Decode speed", "Reply tokens generated per second"),
+            ("finish_reason", "Finish", "Why the reply ended"),
+        ):
+            label = QLabel("—")
+            label.setToolTip(tip)
+            label.setObjectName("usage_" + key)
+            self.fields[key] = label
+            form.addRow(title, label)
+        self.context_bar = QProgressBar()
+        self.context_bar.setToolTip("Context window used by this conversation vs the model's limit")
+        self.context_bar.setTextVisible(True)
+        self.context_bar.setFormat("no reply yet")
+        self.context_bar.setValue(0)
+        form.addRow("Context", self.context_bar)
+
+    def clear(self) -> None:
+        for label in self.fields.values():
+            label.setText("—")
+        self.context_bar.setRange(0, 1)
+        self.context_bar.setValue(0)
+        self.context_bar.setFormat("no reply yet")
+
+    def show_usage(self, usage: dict | None, finish_reason: str | None = None, live: bool = False) -> None:
+        self.setTitle("Usage — generating…" if live else "Usage — selected reply")
+        if not usage or "error" in usage:
+            self.clear()
+            if usage and "error" in usage:
+                self.fields["finish_reason"].setText("error")
+            return
+        f = self.fields
+        f["prompt_tokens"].setText(_int(usage.get("prompt_tokens")))
+        f["completion_tokens"].setText(_int(usage.get("completion_tokens")))
+        cached = usage.get("cached_tokens")
+        f["cached_tokens"].setText("not used" if cached is None else str(cached))
+        f["prompt_tok_s"].setText(_rate(usage.get("prompt_tok_s")))
+        f["decode_tok_s"].setText(_rate(usage.get("decode_tok_s")))
+        reason = usage.get("finish_reason", finish_reason)
+        f["finish_reason"].setText(FINISH_EXPLAINED.get(reason, reason or "—"))
+        used, limit = int(usage.get("context_used") or 0), int(usage.get("context_limit") or 0)
+        self.context_bar.setRange(0, max(limit, 1))
+        self.context_bar.setValue(min(used, max(limit, 1)))
+        approx = "≈" if live else ""
+        self.context_bar.setFormat(f"{approx}{used:,} / {limit:,} tokens" if limit else "—")
+
+    def text_of(self, key: str) -> str:
+        return self.fields[key].text()
+
+
+def _int(value) -> str:
+    return "—" if value is None else f"{int(value):,}"
+
+
+def _rate(value) -> str:
+    return "—" if not value else f"{value:,.1f} tok/s"
