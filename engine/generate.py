@@ -470,8 +470,9 @@ def _token_event(tokenizer, step: _Step, index: int, top_n: int) -> TokenSampled
         lp = step.logprobs
         best = np.argpartition(-lp, top_n - 1)[:top_n] if top_n < lp.shape[0] else np.arange(lp.shape[0])
         best = best[np.lexsort((best, -lp[best]))]
-        top = tuple(TopAlternative(int(i), tokenizer.decode([int(i)]), float(lp[i])) for i in best)
-    return TokenSampled(index=index, token_id=step.token_id, text=tokenizer.decode([step.token_id]), logprob=logprob, top=top)
+        top = tuple(TopAlternative(int(i), tokenizer.piece(int(i)), float(lp[i])) for i in best)
+    # piece(): the token as a person reads it in a token list (partial UTF-8 shown as <0xXX>)
+    return TokenSampled(index=index, token_id=step.token_id, text=tokenizer.piece(step.token_id), logprob=logprob, top=top)
 
 
 def _store_final_state(lm, plan: _Plan, progress: _Progress) -> None:

@@ -1,0 +1,330 @@
+"""Command line: `python -m engine info|tokenize|generate|score MODEL ...`.
+
+MODEL is a GGUF path, or `default` (the embedded SmolLM2-135M-Instruct) or `gemma3` (Gemma 3
+270M from its packages). Every subcommand has `--json` for machine-readable output. Invalid values
+exit with status 2 and the validation message on stderr; other engine errors exit with status 1.
+
+Sampling flags follow llama.cpp's convention for the temperature: `--temperature 0` means greedy
+and any temperature > 0 turns sampling on, unless `--greedy` is given (`--sample` turns sampling on
+explicitly). Flags not given leave the model's own preset in charge (see `info`, which prints
+every value with its source).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import ConfigValidationError, EngineError
+
+MODEL_ALIASES = ("default", "gemma3")
+SCORE_LOGITS_BUDGET = 2**26  # floats of logits per scoring forward (256 MiB)
+
+
+# --- model resolution ----------------------------------------------------------------------------
+def resolve_model_path(name: str) -> Path:
+    path = Path(name)
+    if path.is_file() or name not in MODEL_ALIASES:
+        return path
+    from engine import model_files
+
+    return model_files.default_model_path() if name == "default" else model_files.gemma3_270m_path()
+
+
+def _load(args):
+    from engine.loader import load_model
+
+    return load_model(resolve_model_path(args.model), n_ctx=args.n_ctx, n_threads=args.threads)
+
+
+# --- info ----------------------------------------------------------------------------------------
+def model_info(path: Path) -> dict:
+    """Everything `info` reports, without compiling kernels or touching the weights."""
+    from types import SimpleNamespace
+
+    from engine.chat_template import ChatTemplate
+    from engine.config import ModelConfig
+    from engine.gguf import open_gguf
+    from engine.loader import DEFAULT_MAX_CONTEXT
+    from engine.presets import resolve_preset
+    from engine.tokenizer import Tokenizer
+
+    gguf_file = open_gguf(path)
+    config = ModelConfig.from_gguf(gguf_file)
+    tokenizer = Tokenizer.from_gguf(gguf_file)
+    template = ChatTemplate.from_gguf(gguf_file, tokenizer)
+    preset = resolve_preset(SimpleNamespace(path=path, gguf=gguf_file))
+    metadata = gguf_file.metadata
+    return {
+        "path": str(path),
+        "name": metadata.get("general.name"),
+        "file_size": gguf_file.file_size,
+        "gguf_version": gguf_file.version,
+        "architecture": gguf_file.arch,
+        "parameters": gguf_file.parameter_count(),
+        "quant_mix": {name: {"tensors": n, "bytes": b} for name, (n, b) in gguf_file.quant_mix().items()},
+        "file_type": metadata.get("general.file_type"),
+        "context_length": config.context_length,
+        "default_n_ctx": min(config.context_length, DEFAULT_MAX_CONTEXT),
+        "layers": config.n_layers,
+        "d_model": config.d_model,
+        "n_ff": config.n_ff,
+        "heads": config.n_head,
+        "kv_heads": config.n_kv_head,
+        "head_dim": config.head_dim,
+        "sliding_window": config.sliding_window,
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer": {
+            "model": tokenizer.model,
+            "pre": tokenizer.pre,
+            "bos_id": tokenizer.bos_id,
+            "eos_id": tokenizer.eos_id,
+            "eog_ids": sorted(tokenizer.eog_ids),
+            "eog_pieces": [tokenizer.piece(i) for i in sorted(tokenizer.eog_ids)],
+            "add_bos": tokenizer.add_bos,
+            "add_eos": tokenizer.add_eos,
+        },
+        "chat_template": {"name": template.name, "is_fallback": template.is_fallback},
+        "preset": preset.to_dict(),
+    }
+
+
+def cmd_info(args) -> int:
+    info = model_info(resolve_model_path(args.model))
+    if args.json:
+        print(json.dumps(info, indent=2, ensure_ascii=False))
+        return 0
+    for key, value in info.items():
+        if key in ("quant_mix", "tokenizer", "chat_template", "preset"):
+            continue
+        print(f"{key:16} {value}")
+    print("quant mix       ", ", ".join(f"{k}: {v['tensors']} tensors, {v['bytes'] / 2**20:.1f} MiB"
+                                       for k, v in info["quant_mix"].items()))
+    tok = info["tokenizer"]
+    print(f"tokenizer        {tok['model']} (pre {tok['pre']}), bos {tok['bos_id']}, eos {tok['eos_id']}, "
+          f"end-of-generation {list(zip(tok['eog_ids'], tok['eog_pieces']))}")
+    template = info["chat_template"]
+    print(f"chat template    {template['name']}{' (fallback)' if template['is_fallback'] else ''}")
+    print("preset:")
+    preset = info["preset"]
+    for name, value in preset["values"].items():
+        print(f"  {name:20} {value!r:14} ({preset['sources'][name]})")
+    for note in preset["notes"]:
+        print(f"  note: {note}")
+    return 0
+
+
+# --- tokenize ------------------------------------------------------------------------------------
+def cmd_tokenize(args) -> int:
+    from engine.gguf import open_gguf
+    from engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(open_gguf(resolve_model_path(args.model)))
+    ids = tokenizer.encode(args.text, add_special=not args.no_special)
+    pieces = [tokenizer.piece(i) for i in ids]
+    if args.json:
+        print(json.dumps({"ids": ids, "pieces": pieces}, ensure_ascii=False))
+    else:
+        for i, piece in zip(ids, pieces):
+            print(f"{i:>8}  {piece!r}")
+    return 0
+
+
+# --- generate ------------------------------------------------------------------------------------
+def sampling_overrides(args) -> dict:
+    """The flags the user gave, as GenerationConfig fields (flags not given are left out)."""
+    mapping = {
+        "temperature": "temperature",
+        "top_k": "top_k",
+        "top_p": "top_p",
+        "min_p": "min_p",
+        "repeat_penalty": "repetition_penalty",
+        "repeat_last_n": "repeat_last_n",
+        "presence_penalty": "presence_penalty",
+        "frequency_penalty": "frequency_penalty",
+        "seed": "seed",
+        "max_tokens": "max_new_tokens",
+    }
+    overrides = {field: getattr(args, flag) for flag, field in mapping.items() if getattr(args, flag) is not None}
+    if args.stop:
+        overrides["stop"] = list(args.stop)
+    if args.temperature is not None:
+        overrides["do_sample"] = args.temperature > 0
+    if args.sample:
+        overrides["do_sample"] = True
+    if args.greedy:
+        overrides["do_sample"] = False
+    return overrides
+
+
+def cmd_generate(args) -> int:
+    from engine.cancel import CancelToken
+    from engine.events import Finished, ReasoningDelta, TextDelta
+    from engine.generate import GenerationRequest, generate
+
+    lm = _load(args)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": args.prompt})
+        request = GenerationRequest(messages=messages)
+    else:
+        if args.system:
+            raise ConfigValidationError("--system", args.system, "used together with --chat")
+        request = GenerationRequest(prompt=args.prompt)
+    request.overrides = sampling_overrides(args)
+    request.top_logprobs = args.top_logprobs
+    cancel = CancelToken()
+    done = None
+    try:
+        for event in generate(lm, request, cancel):
+            if isinstance(event, TextDelta) and not args.json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, ReasoningDelta) and not args.json:
+                sys.stderr.write(event.text)
+                sys.stderr.flush()
+            elif isinstance(event, Finished):
+                done = event
+    except KeyboardInterrupt:
+        cancel.cancel()
+    if done is None:
+        return 130
+    if args.json:
+        print(json.dumps(finished_record(done), ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        usage = done.usage
+        print(f"[{done.finish_reason}] {usage.prompt_tokens} prompt tokens ({usage.prompt_tok_s:.1f} tok/s), "
+              f"{usage.completion_tokens} generated ({usage.decode_tok_s:.1f} tok/s), "
+              f"ttft {usage.ttft_ms:.0f} ms", file=sys.stderr)
+    if done.finish_reason == "error":
+        print(f"error: {done.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def finished_record(done) -> dict:
+    usage = asdict(done.usage)
+    usage["acceptance_rate"] = done.usage.acceptance_rate
+    return {
+        "ids": list(done.token_ids),
+        "text": done.text,
+        "reasoning": done.reasoning,
+        "finish_reason": done.finish_reason,
+        "error": done.error,
+        "usage": usage,
+        "preset": done.preset,
+    }
+
+
+# --- score ---------------------------------------------------------------------------------------
+def score_positions(lm, ids: list[int], top: int) -> list[dict]:
+    """Teacher-forced: for each position i, the token there and the top-K next-token candidates
+    from the model's output at i (natural-log probabilities)."""
+    from engine.errors import ContextOverflowError
+    from engine.sampling import log_softmax
+
+    if not ids:
+        raise ConfigValidationError("text", "", "text that tokenizes to at least one token")
+    if len(ids) > lm.n_ctx:
+        raise ContextOverflowError(f"The text is {len(ids)} tokens, more than the context window of {lm.n_ctx}")
+    cache = lm.model.new_cache(len(ids))
+    chunk = max(1, min(256, SCORE_LOGITS_BUDGET // max(1, int(lm.config.n_vocab))))
+    positions = []
+    for start in range(0, len(ids), chunk):
+        rows = lm.model.forward(ids[start:start + chunk], cache, all_logits=True)
+        for offset, row in enumerate(np.atleast_2d(rows)):
+            lp = log_softmax(row)
+            k = min(top, lp.shape[0])
+            best = np.argpartition(-lp, k - 1)[:k]
+            best = best[np.lexsort((best, -lp[best]))]
+            positions.append({
+                "token_id": int(ids[start + offset]),
+                "top": [{"id": int(i), "logprob": float(lp[i])} for i in best],
+            })
+    return positions
+
+
+def cmd_score(args) -> int:
+    if args.top < 1:
+        raise ConfigValidationError("--top", args.top, "an integer >= 1")
+    lm = _load(args)
+    ids = lm.tokenizer.encode(args.text, add_special=True)
+    positions = score_positions(lm, ids, args.top)
+    if args.json:
+        print(json.dumps({"positions": positions}))
+    else:
+        for pos in positions:
+            alternatives = "  ".join(f"{lm.tokenizer.piece(a['id'])!r}:{a['logprob']:.3f}" for a in pos["top"])
+            print(f"{pos['token_id']:>8} {lm.tokenizer.piece(pos['token_id'])!r:16} -> {alternatives}")
+    return 0
+
+
+# --- argument parsing ----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="LocalChat inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_command(name, help_text, loads_model=False):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("model", help="GGUF path, or 'default' (SmolLM2-135M-Instruct) or 'gemma3'")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        if loads_model:
+            p.add_argument("--n-ctx", type=int, default=None, help="context window (default: min(model's, 4096))")
+            p.add_argument("--threads", type=int, default=None, help="worker threads for the kernels")
+        return p
+
+    model_command("info", "architecture, sizes, quant mix, tokenizer, template, preset with sources")
+
+    p = model_command("tokenize", "token ids and pieces of TEXT")
+    p.add_argument("text")
+    p.add_argument("--no-special", action="store_true", help="add no BOS/EOS (special-token text still parses)")
+
+    p = model_command("generate", "stream a completion of PROMPT", loads_model=True)
+    p.add_argument("prompt")
+    p.add_argument("--chat", action="store_true", help="wrap PROMPT as a user message in the chat template")
+    p.add_argument("--system", help="system prompt (with --chat)")
+    p.add_argument("--max-tokens", type=int, help="max_new_tokens (default: until the context is full)")
+    p.add_argument("--temperature", type=float, help="0 = greedy; > 0 samples unless --greedy")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--sample", action="store_true", help="sample (do_sample=true)")
+    mode.add_argument("--greedy", action="store_true", help="greedy argmax (do_sample=false)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--repeat-penalty", type=float, help="repetition_penalty")
+    p.add_argument("--repeat-last-n", type=int, help="window of the repetition penalty (-1 = all)")
+    p.add_argument("--presence-penalty", type=float)
+    p.add_argument("--frequency-penalty", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--top-logprobs", type=int, default=0, help="alternatives per token in the events")
+
+    p = model_command("score", "teacher-forced top-K next-token log-probabilities over TEXT", loads_model=True)
+    p.add_argument("text")
+    p.add_argument("--top", type=int, required=True, help="alternatives per position")
+    return parser
+
+
+COMMANDS = {"info": cmd_info, "tokenize": cmd_tokenize, "generate": cmd_generate, "score": cmd_score}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigValidationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (EngineError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
