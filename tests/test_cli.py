@@ -1,0 +1,103 @@
+"""The command line (`python -m engine ...`) on a tiny random llama with SmolLM2's tokenizer."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.__main__ import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.tiny_models import write_tiny_model
+
+    return str(write_tiny_model(tmp_path_factory.mktemp("cli") / "tiny-llama.gguf", "llama", seed=3))
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tokenize_json_ids_and_pieces(capsys, tiny):
+    code, out, _ = run_cli(capsys, "tokenize", tiny, "Hello<|im_start|> world", "--json")
+    record = json.loads(out)
+    assert code == 0
+    assert record["ids"].count(1) == 1  # <|im_start|> (id 1) is one token
+    assert record["pieces"][record["ids"].index(1)] == "<|im_start|>"
+    assert "".join(record["pieces"]) == "Hello<|im_start|> world"
+
+
+def test_tokenize_no_special_adds_nothing_but_still_parses_specials(capsys, tiny):
+    _, with_special, _ = run_cli(capsys, "tokenize", tiny, "<|im_end|>", "--json")
+    _, without, _ = run_cli(capsys, "tokenize", tiny, "<|im_end|>", "--json", "--no-special")
+    assert json.loads(without)["ids"] == [2]
+    assert json.loads(with_special)["ids"][-1] == 2
+
+
+def test_score_positions_align_with_next_token_predictions(capsys, tiny):
+    from engine.loader import load_model
+    from engine.sampling import log_softmax
+
+    code, out, _ = run_cli(capsys, "score", tiny, "The cat sat on the mat", "--top", 4, "--json")
+    assert code == 0
+    positions = json.loads(out)["positions"]
+    lm = load_model(tiny)
+    ids = lm.tokenizer.encode("The cat sat on the mat", add_special=True)
+    assert [p["token_id"] for p in positions] == ids
+    for i in (0, len(ids) // 2, len(ids) - 1):
+        # position i's alternatives come from the model's output after ids[: i + 1]
+        lp = log_softmax(lm.model.forward(ids[: i + 1], lm.model.new_cache(i + 1)))
+        top = positions[i]["top"]
+        assert len(top) == 4
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert top[0]["id"] == int(lp.argmax())
+        for t in top:
+            assert t["logprob"] == pytest.approx(float(lp[t["id"]]), abs=2e-3)
+
+
+@pytest.mark.parametrize(
+    "flags,field",
+    [
+        (["--top-p", "1.5"], "top_p"),
+        (["--temperature", "-1"], "temperature"),
+        (["--temperature", "0", "--sample"], "temperature"),
+        (["--top-k", "-3"], "top_k"),
+        (["--repeat-penalty", "0"], "repetition_penalty"),
+        (["--max-tokens", "0"], "max_new_tokens"),
+        (["--min-p", "nan"], "min_p"),
+    ],
+)
+def test_invalid_generate_values_exit_nonzero_with_the_message_on_stderr(capsys, tiny, flags, field):
+    code, out, err = run_cli(capsys, "generate", tiny, "Hi", *flags)
+    assert code == 2
+    assert field in err and "must be" in err
+    assert out == ""
+
+
+def test_context_overflow_is_reported_not_crashed(capsys, tiny):
+    code, _, err = run_cli(capsys, "generate", tiny, "Hi", "--max-tokens", 10**6, "--n-ctx", 64)
+    assert code == 1 and "context window" in err
+
+
+def test_missing_model_file_is_an_error_message(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "tokenize", tmp_path / "nope.gguf", "x")
+    assert code == 1 and "nope.gguf" in err
+
+
+def test_module_entry_point_runs():
+    result = subprocess.run([sys.executable, "-m", "engine", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0
+    for command in ("info", "tokenize", "generate", "score"):
+        assert command in result.stdout
+    result = subprocess.run([sys.executable, "-m", "engine", "generate", "--help"], cwd=ROOT, capture_output=True, text=True)
+    for flag in ("--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
+                 "--presence-penalty", "--frequency-penalty", "--seed", "--max-tokens", "--stop", "--system",
+                 "--chat", "--json"):
+        assert flag in result.stdout
