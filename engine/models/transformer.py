@@ -113,27 +113,47 @@ class TransformerModel:
     def new_cache(self, n_ctx: int) -> KVCache:
         return KVCache.for_config(self.config, n_ctx)
 
-    def forward(self, tokens, cache: KVCache, *, all_logits: bool = False) -> np.ndarray:
-        """Append `tokens` at positions cache.n_tokens.. and return float32 logits: (n_vocab,)
-        for the last token, or (T, n_vocab) for every token when all_logits. The returned array
-        is a fresh copy the caller may keep."""
+    def forward(self, tokens, cache: KVCache, *, all_logits: bool = False,
+                logits_at=None) -> np.ndarray:
+        """Append `tokens` at positions cache.n_tokens.. and return float32 logits.
+
+        Default: (n_vocab,) for the last token. all_logits=True: (T, n_vocab) for every token.
+        logits_at=[i, ...] (indices into `tokens`): (len, n_vocab) for just those tokens, which
+        is what scoring and long-prompt checks need without a (T, n_vocab) array. The returned
+        array is a fresh copy the caller may keep.
+        """
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        if ids.size == 0:
+        n = ids.size
+        if n == 0:
             raise ValueError("forward() needs at least one token")
         bad = (ids < 0) | (ids >= self.config.n_vocab)
         if bad.any():
             raise ValueError(f"token id {int(ids[bad][0])} is out of range [0, {self.config.n_vocab})")
-        cache.reserve(ids.size)
-        chunks = []
-        for c0 in range(0, ids.size, self.max_batch):
-            chunk = ids[c0:c0 + self.max_batch]
-            is_last = c0 + chunk.size == ids.size
-            chunks.append(self._forward_chunk(chunk, cache, all_logits, is_last))
         if all_logits:
-            return np.concatenate(chunks, axis=0)
-        return chunks[-1]
+            wanted = np.arange(n)
+        elif logits_at is not None:
+            wanted = np.asarray(logits_at, dtype=np.int64).reshape(-1)
+            if wanted.size and (wanted.min() < 0 or wanted.max() >= n):
+                raise ValueError(f"logits_at indices must be in [0, {n}); got {wanted.tolist()}")
+        else:
+            wanted = np.array([n - 1])
+        unique = np.unique(wanted)  # sorted: chunks emit their rows in ascending order
+        cache.reserve(n)
+        rows: list[np.ndarray] = []
+        for c0 in range(0, n, self.max_batch):
+            chunk = ids[c0:c0 + self.max_batch]
+            in_chunk = unique[(unique >= c0) & (unique < c0 + chunk.size)] - c0
+            rows.append(self._forward_chunk(chunk, cache, in_chunk))
+        logits = np.concatenate(rows, axis=0)
+        if all_logits:
+            return logits
+        if logits_at is None:
+            return logits[0]
+        return logits[np.searchsorted(unique, wanted)]  # the caller's order, duplicates kept
 
-    def _forward_chunk(self, ids: np.ndarray, cache: KVCache, all_logits: bool, is_last: bool):
+    def _forward_chunk(self, ids: np.ndarray, cache: KVCache, logit_rows: np.ndarray) -> np.ndarray:
+        """Run one chunk of at most max_batch tokens; return logits (len(logit_rows), n_vocab)
+        for the chunk-relative rows asked for."""
         cfg, ops, st = self.config, self.backend, self._state
         n = ids.size
         p0 = cache.reserve(n)
@@ -190,14 +210,15 @@ class TransformerModel:
             x += proj
         cache.commit(ids)
 
-        if all_logits:
-            normed = ops.rmsnorm(x, self.output_norm, cfg.norm_eps)
-            logits = ops.linear(self.output, normed)
-        elif is_last:
-            ops.rmsnorm(x[n - 1:n], self.output_norm, cfg.norm_eps, out=st.last)
-            logits = ops.linear(self.output, st.last, out=st.logits)[0].copy()
+        if logit_rows.size == 0:
+            return np.zeros((0, cfg.n_vocab), np.float32)
+        if logit_rows.size == 1:
+            # The decode case: reuse the preallocated single-row buffers.
+            ops.rmsnorm(x[logit_rows[0]:logit_rows[0] + 1], self.output_norm, cfg.norm_eps, out=st.last)
+            logits = ops.linear(self.output, st.last, out=st.logits).copy()
         else:
-            return None
+            normed = ops.rmsnorm(np.ascontiguousarray(x[logit_rows]), self.output_norm, cfg.norm_eps)
+            logits = ops.linear(self.output, normed)
         if cfg.final_logit_softcap > 0.0:
             cap = np.float32(cfg.final_logit_softcap)
             logits = cap * np.tanh(logits / cap)
