@@ -180,3 +180,151 @@ def test_restored_cache_has_the_requested_capacity(lm):
 def test_invalid_budget_is_refused():
     with pytest.raises(ConfigValidationError, match="budget"):
         PrefixCache(budget_bytes=-1)
+
+
+# --- through the generation loop -----------------------------------------------------------------
+from engine.cancel import CancelToken  # noqa: E402
+from engine.events import Finished  # noqa: E402
+from engine.generate import GenerationRequest, generate  # noqa: E402
+
+
+class IdTokenizer:
+    """Enough tokenizer for prompt_ids requests: every id reads as "<id>"; id 0 ends generation."""
+
+    bos_id = None
+    eos_id = 0
+    eog_ids = frozenset({0})
+    vocab_size = 49152
+
+    def decode(self, ids) -> str:
+        return "".join(f"<{int(i)}>" for i in ids if int(i) not in self.eog_ids)
+
+    def piece(self, token: int) -> str:
+        return f"<{int(token)}>"
+
+
+class IdDetokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def add(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def flush(self) -> str:
+        return ""
+
+
+class CountingModel:
+    """The real model, counting forward passes (and optionally failing on one)."""
+
+    def __init__(self, model):
+        self.inner, self.config = model, model.config
+        self.calls: list[tuple[int, int]] = []  # (start position, n tokens)
+        self.fail_at_call: int | None = None
+
+    def new_cache(self, n_ctx):
+        return self.inner.new_cache(n_ctx)
+
+    def forward(self, tokens, cache, *, all_logits=False):
+        self.calls.append((cache.n_tokens, len(tokens)))
+        if self.fail_at_call is not None and len(self.calls) == self.fail_at_call:
+            raise RuntimeError("simulated failure in the middle of a request")
+        return self.inner.forward(tokens, cache, all_logits=all_logits)
+
+
+@pytest.fixture
+def loop_lm(lm, monkeypatch):
+    import engine.generate
+
+    monkeypatch.setattr(engine.generate, "new_detokenizer", IdDetokenizer)
+    return SimpleNamespace(model=CountingModel(lm.model), config=lm.model.config, tokenizer=IdTokenizer(),
+                           chat_template=None, n_ctx=N_CTX, path=None, gguf=SimpleNamespace(metadata={}))
+
+
+def finish(lm, prompt, cache=None, cancel=None, **overrides) -> Finished:
+    overrides.setdefault("max_new_tokens", 8)
+    request = GenerationRequest(prompt_ids=prompt, overrides=overrides, prefix_cache=cache, speculative=False)
+    events = list(generate(lm, request, cancel))
+    assert isinstance(events[-1], Finished)
+    return events[-1]
+
+
+@pytest.mark.parametrize("sampling", [dict(), dict(do_sample=True, seed=1234, temperature=1.5, top_k=0)])
+def test_chat_turns_with_reuse_equal_turns_without(loop_lm, sampling):
+    cache = PrefixCache()
+    prompt = tokens_of(30, 20)
+    for turn in range(3):
+        reused = finish(loop_lm, prompt, cache, **sampling)
+        fresh = finish(loop_lm, prompt, None, **sampling)
+        assert reused.error is None and fresh.error is None
+        assert reused.token_ids == fresh.token_ids
+        assert fresh.usage.cached_tokens is None
+        if turn == 0:
+            assert reused.usage.cached_tokens == 0
+        else:
+            # everything of the previous turn that was fed to the model is reused
+            assert reused.usage.cached_tokens == previous_fed
+        previous_fed = len(prompt) + len(reused.token_ids) - 1  # the last sampled token is never fed
+        prompt = prompt + list(reused.token_ids) + tokens_of(31 + turn, 6)  # the user's next message
+
+
+def test_regenerate_runs_no_prefill_pass(loop_lm):
+    cache = PrefixCache()
+    prompt = tokens_of(40, 18)
+    first = finish(loop_lm, prompt, cache)
+    calls_before = len(loop_lm.model.calls)
+    again = finish(loop_lm, prompt, cache)
+    assert again.usage.cached_tokens == len(prompt)
+    assert again.token_ids == first.token_ids
+    # every forward pass of the second request decodes a sampled token: none covers the prompt
+    second = loop_lm.model.calls[calls_before:]
+    assert all(start >= len(prompt) for start, _ in second)
+    assert len(second) == len(again.token_ids) - 1
+
+
+def test_edited_message_recomputes_from_the_first_change(loop_lm):
+    cache = PrefixCache()
+    prompt = tokens_of(41, 24)
+    finish(loop_lm, prompt, cache)
+    edited = prompt[:10] + tokens_of(42, 14)
+    reused = finish(loop_lm, edited, cache)
+    assert reused.usage.cached_tokens == 10
+    assert reused.token_ids == finish(loop_lm, edited, None).token_ids
+
+
+def test_a_failed_request_leaves_no_reusable_state_behind(loop_lm):
+    cache = PrefixCache()
+    prompt = tokens_of(43, 16)
+    loop_lm.model.fail_at_call = len(loop_lm.model.calls) + 3  # prefill, decode, then fail
+    failed = finish(loop_lm, prompt, cache)
+    assert failed.finish_reason == "error"
+    loop_lm.model.fail_at_call = None
+    # only the finished prefill was stored; nothing the failed decode wrote
+    assert [len(e.tokens) for e in cache._entries.values()] == [len(prompt)]
+    retry = finish(loop_lm, prompt, cache)
+    assert retry.usage.cached_tokens == len(prompt)
+    assert retry.token_ids == finish(loop_lm, prompt, None).token_ids
+
+
+def test_a_cancelled_request_stores_only_consistent_state(loop_lm):
+    cache = PrefixCache()
+    prompt = tokens_of(44, 16)
+    cancel = CancelToken()
+    seen = []
+
+    original = loop_lm.model.forward
+
+    def cancel_after_two_decodes(tokens, kv, *, all_logits=False):
+        seen.append(len(tokens))
+        if len(seen) == 3:
+            cancel.cancel()
+        return original(tokens, kv, all_logits=all_logits)
+
+    loop_lm.model.forward = cancel_after_two_decodes
+    cancelled = finish(loop_lm, prompt, cache, cancel=cancel)
+    loop_lm.model.forward = original
+    assert cancelled.finish_reason == "cancelled"
+    follow_up = prompt + list(cancelled.token_ids) + tokens_of(45, 4)
+    reused = finish(loop_lm, follow_up, cache)
+    assert reused.usage.cached_tokens >= len(prompt)
+    assert reused.token_ids == finish(loop_lm, follow_up, None).token_ids
