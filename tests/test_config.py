@@ -1,0 +1,95 @@
+"""ModelConfig.from_gguf on the real models, the tiny fixtures, and broken metadata."""
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from engine.config import ModelConfig
+from engine.errors import ModelFileError, UnsupportedModelError
+from engine.gguf import open_gguf
+from engine.qtensor import QTensor
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _fake(arch: str, **metadata):
+    embd = QTensor("token_embd.weight", GGMLQuantizationType.F32, (100, 64), np.zeros((100, 64), np.float32))
+    base = {f"{arch}.{k}": v for k, v in dict(
+        embedding_length=64, block_count=2, feed_forward_length=128, context_length=512,
+        **{"attention.head_count": 4}).items()}
+    base.update(metadata)
+    return SimpleNamespace(arch=arch, metadata=base, tensors={"token_embd.weight": embd})
+
+
+def test_smollm2_config():
+    from engine.model_files import default_model_path
+
+    cfg = ModelConfig.from_gguf(open_gguf(default_model_path()))
+    assert (cfg.arch, cfg.n_layers, cfg.d_model, cfg.n_ff) == ("llama", 30, 576, 1536)
+    assert (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.n_vocab) == (9, 3, 64, 49152)
+    assert cfg.rope_theta == 100000.0 and not cfg.rope_neox
+    assert cfg.sliding_window == 0 and not any(cfg.layer_uses_window)
+    assert cfg.activation == "silu" and cfg.embed_scale == 1.0 and cfg.attn_scale == 1 / 8
+
+
+def test_gemma3_270m_config():
+    from engine.model_files import gemma3_270m_path
+
+    cfg = ModelConfig.from_gguf(open_gguf(gemma3_270m_path()))
+    assert (cfg.n_layers, cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim) == (18, 640, 4, 1, 256)
+    assert [i for i, local in enumerate(cfg.layer_uses_window) if not local] == [5, 11, 17]
+    assert cfg.sliding_window == 512
+    assert cfg.layer_rope_theta(0) == 10000.0 and cfg.layer_rope_theta(5) == 1_000_000.0
+    assert cfg.layer_window(0) == 512 and cfg.layer_window(5) == 0
+    assert cfg.embed_scale == pytest.approx(math.sqrt(640))
+    assert cfg.attn_scale == pytest.approx(1 / 16)  # query_pre_attn_scalar = 256 = head_dim
+    assert cfg.rope_neox and cfg.qk_norm and cfg.sandwich_norms and cfg.activation == "gelu_tanh"
+
+
+@pytest.mark.parametrize("arch,neox,qk_norm,bias", [
+    ("llama", False, False, False), ("qwen2", True, False, True),
+    ("qwen3", True, True, False), ("gemma3", True, True, False)])
+def test_per_arch_switches_on_tiny_files(arch, neox, qk_norm, bias):
+    cfg = ModelConfig.from_gguf(open_gguf(FIXTURES / f"tiny_{arch}.gguf"))
+    assert (cfg.rope_neox, cfg.qk_norm, cfg.qkv_bias) == (neox, qk_norm, bias)
+
+
+def test_unsupported_arch_names_it_and_the_supported_ones():
+    with pytest.raises(UnsupportedModelError, match=r"'mamba'.*llama, qwen2, qwen3, gemma3"):
+        ModelConfig.from_gguf(_fake("mamba"))
+
+
+def test_missing_required_key_is_named():
+    fake = _fake("llama")
+    del fake.metadata["llama.feed_forward_length"]
+    with pytest.raises(ModelFileError, match="llama.feed_forward_length"):
+        ModelConfig.from_gguf(fake)
+
+
+@pytest.mark.parametrize("key,value", [("embedding_length", 0), ("attention.head_count_kv", 3),
+                                       ("rope.freq_base", -1.0), ("block_count", "two")])
+def test_invalid_values_are_refused_with_the_value(key, value):
+    with pytest.raises(ModelFileError, match=str(value)):
+        ModelConfig.from_gguf(_fake("llama", **{f"llama.{key}": value}))
+
+
+def test_defaults_head_dim_and_kv_heads():
+    cfg = ModelConfig.from_gguf(_fake("qwen2"))
+    assert (cfg.head_dim, cfg.n_kv_head) == (16, 4)
+
+
+def test_gemma3_explicit_window_pattern_and_linear_rope_scaling():
+    cfg = ModelConfig.from_gguf(_fake("gemma3", **{
+        "gemma3.attention.sliding_window_pattern": [True, False],
+        "gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0}))
+    assert cfg.layer_uses_window == (True, False)
+    assert cfg.layer_rope_freq_scale(0) == 1.0 and cfg.layer_rope_freq_scale(1) == 1 / 8
+
+
+def test_unknown_rope_scaling_is_refused():
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        ModelConfig.from_gguf(_fake("llama", **{"llama.rope.scaling.type": "yarn"}))
