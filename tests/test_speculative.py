@@ -87,3 +87,100 @@ def test_on_by_default_for_greedy_only():
     assert isinstance(default_drafter(None, greedy), PromptLookupDrafter)
     assert default_drafter(None, sampled) is None
     assert isinstance(default_drafter(None, sampled, required=True), PromptLookupDrafter)
+
+
+# --- through the generation loop, tiny real models -----------------------------------------------
+import numpy as np  # noqa: E402
+
+from engine.events import Finished  # noqa: E402
+from engine.generate import GenerationRequest, generate  # noqa: E402
+from engine.gguf import open_gguf  # noqa: E402
+from engine.kernels.reference import ReferenceBackend  # noqa: E402
+from engine.models import build_model  # noqa: E402
+
+
+class IdTokenizer:
+    bos_id = None
+    eos_id = 0
+    eog_ids = frozenset({0})
+    vocab_size = 49152
+
+    def decode(self, ids) -> str:
+        return "".join(f"<{int(i)}>" for i in ids if int(i) not in self.eog_ids)
+
+    def piece(self, token: int) -> str:
+        return f"<{int(token)}>"
+
+
+class IdDetokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def add(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def flush(self) -> str:
+        return ""
+
+
+@pytest.fixture(params=["llama", "gemma3"])
+def tiny_lm(request, tiny_model_factory, monkeypatch):
+    import engine.generate
+
+    monkeypatch.setattr(engine.generate, "new_detokenizer", IdDetokenizer)
+    model = build_model(open_gguf(tiny_model_factory(request.param)), backend=ReferenceBackend())
+    return SimpleNamespace(model=model, config=model.config, tokenizer=IdTokenizer(), chat_template=None,
+                           n_ctx=128, path=None, gguf=SimpleNamespace(metadata={}))
+
+
+def finish(lm, prompt, speculative, **overrides) -> Finished:
+    overrides.setdefault("max_new_tokens", 24)
+    events = list(generate(lm, GenerationRequest(prompt_ids=prompt, overrides=overrides, speculative=speculative)))
+    assert isinstance(events[-1], Finished) and events[-1].error is None, events[-1].error
+    return events[-1]
+
+
+def test_speculative_greedy_equals_plain_greedy_on_tiny_models(tiny_lm):
+    rng = np.random.default_rng(0)
+    phrase = [int(t) for t in rng.integers(10, 49152, 12)]
+    prompts = {
+        "repeating": phrase + [5, 6] + phrase + [5, 6] + phrase[:4],
+        "non-repeating": [int(t) for t in rng.integers(10, 49152, 30)],
+    }
+    drafted = 0
+    for name, prompt in prompts.items():
+        plain = finish(tiny_lm, prompt, False)
+        spec = finish(tiny_lm, prompt, True)
+        assert spec.token_ids == plain.token_ids, name
+        assert plain.usage.draft_tokens_proposed == 0
+        assert spec.usage.draft_tokens_accepted <= spec.usage.draft_tokens_proposed
+        drafted += spec.usage.draft_tokens_proposed
+    assert drafted > 0  # the repeating prompt (or a greedy loop) made the drafter propose
+
+
+def test_a_drafter_that_is_always_right_saves_forward_passes(tiny_lm):
+    prompt = [int(t) for t in np.random.default_rng(1).integers(10, 49152, 16)]
+    plain = finish(tiny_lm, prompt, False)
+
+    class Oracle:  # drafts exactly the greedy continuation: every draft token is accepted
+        def draft(self, tokens, max_tokens):
+            done = len(tokens) - len(prompt)
+            return list(plain.token_ids[done:done + max_tokens])
+
+    calls = []
+    inner = tiny_lm.model.forward
+    tiny_lm.model.forward = lambda tokens, cache, **kw: calls.append(len(tokens)) or inner(tokens, cache, **kw)
+    spec = finish(tiny_lm, prompt, Oracle())
+    tiny_lm.model.forward = inner
+    assert spec.token_ids == plain.token_ids
+    n = len(plain.token_ids)
+    assert spec.usage.draft_tokens_accepted == spec.usage.draft_tokens_proposed > 0
+    assert len(calls) < n // 2  # prefill + a few verify passes instead of one pass per token
+
+
+def test_seeded_sampling_with_a_drafter_equals_without(tiny_lm):
+    rng = np.random.default_rng(2)
+    phrase = [int(t) for t in rng.integers(10, 49152, 10)]
+    prompt = phrase * 3
+    sampling = dict(do_sample=True, seed=77, temperature=0.7, top_k=0)
+    assert finish(tiny_lm, prompt, True, **sampling).token_ids == finish(tiny_lm, prompt, False, **sampling).token_ids
