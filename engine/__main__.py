@@ -227,7 +227,7 @@ def score_positions(lm, ids: list[int], top: int) -> list[dict]:
     """Teacher-forced: for each position i, the token there and the top-K next-token candidates
     from the model's output at i (natural-log probabilities)."""
     from engine.errors import ContextOverflowError
-    from engine.sampling import log_softmax
+    from engine.sampling import log_normalizer, top_ids
 
     if not ids:
         raise ConfigValidationError("text", "", "text that tokenizes to at least one token")
@@ -239,13 +239,10 @@ def score_positions(lm, ids: list[int], top: int) -> list[dict]:
     for start in range(0, len(ids), chunk):
         rows = lm.model.forward(ids[start:start + chunk], cache, all_logits=True)
         for offset, row in enumerate(np.atleast_2d(rows)):
-            lp = log_softmax(row)
-            k = min(top, lp.shape[0])
-            best = np.argpartition(-lp, k - 1)[:k]
-            best = best[np.lexsort((best, -lp[best]))]
+            log_z = log_normalizer(row)
             positions.append({
                 "token_id": int(ids[start + offset]),
-                "top": [{"id": int(i), "logprob": float(lp[i])} for i in best],
+                "top": [{"id": int(i), "logprob": float(row[i]) - log_z} for i in top_ids(row, top)],
             })
     return positions
 

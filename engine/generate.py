@@ -50,7 +50,6 @@ JSON mask, before temperature and truncation: the model's own belief about each 
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import time
@@ -78,7 +77,7 @@ from engine.events import (
 from engine.generation_config import GenerationConfig
 from engine.presets import ResolvedPreset, resolve_preset
 from engine.reasoning import REASONING, ReasoningSplitter, prompt_opens_reasoning
-from engine.sampling import apply_processors, log_softmax, make_logits_processors, make_sampler
+from engine.sampling import apply_processors, log_normalizer, make_logits_processors, make_sampler, top_ids
 from engine.stopping import StopStringMatcher, decide_finish_reason
 
 PREFILL_CHUNK = 256  # tokens per prefill forward; the cancel token is checked between chunks
@@ -254,7 +253,8 @@ def generate(lm, request: GenerationRequest, cancel: CancelToken | None = None) 
 @dataclass
 class _Step:
     token_id: int
-    logprobs: np.ndarray | None  # log-softmax over the vocabulary, when anyone needs it
+    logits: np.ndarray  # after penalties and the JSON mask
+    log_z: float  # log-normalizer of `logits`: logprob(t) = logits[t] - log_z
 
 
 @dataclass
@@ -320,7 +320,6 @@ def _decode_steps(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> 
     if plan.constraint is not None:
         processors.append(plan.constraint)
     sample = make_sampler(cfg, seed=plan.seed)
-    want_logprobs = True  # TokenSampled always carries the chosen token's log-probability
     tokens = list(plan.prompt_ids)
     cache = progress.cache
     model = lm.model
@@ -330,7 +329,7 @@ def _decode_steps(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> 
         token = sample(processed)
         if plan.constraint is not None:
             plan.constraint.accept(token)
-        return _Step(token, log_softmax(processed) if want_logprobs else None)
+        return _Step(token, processed, log_normalizer(processed))
 
     pending = [logits]  # logits rows not yet used, in order
     draft: list[int] = []  # the drafted tokens those rows (after the first) were verified against
@@ -464,13 +463,11 @@ def new_detokenizer(tokenizer):
 
 
 def _token_event(tokenizer, step: _Step, index: int, top_n: int) -> TokenSampled:
-    logprob = float(step.logprobs[step.token_id]) if step.logprobs is not None else math.nan
+    logprob = float(step.logits[step.token_id]) - step.log_z
     top: tuple[TopAlternative, ...] = ()
-    if top_n and step.logprobs is not None:
-        lp = step.logprobs
-        best = np.argpartition(-lp, top_n - 1)[:top_n] if top_n < lp.shape[0] else np.arange(lp.shape[0])
-        best = best[np.lexsort((best, -lp[best]))]
-        top = tuple(TopAlternative(int(i), tokenizer.piece(int(i)), float(lp[i])) for i in best)
+    if top_n:
+        top = tuple(TopAlternative(int(i), tokenizer.piece(int(i)), float(step.logits[i]) - step.log_z)
+                    for i in top_ids(step.logits, top_n))
     # piece(): the token as a person reads it in a token list (partial UTF-8 shown as <0xXX>)
     return TokenSampled(index=index, token_id=step.token_id, text=tokenizer.piece(step.token_id), logprob=logprob, top=top)
 
