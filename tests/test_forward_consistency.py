@@ -1,0 +1,80 @@
+"""Cache semantics of Model.forward on the tiny fixtures: prefill == token-by-token decode,
+chunked prefill == one batch, truncate/clone give the same logits as recomputing, bad input
+refused. These hold exactly up to float rounding for any correct implementation."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import ContextOverflowError
+from engine.gguf import open_gguf
+from engine.kernels.reference import ReferenceBackend
+from engine.models import build_model
+
+FIXTURES = Path(__file__).parent / "fixtures"
+IDS = [17, 4023, 99, 12000, 5, 31337, 777, 42, 2024, 8, 640, 1500, 3, 49000, 256, 11]
+ATOL = 1e-3  # same arithmetic, different batch shapes: float32 summation order (seen 2.6e-4 on logits ~6)
+
+
+def _model(arch: str, max_batch: int = 256):
+    return build_model(open_gguf(FIXTURES / f"tiny_{arch}.gguf"), backend=ReferenceBackend(),
+                       max_batch=max_batch)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_prefill_equals_token_by_token_decode(arch):
+    model = _model(arch)
+    batched = model.forward(IDS, model.new_cache(32), all_logits=True)
+    cache = model.new_cache(32)
+    stepwise = np.stack([model.forward([t], cache) for t in IDS])
+    # gemma3 tiny has window 8, so 16 tokens cross the window in decode too.
+    np.testing.assert_allclose(stepwise, batched, atol=ATOL, rtol=0)
+    assert cache.n_tokens == len(IDS) and cache.tokens == IDS
+
+
+def test_chunked_prefill_equals_one_batch():
+    whole = _model("gemma3").forward(IDS, _model("gemma3").new_cache(32), all_logits=True)
+    small = _model("gemma3", max_batch=5)
+    np.testing.assert_allclose(small.forward(IDS, small.new_cache(32), all_logits=True), whole, atol=ATOL, rtol=0)
+
+
+def test_logits_at_returns_requested_rows_in_order():
+    model = _model("llama")
+    every = model.forward(IDS, model.new_cache(32), all_logits=True)
+    picked = model.forward(IDS, model.new_cache(32), logits_at=[9, 2, 9, 15])
+    np.testing.assert_allclose(picked, every[[9, 2, 9, 15]], atol=ATOL, rtol=0)
+    last = model.forward(IDS, model.new_cache(32))
+    assert last.shape == (model.config.n_vocab,)
+    np.testing.assert_allclose(last, every[-1], atol=ATOL, rtol=0)
+
+
+def test_truncate_then_continue_equals_fresh_run():
+    model = _model("qwen3")
+    cache = model.new_cache(32)
+    model.forward(IDS[:10], cache)
+    saved = cache.clone()
+    cache.truncate(6)  # e.g. rejected speculative tokens
+    resumed = model.forward(IDS[6:12], cache, all_logits=True)
+    fresh = model.forward(IDS[:12], model.new_cache(32), all_logits=True)[6:]
+    np.testing.assert_allclose(resumed, fresh, atol=ATOL, rtol=0)
+    # The clone taken before truncation still continues its own sequence.
+    np.testing.assert_allclose(model.forward(IDS[10:12], saved, all_logits=True), fresh[4:6], atol=ATOL, rtol=0)
+
+
+def test_overflow_and_bad_ids_are_refused_without_touching_the_cache():
+    model = _model("llama")
+    cache = model.new_cache(4)
+    model.forward(IDS[:3], cache)
+    with pytest.raises(ContextOverflowError):
+        model.forward(IDS[3:5], cache)
+    with pytest.raises(ValueError, match="out of range"):
+        model.forward([model.config.n_vocab], cache)
+    with pytest.raises(ValueError):
+        model.forward([], cache)
+    assert cache.n_tokens == 3
+
+
+def test_tied_output_uses_the_embedding():
+    model = _model("llama")
+    assert model.output is model.token_embd
