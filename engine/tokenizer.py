@@ -1,0 +1,618 @@
+"""Tokenizer built from a GGUF file's `tokenizer.ggml.*` metadata, matching llama.cpp's ids.
+
+llama.cpp is the reference: a GGUF file is made for it, so its tokenizer (src/llama-vocab.cpp) is
+what the model was converted and tested against. We reproduce it in three parts:
+
+1. Special-token partition (ours, in Python, exactly llama.cpp's `tokenizer_st_partition`):
+   every control, user-defined and unknown token, longest text first, is cut out of the input
+   wherever it occurs. Special-token text in the input therefore always becomes one id. We do
+   this ourselves instead of leaving it to HF `tokenizers` because HF matches leftmost-longest
+   while llama.cpp matches longest-first; they differ when two special texts overlap.
+2. The pieces between special tokens go through an HF `tokenizers.Tokenizer` (Rust, fast):
+   - `llama` (SentencePiece) vocabularies: llama.cpp merges adjacent symbols by the *score of the
+     merged piece* (highest first, leftmost on ties), starting from UTF-8 characters, with
+     spaces escaped as "▁" and `<0xXX>` byte pieces for characters that are not in the vocab.
+     That is a BPE whose merge ranks are the scores: we derive the merge list from the
+     vocabulary (every split of a piece into two pieces, ranked by the piece's score) and use
+     HF's BPE with byte fallback and no pre-tokenizer (llama.cpp does not pre-split SPM text).
+   - `gpt2` (byte-level BPE) vocabularies: the file's merges, and the pre-tokenizer regexes
+     llama.cpp uses for the `tokenizer.ggml.pre` name (see `PRE_TOKENIZERS`).
+3. BOS/EOS per `tokenizer.ggml.add_bos_token` / `add_eos_token` (llama.cpp's defaults when
+   absent: SPM adds BOS, BPE adds it only for the llama3 family).
+
+Unknown `tokenizer.ggml.pre` names are refused with a TokenizerError listing the supported ones,
+as llama.cpp itself does: a silently wrong pre-tokenizer gives plausible-looking but different
+ids, which degrades every answer without any visible error. A missing `pre` (very old files)
+uses llama.cpp's "default" rules, with a warning, again as llama.cpp does.
+
+Decoding follows llama.cpp's `llama_detokenize(remove_special=False, unparse_special=False)`:
+control and unknown tokens render as nothing, user-defined tokens as their text, byte pieces as
+their byte, "▁" as a space, and (SPM with add_space_prefix) the first token loses one leading
+space. One deliberate difference: llama.cpp's `clean_spaces` post-pass (an HF-style
+" ," -> "," clean-up, on for gpt-2/llama3 vocabularies, off for smollm/qwen2/SPM) is not applied,
+because it needs look-ahead and so would make streamed text differ from the final text; llama.cpp's
+own streaming (`token_to_piece`) does not apply it either.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.errors import TokenizerError
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODELS = ("gpt2", "llama")
+
+# GGUF token types (gguf.TokenType) and llama.cpp's token attribute bits derived from them.
+TYPE_UNDEFINED, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(7)
+ATTR_UNDEFINED = 0
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+_TYPE_TO_ATTR = {
+    TYPE_UNDEFINED: ATTR_UNDEFINED,
+    TYPE_NORMAL: ATTR_NORMAL,
+    TYPE_UNKNOWN: ATTR_UNKNOWN,
+    TYPE_CONTROL: ATTR_CONTROL,
+    TYPE_USER_DEFINED: ATTR_USER_DEFINED,
+    TYPE_UNUSED: ATTR_UNUSED,
+    TYPE_BYTE: ATTR_BYTE,
+}
+# Tokens cut out of the text before the model sees it (llama.cpp's cache_special_tokens).
+_PARTITIONED = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
+# Tokens that decode to nothing in user-visible text.
+_HIDDEN = ATTR_CONTROL | ATTR_UNKNOWN
+
+# --- pre-tokenizer regexes, verbatim from llama.cpp's llm_tokenizer_bpe ----------------------------
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# llama.cpp's hand-written GPT-2 splitter also ends with the original pattern's final `|\s+`.
+_GPT2_FULL = _GPT2 + r"|\s+"
+_LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """How llama.cpp splits text into words for one family of `tokenizer.ggml.pre` names."""
+
+    regexes: tuple[str, ...]  # applied in sequence; matches and the text between both kept
+    ignore_merges: bool = False  # a word that is itself in the vocab is one token (llama3)
+    add_bos_default: bool = False  # BOS when the file has no add_bos_token key
+
+
+_PRE_FAMILIES: dict[tuple[str, ...], PreTokenizer] = {
+    ("default",): PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_FULL, r"\p{N}+", r"[0-9][0-9][0-9]")),
+    ("gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
+     "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "gigachat", "a.x-4.0", "mellum",
+     "modern-bert"): PreTokenizer((_GPT2_FULL,)),
+    ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b",
+     "mellum2"): PreTokenizer((r"\p{N}", _GPT2_FULL)),
+    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
+     "lfm2"): PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos_default=True),
+    ("dbrx", "smaug-bpe"): PreTokenizer((_LLAMA3,)),
+    ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan",
+     "solar-open"): PreTokenizer((_QWEN2,)),
+}  # fmt: skip
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {name: pre for names, pre in _PRE_FAMILIES.items() for name in names}
+
+# Token texts llama.cpp treats as end-of-generation (llama-vocab.cpp, "special_eog_ids").
+_EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+})  # fmt: skip
+# Texts llama.cpp recognises as EOT / EOM / fill-in-the-middle tokens when the file names none.
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+              "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")  # fmt: skip
+_EOM_TEXTS = ("<|eom_id|>",)
+_FIM_PAD_TEXTS = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
+_FIM_REP_TEXTS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
+_FIM_SEP_TEXTS = ("<|file_sep|>",)
+_FIM_OTHER_TEXTS = (
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+    "<|code_prefix|>", "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+    "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>",
+    "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>",
+)  # fmt: skip
+# gpt-oss: llama.cpp always renders these (forces them to user-defined).
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+
+SPACE_ESCAPE = "\u2581"  # "▁", SentencePiece's visible space
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+BYTE_TO_UNICODE = _bytes_to_unicode()
+UNICODE_TO_BYTE = {c: b for b, c in BYTE_TO_UNICODE.items()}
+
+
+class Tokenizer:
+    """Text <-> token ids for one GGUF model, with llama.cpp's ids and detokenization."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        tokens: list[str],
+        attrs: list[int],
+        hf: HFTokenizer,
+        bos_id: int | None,
+        eos_id: int | None,
+        eot_id: int | None,
+        eog_ids: frozenset[int],
+        add_bos: bool,
+        add_eos: bool,
+        add_space_prefix: bool,
+        pre: str | None,
+    ):
+        self.model = model  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
+        self.pre = pre
+        self.tokens = tokens
+        self.attrs = attrs
+        self.hf = hf
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.eot_id = eot_id
+        self.eog_ids = eog_ids
+        self.add_bos = add_bos
+        self.add_eos = add_eos
+        self.add_space_prefix = add_space_prefix
+        self.vocab_size = len(tokens)
+        self._special_pieces = [self._render(i) for i in range(len(tokens))]
+        # User-visible text hides control and unknown tokens (token_to_piece with special=False).
+        self._pieces = [b"" if a & _HIDDEN else p for a, p in zip(attrs, self._special_pieces)]
+        # (text, id), longest UTF-8 text first; ties keep id order (llama.cpp leaves them unspecified).
+        partitioned = [i for i, a in enumerate(attrs) if a & _PARTITIONED]
+        self._specials = sorted(((tokens[i], i) for i in partitioned), key=lambda t: -len(t[0].encode()))
+        self._special_first_chars = frozenset(text[0] for text, _ in self._specials)
+
+    # --- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, gguf_file) -> Tokenizer:
+        """Build from an engine.gguf.GGUFFile (anything with a `.metadata` dict)."""
+        return cls.from_metadata(gguf_file.metadata)
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+        """Build from GGUF metadata values (`tokenizer.ggml.*` keys)."""
+        return _build(metadata)
+
+    # --- encoding ----------------------------------------------------------------------------
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids for `text`. Special-token text (e.g. "<|im_start|>") always becomes its single
+        id; `add_special` adds BOS/EOS as the file says (False adds none)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, not {type(text).__name__}")
+        ids: list[int] = []
+        if add_special and self.add_bos:
+            ids.append(self.bos_id)
+        fragments = self._partition(text)
+        raw = [f for f in fragments if isinstance(f, str)]
+        if raw:
+            encoded = iter(self.hf.encode_batch(raw, add_special_tokens=False))
+            for fragment in fragments:
+                if isinstance(fragment, str):
+                    ids.extend(next(encoded).ids)
+                else:
+                    ids.append(fragment)
+        else:
+            ids.extend(fragments)
+        if add_special and self.add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def _partition(self, text: str) -> list[str | int]:
+        """Split text into raw pieces and special-token ids, longest special text first, each
+        special's occurrences left to right (llama.cpp's tokenizer_st_partition)."""
+        if not text:
+            return []
+        fragments: list[str | int] = [text]
+        if not self._special_first_chars.intersection(text):
+            return fragments
+        for special, special_id in self._specials:
+            if special not in text:
+                continue
+            split: list[str | int] = []
+            for fragment in fragments:
+                if isinstance(fragment, int) or special not in fragment:
+                    split.append(fragment)
+                    continue
+                parts = fragment.split(special)
+                for k, part in enumerate(parts):
+                    if k:
+                        split.append(special_id)
+                    if part:
+                        split.append(part)
+            fragments = split
+        return fragments
+
+    # --- decoding ----------------------------------------------------------------------------
+    def piece_bytes(self, token_id: int, *, special: bool = False) -> bytes:
+        """The bytes one token contributes to text (llama.cpp token_to_piece): with special=False
+        control tokens give b"", byte pieces one byte, "▁" a space. `decode` additionally drops
+        the first token's leading space for add_space_prefix vocabularies."""
+        self._check_id(token_id)
+        return (self._special_pieces if special else self._pieces)[token_id]
+
+    def piece(self, token_id: int) -> str:
+        """A token as a person should see it in a token list: special tokens as their text, normal
+        pieces as their text; a piece that is only part of a UTF-8 character shows as <0xXX>."""
+        self._check_id(token_id)
+        raw = self._special_pieces[token_id]
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "".join(chr(b) if b < 0x80 else f"<0x{b:02X}>" for b in raw)
+
+    def decode(self, ids: Iterable[int], *, special: bool = False) -> str:
+        """Text of `ids` as llama.cpp's llama_detokenize(remove_special=False, unparse_special=
+        special) gives it (without its clean_spaces pass, see the module docstring). Bytes that
+        are not valid UTF-8 become U+FFFD."""
+        return self.decode_bytes(ids, special=special).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Iterable[int], *, special: bool = False) -> bytes:
+        table = self._special_pieces if special else self._pieces
+        out = []
+        n = self.vocab_size
+        for k, token_id in enumerate(ids):
+            if not 0 <= token_id < n:
+                self._check_id(token_id)
+            piece = table[token_id]
+            if k == 0 and self.add_space_prefix and piece.startswith(b" "):
+                piece = piece[1:]
+            out.append(piece)
+        return b"".join(out)
+
+    def is_eog(self, token_id: int) -> bool:
+        return token_id in self.eog_ids
+
+    def is_special(self, token_id: int) -> bool:
+        """Control/unknown token: hidden from user-visible text."""
+        self._check_id(token_id)
+        return bool(self.attrs[token_id] & _HIDDEN)
+
+    def token_id(self, text: str) -> int | None:
+        """The id whose token text is exactly `text` (e.g. "<end_of_turn>"), or None."""
+        return self._text_to_id.get(text)
+
+    @property
+    def _text_to_id(self) -> dict[str, int]:
+        table = self.__dict__.get("_text_to_id_table")
+        if table is None:
+            table = {t: i for i, t in enumerate(self.tokens)}  # later ids win, as in llama.cpp
+            self.__dict__["_text_to_id_table"] = table
+        return table
+
+    def _check_id(self, token_id: int) -> None:
+        if not (isinstance(token_id, int) or hasattr(token_id, "__index__")) or not 0 <= token_id < self.vocab_size:
+            raise TokenizerError(f"token id {token_id!r} is out of range: the vocabulary has ids 0..{self.vocab_size - 1}")
+
+    def _render(self, token_id: int) -> bytes:
+        """llama.cpp's token_to_piece(special=True) for one id (before the first-token space strip)."""
+        attr = self.attrs[token_id]
+        text = self.tokens[token_id]
+        if attr & (_HIDDEN | ATTR_USER_DEFINED):
+            return text.encode("utf-8")
+        if attr & ATTR_NORMAL:
+            if self.model == "llama":
+                return text.replace(SPACE_ESCAPE, " ").encode("utf-8")
+            return _byte_level_decode(text)
+        if attr & ATTR_BYTE:
+            if self.model == "llama" or text.startswith("<0x"):
+                return bytes([int(text[3:5], 16)])
+            return _byte_level_decode(text)  # a BPE byte token is its byte-level character
+        return b""  # unused / undefined tokens render as nothing
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(model={self.model!r}, pre={self.pre!r}, vocab_size={self.vocab_size}, "
+                f"bos={self.bos_id}, eos={self.eos_id}, eog={sorted(self.eog_ids)})")  # fmt: skip
+
+
+# Byte-level character -> the Latin-1 character of its byte, so one str.translate + encode decodes.
+_BYTE_LEVEL_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in UNICODE_TO_BYTE.items()})
+
+
+def _byte_level_decode(text: str) -> bytes:
+    """GPT-2 byte-level characters -> bytes; an unmappable character becomes llama.cpp's marker."""
+    try:
+        return text.translate(_BYTE_LEVEL_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        pass
+    out = bytearray()
+    for ch in text:
+        b = UNICODE_TO_BYTE.get(ch)
+        if b is not None:
+            out.append(b)
+        else:
+            marker = "[UNK_BYTE_0x" + ch.encode("utf-8").hex() + text + "]"
+            out += marker.encode("utf-8")
+    return bytes(out)
+
+
+# --- building --------------------------------------------------------------------------------------
+def _meta_list(metadata: Mapping[str, Any], key: str, n: int, kind: str) -> list | None:
+    value = metadata.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise TokenizerError(f"{key} must be an array of {kind}, got {type(value).__name__}")
+    if len(value) < n:
+        raise TokenizerError(f"{key} has {len(value)} entries, fewer than the {n} tokens")
+    return list(value)
+
+
+def _meta_id(metadata: Mapping[str, Any], key: str, n: int) -> int | None:
+    value = metadata.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TokenizerError(f"{key} must be an integer token id, got {value!r}")
+    if not 0 <= value < n:
+        log.warning("%s = %d is outside the vocabulary (0..%d); ignoring it", key, value, n - 1)
+        return None
+    return value
+
+
+def _build(metadata: Mapping[str, Any]) -> Tokenizer:
+    model = metadata.get("tokenizer.ggml.model")
+    if model is None:
+        raise TokenizerError("the model file has no tokenizer (tokenizer.ggml.model is missing)")
+    if model not in SUPPORTED_MODELS:
+        raise TokenizerError(
+            f"tokenizer model {model!r} is not supported: supported are {', '.join(SUPPORTED_MODELS)} "
+            "(llama = SentencePiece, gpt2 = byte-level BPE)"
+        )
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, (list, tuple)) or not tokens:
+        raise TokenizerError("the model file has no vocabulary (tokenizer.ggml.tokens is missing or empty)")
+    n = len(tokens)
+    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # as llama.cpp does
+    if not all(isinstance(t, str) for t in tokens):
+        raise TokenizerError("tokenizer.ggml.tokens must be an array of strings")
+    types = _meta_list(metadata, "tokenizer.ggml.token_type", n, "integers")
+    attrs = [_TYPE_TO_ATTR.get(t, ATTR_UNDEFINED) for t in types[:n]] if types else [ATTR_NORMAL] * n
+    scores = _meta_list(metadata, "tokenizer.ggml.scores", n, "numbers")
+    scores = [float(s) for s in scores[:n]] if scores else [0.0] * n
+
+    pre_name = metadata.get("tokenizer.ggml.pre")
+    pre = None
+    if model == "gpt2":
+        if pre_name is None:
+            log.warning("the model file names no pre-tokenizer (tokenizer.ggml.pre); using llama.cpp's "
+                        "'default' rules, generation quality may be degraded")  # fmt: skip
+            pre_name = "default"
+        pre = PRE_TOKENIZERS.get(pre_name)
+        if pre is None:
+            raise TokenizerError(
+                f"pre-tokenizer {pre_name!r} (tokenizer.ggml.pre) is not supported: supported are "
+                f"{', '.join(sorted(PRE_TOKENIZERS))}"
+            )
+        add_bos_default, add_space_prefix_default = pre.add_bos_default, False
+    else:
+        add_bos_default, add_space_prefix_default = True, True
+
+    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default))
+    add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+    add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", add_space_prefix_default))
+    bos_id = _meta_id(metadata, "tokenizer.ggml.bos_token_id", n)
+    eos_id = _meta_id(metadata, "tokenizer.ggml.eos_token_id", n)
+    if model == "llama":  # llama.cpp's SPM defaults when the file names none
+        bos_id = 1 if bos_id is None and "tokenizer.ggml.bos_token_id" not in metadata and n > 1 else bos_id
+        eos_id = 2 if eos_id is None and "tokenizer.ggml.eos_token_id" not in metadata and n > 2 else eos_id
+    if add_bos and bos_id is None:
+        raise TokenizerError("tokenizer.ggml.add_bos_token is set but the file has no valid bos_token_id")
+    if add_eos and eos_id is None:
+        raise TokenizerError("tokenizer.ggml.add_eos_token is set but the file has no valid eos_token_id")
+
+    eot_id, eog_ids = _end_of_generation(metadata, tokens, attrs, eos_id, n)
+
+    if model == "llama":
+        hf = _build_spm(tokens, attrs, scores, add_space_prefix, metadata, bos_id, eos_id, add_bos, add_eos)
+    else:
+        merges = metadata.get("tokenizer.ggml.merges")
+        if not isinstance(merges, (list, tuple)):
+            raise TokenizerError("a gpt2 tokenizer needs tokenizer.ggml.merges, which is missing")
+        hf = _build_bpe(tokens, attrs, list(merges), pre, bos_id, eos_id, add_bos, add_eos)
+
+    return Tokenizer(
+        model=model, tokens=tokens, attrs=attrs, hf=hf, bos_id=bos_id, eos_id=eos_id, eot_id=eot_id,
+        eog_ids=eog_ids, add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
+        pre=pre_name if model == "gpt2" else None,
+    )  # fmt: skip
+
+
+def _end_of_generation(metadata, tokens, attrs, eos_id, n) -> tuple[int | None, frozenset[int]]:
+    """llama.cpp's end-of-generation set: eos/eot/eom ids from the file, tokens recognised by text
+    (<|im_end|>, <end_of_turn>, </s>, ...) and the FIM pad/repo/file-separator tokens. Tokens it
+    recognises by text are forced to control type (hidden in text), as llama.cpp does."""
+    text_to_id = {t: i for i, t in enumerate(tokens)}  # later ids win, as in llama.cpp
+
+    def by_key_or_text(key: str, texts: Iterable[str]) -> int | None:
+        token_id = _meta_id(metadata, key, n)
+        if token_id is not None:
+            return token_id
+        for text in texts:  # llama.cpp walks a hash map here; all candidates count the same
+            if text in text_to_id:
+                token_id = text_to_id[text]
+                attrs[token_id] |= ATTR_CONTROL
+                return token_id
+        return None
+
+    eot_id = by_key_or_text("tokenizer.ggml.eot_token_id", _EOT_TEXTS)
+    eom_id = by_key_or_text("tokenizer.ggml.eom_token_id", _EOM_TEXTS)
+    fim_ids = [
+        by_key_or_text("tokenizer.ggml.fim_pad_token_id", _FIM_PAD_TEXTS),
+        by_key_or_text("tokenizer.ggml.fim_rep_token_id", _FIM_REP_TEXTS),
+        by_key_or_text("tokenizer.ggml.fim_sep_token_id", _FIM_SEP_TEXTS),
+    ]
+    for text in _FIM_OTHER_TEXTS:  # prefix/suffix/middle are forced to control type too
+        if text in text_to_id:
+            attrs[text_to_id[text]] |= ATTR_CONTROL
+
+    eog = {i for i in fim_ids if i is not None}
+    for text, token_id in text_to_id.items():
+        if text in _EOG_TEXTS:
+            eog.add(token_id)
+            attrs[token_id] |= ATTR_CONTROL
+    for text in _ALWAYS_RENDERED:
+        if text in text_to_id:
+            attrs[text_to_id[text]] = ATTR_USER_DEFINED
+    for token_id in (eos_id, eot_id, eom_id):
+        if token_id is not None:
+            eog.add(token_id)
+    # o200k_harmony / solar-open: "<|end|>" ends a message, not the generation.
+    texts = {tokens[i] for i in eog}
+    if "<|end|>" in texts and (({"<|return|>", "<|call|>"} <= texts) or ({"<|calls|>", "<|flush|>"} <= texts)):
+        end_id = next(i for i in eog if tokens[i] == "<|end|>")
+        eog.discard(end_id)
+        attrs[end_id] = ATTR_USER_DEFINED
+    # gemma4 / plamo have a normal "</s>".
+    if texts & {"<|tool_response>", "<|plamo:eos|>"} and "</s>" in texts:
+        s_id = next(i for i in eog if tokens[i] == "</s>")
+        eog.discard(s_id)
+        attrs[s_id] = ATTR_NORMAL
+    for i, text in enumerate(tokens):  # control tokens named "unused" are also unused
+        if attrs[i] & ATTR_CONTROL and "unused" in text:
+            attrs[i] |= ATTR_UNUSED
+    return eot_id, frozenset(eog)
+
+
+def _added_tokens(tokens: list[str], attrs: list[int]) -> list[AddedToken]:
+    """Special tokens for the HF tokenizer, matched on raw text like llama.cpp's partition."""
+    return [
+        AddedToken(tokens[i], special=bool(attrs[i] & _HIDDEN), normalized=False, single_word=False,
+                   lstrip=False, rstrip=False)  # fmt: skip
+        for i in range(len(tokens))
+        if attrs[i] & _PARTITIONED
+    ]
+
+
+def _post_processor(tokens, bos_id, eos_id, add_bos, add_eos):
+    single, special = "$A", []
+    if add_bos:
+        single = f"{tokens[bos_id]}:0 {single}"
+        special.append((tokens[bos_id], bos_id))
+    if add_eos:
+        single = f"{single} {tokens[eos_id]}:0"
+        if eos_id != bos_id:
+            special.append((tokens[eos_id], eos_id))
+    if not special:
+        return None
+    pair = f"{single} {single.replace('$A', '$B').replace(':0', ':1')}"
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+
+
+def _vocab_dict(tokens: list[str]) -> dict[str, int]:
+    return {t: i for i, t in enumerate(tokens)}
+
+
+def _spm_merges(tokens: list[str], attrs: list[int], scores: list[float], vocab: dict[str, int]):
+    """Every way to build a piece from two pieces, best piece score first. llama.cpp merges the
+    adjacent pair whose concatenation is the highest-scoring vocabulary entry, which is exactly
+    BPE with these ranks."""
+    ranked = []
+    for token_id, text in enumerate(tokens):
+        if len(text) < 2 or attrs[token_id] & _PARTITIONED:
+            continue  # special text never reaches the merger: the partition removed it
+        score = scores[token_id]
+        for k in range(1, len(text)):
+            left, right = text[:k], text[k:]
+            if left in vocab and right in vocab:
+                ranked.append((-score, token_id, k, left, right))
+    ranked.sort()
+    return [(left, right) for _, _, _, left, right in ranked]
+
+
+def _build_spm(tokens, attrs, scores, add_space_prefix, metadata, bos_id, eos_id, add_bos, add_eos) -> HFTokenizer:
+    vocab = _vocab_dict(tokens)
+    merges = _spm_merges(tokens, attrs, scores, vocab)
+    unk_id = _meta_id(metadata, "tokenizer.ggml.unknown_token_id", len(tokens))
+    unk = tokens[unk_id] if unk_id is not None else None
+    try:
+        bpe = models.BPE(vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True, fuse_unk=False)
+    except Exception as exc:  # the Rust side reports inconsistent vocab/merges as a plain Exception
+        raise TokenizerError(f"cannot build the SentencePiece tokenizer: {exc}") from exc
+    hf = HFTokenizer(bpe)
+    steps = [normalizers.Prepend(SPACE_ESCAPE)] if add_space_prefix else []
+    hf.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE_ESCAPE)])
+    dec = [decoders.Replace(SPACE_ESCAPE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        dec.append(decoders.Strip(" ", 1, 0))
+    hf.decoder = decoders.Sequence(dec)
+    hf.add_special_tokens(_added_tokens(tokens, attrs))
+    post = _post_processor(tokens, bos_id, eos_id, add_bos, add_eos)
+    if post is not None:
+        hf.post_processor = post
+    return hf
+
+
+def _build_bpe(tokens, attrs, merges, pre: PreTokenizer, bos_id, eos_id, add_bos, add_eos) -> HFTokenizer:
+    vocab = _vocab_dict(tokens)
+    pairs = []
+    for merge in merges:
+        # llama.cpp splits "a b" at the first space after the first character.
+        cut = merge.find(" ", 1)
+        if cut < 0:
+            raise TokenizerError(f"tokenizer.ggml.merges entry {merge!r} is not two pieces separated by a space")
+        left, right = merge[:cut], merge[cut + 1 :]
+        if left in vocab and right in vocab and left + right in vocab:
+            pairs.append((left, right))
+    try:
+        bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges, fuse_unk=False)
+    except Exception as exc:  # the Rust side reports inconsistent vocab/merges as a plain Exception
+        raise TokenizerError(f"cannot build the BPE tokenizer: {exc}") from exc
+    hf = HFTokenizer(bpe)
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in pre.regexes]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    hf.pre_tokenizer = pre_tokenizers.Sequence(splits + [byte_level])
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens(_added_tokens(tokens, attrs))
+    post = _post_processor(tokens, bos_id, eos_id, add_bos, add_eos)
+    if post is not None:
+        hf.post_processor = post
+    return hf
+
+
+def describe(tokenizer: Tokenizer) -> dict[str, Any]:
+    """A JSON-friendly summary (for `python -m engine info`)."""
+    return {
+        "model": tokenizer.model,
+        "pre": tokenizer.pre,
+        "vocab_size": tokenizer.vocab_size,
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+        "eog_ids": sorted(tokenizer.eog_ids),
+        "add_bos": tokenizer.add_bos,
+        "add_eos": tokenizer.add_eos,
+        "add_space_prefix": tokenizer.add_space_prefix,
+    }
+
+
+__all__ = ["Tokenizer", "PRE_TOKENIZERS", "SUPPORTED_MODELS", "describe"]
