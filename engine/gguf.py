@@ -39,6 +39,13 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 4  # arrays of arrays are legal; real files use at most one level
 # A tensor with more elements than this is not a model we could run on a desktop (2^40 ~ 1.1e12).
 MAX_TENSOR_ELEMENTS = 1 << 40
+# Metadata becomes Python objects (~5-40 bytes each per byte of file), so its size is capped well
+# above anything real and far below what a large file could otherwise make us allocate: the
+# biggest arrays are vocabularies (Gemma 3: 262,144 tokens), the longest strings chat templates
+# (~10 KB).
+MAX_STRING_BYTES = 1 << 24  # 16 MiB per string
+MAX_ARRAY_ELEMENTS = 1 << 22  # 4,194,304 per array, 16x the largest vocabulary
+MAX_METADATA_ELEMENTS = 1 << 23  # all arrays together
 
 Q = GGMLQuantizationType
 SUPPORTED_QTYPES: tuple[GGMLQuantizationType, ...] = (
@@ -165,6 +172,7 @@ class _HeaderParser:
         self.buf = buf
         self.size = len(buf)
         self.pos = 0
+        self.metadata_elements = 0  # array elements read so far, against MAX_METADATA_ELEMENTS
 
     # --- primitive reads, each bounds-checked ---------------------------------------------------
     def _fail(self, reason: str) -> ModelFileError:
@@ -191,6 +199,8 @@ class _HeaderParser:
 
     def _string(self, what: str) -> str:
         length = self._u64(f"length of {what}")
+        if length > MAX_STRING_BYTES:
+            raise self._fail(f"{what} claims {length} bytes (at most {MAX_STRING_BYTES} allowed; corrupt file?)")
         self._need(length, f"{what} ({length} bytes)")
         raw = self.buf[self.pos : self.pos + length]
         self.pos += length
@@ -290,6 +300,12 @@ class _HeaderParser:
                 f"array {key!r} claims {length} elements of {element_type.name}, more than the "
                 f"{remaining} bytes left in the file (corrupt or truncated)"
             )
+        self.metadata_elements += length
+        if length > MAX_ARRAY_ELEMENTS or self.metadata_elements > MAX_METADATA_ELEMENTS:
+            raise self._fail(
+                f"array {key!r} claims {length} elements (at most {MAX_ARRAY_ELEMENTS} per array and "
+                f"{MAX_METADATA_ELEMENTS} in all arrays are allowed; corrupt file?)"
+            )
         if element_type in _SCALAR_DTYPES:
             # One numpy read for the whole array (token types, scores): fast and bounded above.
             values = np.frombuffer(self.buf, dtype=_SCALAR_DTYPES[element_type], count=length, offset=self.pos)
@@ -315,6 +331,9 @@ class _HeaderParser:
                 self._need(8, f"length of {key}[{i}]")
             (n,) = unpack_len(buf, pos)
             pos += 8
+            if n > MAX_STRING_BYTES:
+                self.pos = pos
+                raise self._fail(f"{key}[{i}] claims {n} bytes (at most {MAX_STRING_BYTES} allowed; corrupt file?)")
             if pos + n > size:
                 self.pos = pos
                 self._need(n, f"{key}[{i}] ({n} bytes)")
