@@ -18,7 +18,9 @@ from engine.qtensor import QTensor
 
 Q = GGMLQuantizationType
 QK_K = 256
-_CHUNK_BLOCKS = 1 << 15  # blocks per step when dequantizing a whole tensor (~32 MB float32 for K-quants)
+# Values per step when dequantizing many rows: the temporaries of one step (~0.5-2 MB) stay in
+# cache, which measured ~1.5-2x faster than steps of 8M values.
+_CHUNK_VALUES = 1 << 17
 
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -192,8 +194,9 @@ def _dequantize_row_bytes(qtype: GGMLQuantizationType, rows: np.ndarray, cols: i
     fn = _BLOCK_DEQUANTIZERS[qtype]
     blocks = rows.reshape(-1, type_size)
     out = np.empty((len(blocks), block_size), dtype=np.float32)
-    for start in range(0, len(blocks), _CHUNK_BLOCKS):
-        part = np.ascontiguousarray(blocks[start : start + _CHUNK_BLOCKS])
+    step = max(1, _CHUNK_VALUES // block_size)
+    for start in range(0, len(blocks), step):
+        part = np.ascontiguousarray(blocks[start : start + step])
         out[start : start + len(part)] = fn(part)
     return out.reshape(len(rows), cols)
 
