@@ -17,7 +17,9 @@ from typing import Callable
 
 import numpy as np
 
-from engine.kernels import act_quant, float_matmul, quant_matmul
+import ctypes
+
+from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
 from engine.kernels.compiler import HostCPU, KernelLibrary, host_cpu
 from engine.kernels.reference import ReferenceBackend
 from engine.qtensor import QTensor
@@ -47,6 +49,7 @@ def kernel_modules(isa: str) -> list[tuple[str, str]]:
     modules = [("pool", pool_ir()), ("quantize_q8", act_quant.module_ir())]
     modules += [(f"mm_{q}_{isa}", quant_matmul.module_ir(q, isa)) for q in quant_matmul.LAYOUTS]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
+    modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir())]
     return modules
 
 
@@ -61,6 +64,15 @@ def shared_library(progress: ProgressFn | None = None) -> KernelLibrary:
         elif progress is not None:
             progress("kernels: ready", 1.0)
         return _library
+
+
+_KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
+# Below this many floats an elementwise op runs on the calling thread (a pool hand-off costs more).
+_DIRECT_MAX = 1 << 16
+
+
+def _f32_bits(x: float) -> int:
+    return int(np.float32(x).view(np.int32))
 
 
 class _ActivationBuffers:
@@ -88,6 +100,15 @@ class JitBackend(ReferenceBackend):
         self._quantize = self.library.address("quantize_q8")
         self._kernels = {q: self.library.address(f"mm_{q}") for q in quant_matmul.LAYOUTS}
         self._float_kernels = {k: self.library.address(f"mmf_{k}") for k in float_matmul.ELEM}
+        self._direct = {name: _KERNEL_FN(self.library.address(name))
+                        for name in ("rmsnorm", "rope", "swiglu", "geglu")}
+        self._attention = self.library.address("attention")
+        self._op_args = {name: np.zeros(16, np.int64) for name in
+                         ("rmsnorm", "rope", "swiglu", "geglu", "attention")}
+        self._op_args_ptr = {name: a.ctypes.data for name, a in self._op_args.items()}
+        self._positions = np.zeros(256, np.int64)
+        self._inv_freq: dict[tuple[float, int, float], np.ndarray] = {}
+        self._scratch = np.zeros(0, np.float32)
         self._acts: dict[int, _ActivationBuffers] = {}
         self._weights: dict[int, tuple[QTensor, np.ndarray, int, int]] = {}
         self._ptrs: dict[int, tuple[np.ndarray, int]] = {}
@@ -174,6 +195,109 @@ class JitBackend(ReferenceBackend):
             args[5] = self._ptr(x)
             args[6] = self._ptr(out)
         self.pool.run(kernel, args_ptr)
+        if target is not None and target is not out:
+            target[...] = out
+            return target
+        return out
+
+    def _run_small(self, name: str, work: int) -> None:
+        if work <= _DIRECT_MAX:
+            self._direct[name](self._op_args_ptr[name], 0, 1)
+        else:
+            self.pool.run(self.library.address(name), self._op_args_ptr[name])
+
+    @staticmethod
+    def _usable(*arrays: np.ndarray) -> bool:
+        return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float,
+                out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            out = np.empty_like(x)
+        if x.ndim != 2 or not self._usable(x, weight, out) or out.shape != x.shape:
+            return super().rmsnorm(x, weight, eps, out)
+        a = self._op_args["rmsnorm"]
+        a[0] = self._ptr(x)
+        a[1] = self._ptr(out)
+        a[2] = self._ptr(weight)
+        a[3], a[4] = x.shape
+        a[5] = _f32_bits(eps)
+        self._run_small("rmsnorm", x.size)
+        return out
+
+    def _glu(self, name: str, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        if out is None:
+            out = np.empty_like(gate)
+        if not self._usable(gate, up, out) or gate.shape != up.shape or out.shape != gate.shape:
+            return getattr(super(), name)(gate, up, out)
+        a = self._op_args[name]
+        a[0] = self._ptr(gate)
+        a[1] = self._ptr(up)
+        a[2] = self._ptr(out)
+        a[3] = gate.size
+        self._run_small(name, gate.size)
+        return out
+
+    def swiglu(self, gate, up, out=None):
+        return self._glu("swiglu", gate, up, out)
+
+    def geglu(self, gate, up, out=None):
+        return self._glu("geglu", gate, up, out)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, *, theta: float, neox: bool,
+             freq_scale: float = 1.0) -> np.ndarray:
+        if x.ndim != 3 or not self._usable(x) or x.shape[-1] % 2:
+            return super().rope(x, positions, theta=theta, neox=neox, freq_scale=freq_scale)
+        tokens, heads, head_dim = x.shape
+        key = (float(theta), head_dim, float(freq_scale))
+        inv_freq = self._inv_freq.get(key)
+        if inv_freq is None:
+            half = head_dim // 2
+            inv_freq = freq_scale * theta ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)
+            self._inv_freq[key] = inv_freq = np.ascontiguousarray(inv_freq)
+        if self._positions.size < tokens:
+            self._positions = np.zeros(2 * tokens, np.int64)
+        self._positions[:tokens] = positions
+        a = self._op_args["rope"]
+        a[0] = self._ptr(x)
+        a[1] = self._ptr(self._positions)
+        a[2], a[3], a[4] = tokens, heads, head_dim
+        a[5] = self._ptr(inv_freq)
+        a[6] = 1 if neox else 0
+        self._run_small("rope", x.size)
+        return x
+
+    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, *, p0: int,
+                  scale: float, window: int = 0, softcap: float = 0.0,
+                  out: np.ndarray | None = None) -> np.ndarray:
+        tokens, n_head, head_dim = q.shape
+        capacity, n_kv, _ = k_cache.shape
+        target = out
+        if out is None or not self._usable(out):
+            out = np.empty((tokens, n_head * head_dim), np.float32)
+        if (head_dim % 16 or n_head % n_kv or not self._usable(q)
+                or k_cache.dtype != np.float16 or v_cache.dtype != np.float16
+                or not k_cache.flags.c_contiguous or not v_cache.flags.c_contiguous):
+            return super().attention(q, k_cache, v_cache, p0=p0, scale=scale, window=window,
+                                     softcap=softcap, out=target)
+        n_keys = p0 + tokens
+        stride = (n_keys + 15) // 16 * 16
+        need = stride * self.n_threads
+        if self._scratch.size < need:
+            self._scratch = np.zeros(max(need, 2 * self._scratch.size), np.float32)
+        a = self._op_args["attention"]
+        a[0] = self._ptr(q)
+        a[1] = self._ptr(k_cache)
+        a[2] = self._ptr(v_cache)
+        a[3] = self._ptr(out)
+        a[4], a[5], a[6], a[7] = tokens, n_head, n_kv, head_dim
+        a[8] = p0
+        a[9] = window
+        a[10] = _f32_bits(scale)
+        a[11] = _f32_bits(softcap)
+        a[12] = self._ptr(self._scratch)
+        a[13] = stride
+        self.pool.run(self._attention, self._op_args_ptr["attention"])
         if target is not None and target is not out:
             target[...] = out
             return target

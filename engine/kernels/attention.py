@@ -1,0 +1,170 @@
+"""IR for causal multi-head attention straight over the float16 KV cache (decode and prefill).
+
+One work item = one (query token, head) pair; items are split across the pool threads.
+For each item, over the keys it may see (causal, optional sliding window, GQA kv head
+h // (n_head / n_kv)):
+  1. scores s_j = (q . k_j) * scale (16 lanes at a time, f16 widened in registers), optional
+     soft-cap, running max;
+  2. p_j = exp(s_j - max) with the vector exp, and their sum, in a per-thread scratch row;
+  3. out = sum_j p_j v_j / sum, accumulated in the (L1-resident) output row.
+The cache layout is engine/kv_cache.py's: (capacity, n_kv, head_dim) float16, row = position.
+
+Argument slots: 0 q (T, H, hd) f32, 1 k cache, 2 v cache, 3 out (T, H*hd) f32, 4 T, 5 H,
+6 n_kv, 7 hd (multiple of 16), 8 p0, 9 window (0 = none), 10 scale (f32 bits),
+11 softcap (f32 bits, 0 = none), 12 scratch (f32), 13 scratch floats per thread.
+"""
+
+from __future__ import annotations
+
+from engine.kernels.elementwise import _float_arg, _mask, _mload, _mstore, _splat_f
+from engine.kernels.ir import Fn, thread_range
+from engine.kernels.vmath import VEXP16
+
+V16F = "<16 x float>"
+V16H = "<16 x half>"
+
+
+def attention_ir() -> str:
+    f = Fn()
+    q, kc, vc, out = (f.arg("%args", i, "ptr") for i in (0, 1, 2, 3))
+    ntok, nh, nkv, hd, p0, window = (f.arg("%args", i) for i in (4, 5, 6, 7, 8, 9))
+    scale = _float_arg(f, 10)
+    softcap = _float_arg(f, 11)
+    scratch = f.arg("%args", 12, "ptr")
+    sstride = f.arg("%args", 13)
+    group = f.op(f"udiv i64 {nh}, {nkv}")
+    has_cap = f.op(f"fcmp ogt float {softcap}, 0.0")
+    items = f.op(f"mul i64 {ntok}, {nh}")
+    i0, i1 = thread_range(f, items, "%tid", "%nth")
+    tid64 = f.op("sext i32 %tid to i64")
+    sc = f.op(f"getelementptr inbounds float, ptr {scratch}, i64 {f.op(f'mul i64 {sstride}, {tid64}')}")
+    f("br label %item_h")
+    f.put_label("item_h")
+    f(f"%it = phi i64 [{i0}, %entry], [%it_next, %p3_end]")
+    f(f"%it_more = icmp ult i64 %it, {i1}")
+    f("br i1 %it_more, label %item_b, label %exit")
+    f.put_label("item_b")
+    t = f.op(f"udiv i64 %it, {nh}")
+    h = f.op(f"urem i64 %it, {nh}")
+    kvh = f.op(f"udiv i64 {h}, {group}")
+    pos = f.op(f"add i64 {p0}, {t}")
+    hi = f.op(f"add i64 {pos}, 1")
+    wlo = f.op(f"sub i64 {hi}, {window}")  # first allowed key when windowed (may be "negative")
+    use_w = f.op(f"icmp sgt i64 {wlo}, 0")
+    has_w = f.op(f"icmp ne i64 {window}, 0")
+    use_w = f.op(f"and i1 {use_w}, {has_w}")
+    lo = f.op(f"select i1 {use_w}, i64 {wlo}, i64 0")
+    nkeys = f.op(f"sub i64 {hi}, {lo}")
+    qrow = f.op(f"getelementptr inbounds float, ptr {q}, i64 {f.op(f'mul i64 %it, {hd}')}")
+    orow = f.op(f"getelementptr inbounds float, ptr {out}, i64 {f.op(f'mul i64 %it, {hd}')}")
+    kv_stride = f.op(f"mul i64 {nkv}, {hd}")
+    kv_off = f.op(f"mul i64 {kvh}, {hd}")
+    # --- pass 1: scores and max ---
+    f("br label %p1_h")
+    f.put_label("p1_h")
+    f(f"%j = phi i64 [{lo}, %item_b], [%j_next, %p1_store]")
+    f("%mx = phi float [0xFFF0000000000000, %item_b], [%mx_next, %p1_store]")
+    f(f"%j_more = icmp ult i64 %j, {hi}")
+    f("br i1 %j_more, label %p1_b, label %p2_pre")
+    f.put_label("p1_b")
+    krow_at = f.op(f"mul i64 %j, {kv_stride}")
+    krow = f.op(f"getelementptr inbounds half, ptr {kc}, i64 {f.op(f'add i64 {krow_at}, {kv_off}')}")
+    f("br label %d1_h")
+    f.put_label("d1_h")
+    f("%d = phi i64 [0, %p1_b], [%d_next, %d1_b]")
+    f(f"%acc = phi {V16F} [zeroinitializer, %p1_b], [%acc_next, %d1_b]")
+    f(f"%d_more = icmp ult i64 %d, {hd}")
+    f("br i1 %d_more, label %d1_b, label %d1_done")
+    f.put_label("d1_b")
+    kv = f.op(f"fpext {V16H} {f.load(V16H, f.op(f'getelementptr inbounds half, ptr {krow}, i64 %d'), 2)} to {V16F}")
+    qv = f.load(V16F, f.op(f"getelementptr inbounds float, ptr {qrow}, i64 %d"), 4)
+    f(f"%acc_next = call {V16F} @llvm.fma.v16f32({V16F} {kv}, {V16F} {qv}, {V16F} %acc)")
+    f("%d_next = add i64 %d, 16")
+    f("br label %d1_h")
+    f.put_label("d1_done")
+    s = f.op(f"fmul float {f.op(f'call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} %acc)')}, {scale}")
+    ratio = f.op(f"fdiv float {s}, {softcap}")
+    capped = f.op(f"fmul float {softcap}, {f.op(f'call float @llvm.tanh.f32(float {ratio})')}")
+    s = f.op(f"select i1 {has_cap}, float {capped}, float {s}")
+    slot = f.op(f"sub i64 %j, {lo}")
+    f(f"store float {s}, ptr {f.op(f'getelementptr inbounds float, ptr {sc}, i64 {slot}')}, align 4")
+    f(f"%mx_next = call float @llvm.maxnum.f32(float %mx, float {s})")
+    f("%j_next = add i64 %j, 1")
+    f("br label %p1_store")
+    f.put_label("p1_store")
+    f("br label %p1_h")
+    # --- pass 2: exp and sum ---
+    f.put_label("p2_pre")
+    mxv = _splat_f(f, "%mx")
+    f("br label %p2_h")
+    f.put_label("p2_h")
+    f("%e = phi i64 [0, %p2_pre], [%e_next, %p2_b]")
+    f(f"%sum = phi {V16F} [zeroinitializer, %p2_pre], [%sum_next, %p2_b]")
+    f(f"%e_more = icmp ult i64 %e, {nkeys}")
+    f("br i1 %e_more, label %p2_b, label %p3_pre")
+    f.put_label("p2_b")
+    m = _mask(f, "%e", nkeys)
+    sv = _mload(f, sc, "%e", m)
+    ev = f.op(f"call {V16F} @vexp16({V16F} {f.op(f'fsub {V16F} {sv}, {mxv}')})")
+    ev = f.op(f"select <16 x i1> {m}, {V16F} {ev}, {V16F} zeroinitializer")
+    _mstore(f, ev, sc, "%e", m)
+    f(f"%sum_next = fadd {V16F} %sum, {ev}")
+    f("%e_next = add i64 %e, 16")
+    f("br label %p2_h")
+    # --- pass 3: weighted sum of values ---
+    f.put_label("p3_pre")
+    tot = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} %sum)")
+    inv = f.op(f"fdiv float 1.0, {tot}")
+    f("br label %z_h")
+    f.put_label("z_h")
+    f("%z = phi i64 [0, %p3_pre], [%z_next, %z_b]")
+    f(f"%z_more = icmp ult i64 %z, {hd}")
+    f("br i1 %z_more, label %z_b, label %p3_h0")
+    f.put_label("z_b")
+    f(f"store {V16F} zeroinitializer, ptr {f.op(f'getelementptr inbounds float, ptr {orow}, i64 %z')}, align 4")
+    f("%z_next = add i64 %z, 16")
+    f("br label %z_h")
+    f.put_label("p3_h0")
+    f("br label %p3_h")
+    f.put_label("p3_h")
+    f(f"%k = phi i64 [{lo}, %p3_h0], [%k_next, %d3_done]")
+    f(f"%k_more = icmp ult i64 %k, {hi}")
+    f("br i1 %k_more, label %p3_b, label %p3_end")
+    f.put_label("p3_b")
+    p = f.load("float", f.op(f"getelementptr inbounds float, ptr {sc}, i64 {f.op(f'sub i64 %k, {lo}')}"), 4)
+    pv = _splat_f(f, f.op(f"fmul float {p}, {inv}"))
+    vrow_at = f.op(f"mul i64 %k, {kv_stride}")
+    vrow = f.op(f"getelementptr inbounds half, ptr {vc}, i64 {f.op(f'add i64 {vrow_at}, {kv_off}')}")
+    f("br label %d3_h")
+    f.put_label("d3_h")
+    f("%d3 = phi i64 [0, %p3_b], [%d3_next, %d3_b]")
+    f(f"%d3_more = icmp ult i64 %d3, {hd}")
+    f("br i1 %d3_more, label %d3_b, label %d3_done")
+    f.put_label("d3_b")
+    vv = f.op(f"fpext {V16H} {f.load(V16H, f.op(f'getelementptr inbounds half, ptr {vrow}, i64 %d3'), 2)} to {V16F}")
+    op = f.op(f"getelementptr inbounds float, ptr {orow}, i64 %d3")
+    o = f.load(V16F, op, 4)
+    f(f"store {V16F} {f.op(f'call {V16F} @llvm.fma.v16f32({V16F} {vv}, {V16F} {pv}, {V16F} {o})')}, ptr {op}, align 4")
+    f("%d3_next = add i64 %d3, 16")
+    f("br label %d3_h")
+    f.put_label("d3_done")
+    f("%k_next = add i64 %k, 1")
+    f("br label %p3_h")
+    f.put_label("p3_end")
+    f("%it_next = add i64 %it, 1")
+    f("br label %item_h")
+    f.put_label("exit")
+    f("ret void")
+    return f"define void @attention(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+
+
+def module_ir() -> str:
+    return "\n".join([
+        VEXP16,
+        f"declare {V16F} @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, {V16F})",
+        f"declare void @llvm.masked.store.v16f32.p0({V16F}, ptr, i32, <16 x i1>)",
+        f"declare float @llvm.vector.reduce.fadd.v16f32(float, {V16F})",
+        "declare float @llvm.maxnum.f32(float, float)",
+        "declare float @llvm.tanh.f32(float)",
+        attention_ir(),
+    ])

@@ -1,0 +1,213 @@
+"""IR for the small per-token ops: RMSNorm, RoPE, and the gated activations (SwiGLU, GeGLU).
+
+Each is one call instead of the 3-6 numpy passes (and temporaries) the reference needs.
+Vector loops run 16 floats at a time with masked loads/stores for the tail, so any length works.
+Work is split by (tid, n) like every pool kernel, so they can run on the pool or be called
+directly with tid=0, n=1 (what the backend does for decode-sized inputs).
+
+Argument slots:
+  rmsnorm: 0 x, 1 out, 2 weight, 3 rows, 4 d, 5 eps (float32 bits)
+  rope:    0 x (T, H, hd) in place, 1 positions (i64 [T]), 2 T, 3 H, 4 hd,
+           5 inv_freq (f64 [hd/2], freq_scale folded in), 6 neox (0/1)
+  swiglu / geglu: 0 gate, 1 up, 2 out, 3 count
+"""
+
+from __future__ import annotations
+
+from engine.kernels.ir import Fn, f32, thread_range
+from engine.kernels.vmath import VEXP16
+
+V16F = "<16 x float>"
+LANES = "<i64 0, i64 1, i64 2, i64 3, i64 4, i64 5, i64 6, i64 7, i64 8, i64 9, i64 10, i64 11, i64 12, i64 13, i64 14, i64 15>"
+
+
+def _mask(f: Fn, i: str, n: str) -> str:
+    """<16 x i1>: lane k is i + k < n."""
+    iv = f.op(f"insertelement <16 x i64> poison, i64 {i}, i32 0")
+    iv = f.op(f"shufflevector <16 x i64> {iv}, <16 x i64> poison, <16 x i32> zeroinitializer")
+    idx = f.op(f"add <16 x i64> {iv}, {LANES}")
+    nv = f.op(f"insertelement <16 x i64> poison, i64 {n}, i32 0")
+    nv = f.op(f"shufflevector <16 x i64> {nv}, <16 x i64> poison, <16 x i32> zeroinitializer")
+    return f.op(f"icmp ult <16 x i64> {idx}, {nv}", "m")
+
+
+def _mload(f: Fn, base: str, i: str, m: str) -> str:
+    p = f.op(f"getelementptr inbounds float, ptr {base}, i64 {i}")
+    return f.op(f"call {V16F} @llvm.masked.load.v16f32.p0(ptr {p}, i32 4, <16 x i1> {m}, {V16F} zeroinitializer)")
+
+
+def _mstore(f: Fn, v: str, base: str, i: str, m: str) -> None:
+    p = f.op(f"getelementptr inbounds float, ptr {base}, i64 {i}")
+    f(f"call void @llvm.masked.store.v16f32.p0({V16F} {v}, ptr {p}, i32 4, <16 x i1> {m})")
+
+
+def _splat_f(f: Fn, s: str) -> str:
+    v = f.op(f"insertelement {V16F} poison, float {s}, i32 0")
+    return f.op(f"shufflevector {V16F} {v}, {V16F} poison, <16 x i32> zeroinitializer")
+
+
+def _float_arg(f: Fn, slot: int) -> str:
+    raw = f.arg("%args", slot)
+    return f.op(f"bitcast i32 {f.op(f'trunc i64 {raw} to i32')} to float")
+
+
+def rmsnorm_ir() -> str:
+    f = Fn()
+    x, out, w = (f.arg("%args", i, "ptr") for i in (0, 1, 2))
+    rows = f.arg("%args", 3)
+    d = f.arg("%args", 4)
+    eps = _float_arg(f, 5)
+    r0, r1 = thread_range(f, rows, "%tid", "%nth")
+    df = f.op(f"uitofp i64 {d} to float")
+    f("br label %rh")
+    f.put_label("rh")
+    f(f"%r = phi i64 [{r0}, %entry], [%r_next, %nb_end]")
+    f(f"%rmore = icmp ult i64 %r, {r1}")
+    f("br i1 %rmore, label %rb, label %exit")
+    f.put_label("rb")
+    base = f.op(f"mul i64 %r, {d}")
+    xr = f.op(f"getelementptr inbounds float, ptr {x}, i64 {base}")
+    orow = f.op(f"getelementptr inbounds float, ptr {out}, i64 {base}")
+    f("br label %sh")
+    f.put_label("sh")
+    f("%i = phi i64 [0, %rb], [%i_next, %sb]")
+    f(f"%ss = phi {V16F} [zeroinitializer, %rb], [%ss_next, %sb]")
+    f(f"%smore = icmp ult i64 %i, {d}")
+    f("br i1 %smore, label %sb, label %sdone")
+    f.put_label("sb")
+    m = _mask(f, "%i", d)
+    xv = _mload(f, xr, "%i", m)
+    f(f"%ss_next = call {V16F} @llvm.fma.v16f32({V16F} {xv}, {V16F} {xv}, {V16F} %ss)")
+    f("%i_next = add i64 %i, 16")
+    f("br label %sh")
+    f.put_label("sdone")
+    tot = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} %ss)")
+    mean = f.op(f"fdiv float {tot}, {df}")
+    root = f.op(f"call float @llvm.sqrt.f32(float {f.op(f'fadd float {mean}, {eps}')})")
+    inv = f.op(f"fdiv float 1.0, {root}")
+    invv = _splat_f(f, inv)
+    f("br label %nh")
+    f.put_label("nh")
+    f("%j = phi i64 [0, %sdone], [%j_next, %nb]")
+    f(f"%jmore = icmp ult i64 %j, {d}")
+    f("br i1 %jmore, label %nb, label %nb_end")
+    f.put_label("nb")
+    m2 = _mask(f, "%j", d)
+    xv2 = _mload(f, xr, "%j", m2)
+    wv = _mload(f, w, "%j", m2)
+    y = f.op(f"fmul {V16F} {f.op(f'fmul {V16F} {xv2}, {invv}')}, {wv}")
+    _mstore(f, y, orow, "%j", m2)
+    f("%j_next = add i64 %j, 16")
+    f("br label %nh")
+    f.put_label("nb_end")
+    f("%r_next = add i64 %r, 1")
+    f("br label %rh")
+    f.put_label("exit")
+    f("ret void")
+    return f"define void @rmsnorm(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+
+
+def glu_ir(kind: str) -> str:
+    """out = act(gate) * up; act = silu (swiglu) or gelu_tanh (geglu)."""
+    f = Fn()
+    gate, up, out = (f.arg("%args", i, "ptr") for i in (0, 1, 2))
+    count = f.arg("%args", 3)
+    c0, c1 = thread_range(f, count, "%tid", "%nth", 16)
+    f("br label %h")
+    f.put_label("h")
+    f(f"%i = phi i64 [{c0}, %entry], [%i_next, %b]")
+    f(f"%more = icmp ult i64 %i, {c1}")
+    f("br i1 %more, label %b, label %exit")
+    f.put_label("b")
+    m = _mask(f, "%i", c1)
+    g = _mload(f, gate, "%i", m)
+    u = _mload(f, up, "%i", m)
+    if kind == "swiglu":
+        e = f.op(f"call {V16F} @vexp16({V16F} {f.op(f'fneg {V16F} {g}')})")
+        den = f.op(f"fadd {V16F} {e}, splat (float 1.0)")
+        act = f.op(f"fdiv {V16F} {g}, {den}")
+    else:
+        g3 = f.op(f"fmul {V16F} {f.op(f'fmul {V16F} {g}, {g}')}, {g}")
+        inner = f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {g3}, {V16F} splat (float {f32(0.044715)}), {V16F} {g})")
+        y2 = f.op(f"fmul {V16F} {inner}, splat (float {f32(2.0 * 0.7978845608028654)})")
+        e = f.op(f"call {V16F} @vexp16({V16F} {y2})")
+        # tanh(y) = 1 - 2 / (exp(2y) + 1); exact limits at +-inf
+        e1 = f.op(f"fadd {V16F} {e}, splat (float 1.0)")
+        th = f.op(f"fsub {V16F} splat (float 1.0), {f.op(f'fdiv {V16F} splat (float 2.0), {e1}')}")
+        half_g = f.op(f"fmul {V16F} {g}, splat (float 0.5)")
+        act = f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {half_g}, {V16F} {th}, {V16F} {half_g})")
+    _mstore(f, f.op(f"fmul {V16F} {act}, {u}"), out, "%i", m)
+    f("%i_next = add i64 %i, 16")
+    f("br label %h")
+    f.put_label("exit")
+    f("ret void")
+    return f"define void @{kind}(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+
+
+def rope_ir() -> str:
+    f = Fn()
+    x = f.arg("%args", 0, "ptr")
+    pos = f.arg("%args", 1, "ptr")
+    ntok = f.arg("%args", 2)
+    heads = f.arg("%args", 3)
+    hd = f.arg("%args", 4)
+    invf = f.arg("%args", 5, "ptr")
+    neox = f.op(f"icmp ne i64 {f.arg('%args', 6)}, 0")
+    half = f.op(f"lshr i64 {hd}, 1")
+    t0, t1 = thread_range(f, ntok, "%tid", "%nth")
+    f("br label %th")
+    f.put_label("th")
+    f(f"%t = phi i64 [{t0}, %entry], [%t_next, %ih]")
+    f(f"%tmore = icmp ult i64 %t, {t1}")
+    f("br i1 %tmore, label %tb, label %exit")
+    f.put_label("tb")
+    p = f.load("i64", f.op(f"getelementptr inbounds i64, ptr {pos}, i64 %t"), 8)
+    pf = f.op(f"sitofp i64 {p} to double")
+    trow = f.op(f"mul i64 %t, {f.op(f'mul i64 {heads}, {hd}')}")
+    f("%t_next = add i64 %t, 1")
+    f("br label %ih")
+    f.put_label("ih")
+    f("%i = phi i64 [0, %tb], [%i_next, %hh]")
+    f(f"%imore = icmp ult i64 %i, {half}")
+    f("br i1 %imore, label %ib, label %th")
+    f.put_label("ib")
+    fr = f.load("double", f.op(f"getelementptr inbounds double, ptr {invf}, i64 %i"), 8)
+    ang = f.op(f"fmul double {pf}, {fr}")
+    c = f.op(f"fptrunc double {f.op(f'call double @llvm.cos.f64(double {ang})')} to float")
+    s = f.op(f"fptrunc double {f.op(f'call double @llvm.sin.f64(double {ang})')} to float")
+    ia = f.op(f"select i1 {neox}, i64 %i, i64 {f.op('shl i64 %i, 1')}")
+    ib = f.op(f"select i1 {neox}, i64 {f.op(f'add i64 %i, {half}')}, i64 {f.op(f'add i64 {ia}, 1')}")
+    f("%i_next = add i64 %i, 1")
+    f("br label %hh")
+    f.put_label("hh")
+    f("%h = phi i64 [0, %ib], [%h_next, %hb]")
+    f(f"%hmore = icmp ult i64 %h, {heads}")
+    f("br i1 %hmore, label %hb, label %ih")
+    f.put_label("hb")
+    base = f.op(f"add i64 {trow}, {f.op(f'mul i64 %h, {hd}')}")
+    pa = f.op(f"getelementptr inbounds float, ptr {x}, i64 {f.op(f'add i64 {base}, {ia}')}")
+    pb = f.op(f"getelementptr inbounds float, ptr {x}, i64 {f.op(f'add i64 {base}, {ib}')}")
+    a = f.load("float", pa, 4)
+    b = f.load("float", pb, 4)
+    na = f.op(f"fsub float {f.op(f'fmul float {a}, {c}')}, {f.op(f'fmul float {b}, {s}')}")
+    nb = f.op(f"fadd float {f.op(f'fmul float {a}, {s}')}, {f.op(f'fmul float {b}, {c}')}")
+    f(f"store float {na}, ptr {pa}, align 4")
+    f(f"store float {nb}, ptr {pb}, align 4")
+    f("%h_next = add i64 %h, 1")
+    f("br label %hh")
+    f.put_label("exit")
+    f("ret void")
+    return f"define void @rope(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+
+
+def module_ir() -> str:
+    return "\n".join([
+        VEXP16,
+        f"declare {V16F} @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, {V16F})",
+        f"declare void @llvm.masked.store.v16f32.p0({V16F}, ptr, i32, <16 x i1>)",
+        f"declare float @llvm.vector.reduce.fadd.v16f32(float, {V16F})",
+        "declare float @llvm.sqrt.f32(float)",
+        "declare double @llvm.cos.f64(double)",
+        "declare double @llvm.sin.f64(double)",
+        rmsnorm_ir(), glu_ir("swiglu"), glu_ir("geglu"), rope_ir(),
+    ])

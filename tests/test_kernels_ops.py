@@ -1,0 +1,82 @@
+"""JIT RMSNorm, RoPE, SwiGLU/GeGLU and attention against the numpy reference backend, over
+random shapes: lengths that are not a multiple of the 16-lane vectors, GQA groups, sliding
+windows shorter and longer than the context, soft-capping, prefill chunks after a prefix."""
+
+import numpy as np
+import pytest
+
+from engine.kernels.jit_backend import JitBackend
+from engine.kernels.reference import ReferenceBackend
+
+REF = ReferenceBackend()
+
+
+@pytest.fixture(scope="module")
+def jit():
+    b = JitBackend(n_threads=2)
+    yield b
+    b.close()
+
+
+@pytest.mark.parametrize("rows,d", [(1, 640), (3, 33), (17, 16), (2, 7), (300, 256)])
+def test_rmsnorm(jit, rows, d):
+    rng = np.random.default_rng(d)
+    x = (rng.standard_normal((rows, d)) * 3).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    expected = REF.rmsnorm(x, w, 1e-6)
+    np.testing.assert_allclose(jit.rmsnorm(x, w, 1e-6), expected, rtol=2e-5, atol=2e-5)
+    inplace = x.copy()
+    jit.rmsnorm(inplace, w, 1e-6, out=inplace)
+    np.testing.assert_allclose(inplace, expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+@pytest.mark.parametrize("shape", [(1, 2048), (3, 37), (5, 1), (70, 1000)])
+def test_gated_activations(jit, op, shape):
+    rng = np.random.default_rng(shape[1])
+    gate = (rng.standard_normal(shape) * 4).astype(np.float32)
+    gate.flat[:3] = [-100.0, 100.0, 0.0]  # exp range limits
+    up = rng.standard_normal(shape).astype(np.float32)
+    with np.errstate(over="ignore"):  # the reference overflows exp(100) to inf, correctly
+        expected = getattr(REF, op)(gate, up)
+    got = getattr(jit, op)(gate, up)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    getattr(jit, op)(gate, up, out=gate)  # aliasing the gate, as the model does
+    np.testing.assert_allclose(gate, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("tokens,heads,hd,p0", [(1, 4, 256, 5000), (7, 3, 64, 0), (2, 1, 6, 31)])
+def test_rope(jit, neox, tokens, heads, hd, p0):
+    rng = np.random.default_rng(hd)
+    x = rng.standard_normal((tokens, heads, hd)).astype(np.float32)
+    pos = np.arange(p0, p0 + tokens, dtype=np.int32)
+    expected = REF.rope(x.copy(), pos, theta=10000.0, neox=neox, freq_scale=0.5)
+    got = jit.rope(x.copy(), pos, theta=10000.0, neox=neox, freq_scale=0.5)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tokens,p0,n_head,n_kv,hd,window,softcap",
+    [
+        (1, 0, 4, 1, 256, 0, 0.0),  # first decode step
+        (1, 700, 4, 1, 256, 512, 0.0),  # decode past the sliding window
+        (9, 0, 9, 3, 64, 0, 0.0),  # prefill, GQA 3
+        (5, 20, 2, 2, 32, 4, 0.0),  # prefill chunk after a prefix, tiny window
+        (3, 40, 4, 2, 16, 0, 50.0),  # soft-capped scores
+        (33, 3, 4, 4, 48, 600, 0.0),  # window longer than the context
+    ],
+)
+def test_attention(jit, tokens, p0, n_head, n_kv, hd, window, softcap):
+    rng = np.random.default_rng(tokens * 7 + p0)
+    capacity = p0 + tokens + 3
+    k = (rng.standard_normal((capacity, n_kv, hd)) * 2).astype(np.float16)
+    v = rng.standard_normal((capacity, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((tokens, n_head, hd)).astype(np.float32)
+    kw = dict(p0=p0, scale=hd ** -0.5, window=window, softcap=softcap)
+    expected = REF.attention(q, k, v, **kw)
+    got = jit.attention(q, k, v, **kw)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    out = np.full((tokens, n_head * hd), np.nan, np.float32)
+    jit.attention(q, k, v, out=out, **kw)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
