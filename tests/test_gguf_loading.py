@@ -125,3 +125,39 @@ def test_tiny_model_layout(tiny_model_factory):
     assert qwen2.tensors["blk.1.attn_v.bias"].shape == (32,)
     assert "output.weight" in qwen2.tensors
     assert qwen2.metadata["tokenizer.ggml.pre"] == "smollm"
+
+
+# --- the tiny-model writer itself ------------------------------------------------------------------
+def test_tiny_model_copies_the_real_tokenizer(tiny_model_factory, smollm2_path):
+    real = open_gguf(smollm2_path)
+    tiny = open_gguf(tiny_model_factory("qwen3", Q.F32))
+    real_tok = {k: v for k, v in real.metadata.items() if k.startswith("tokenizer.")}
+    tiny_tok = {k: v for k, v in tiny.metadata.items() if k.startswith("tokenizer.")}
+    assert tiny_tok == real_tok
+    assert all(tiny.metadata_types[k] == real.metadata_types[k] for k in real_tok)
+    assert tiny.tensors["token_embd.weight"].shape == (49152, 64)
+
+
+@pytest.mark.slow
+def test_tiny_gemma3_with_gemma_tokenizer(tmp_path, gemma3_path):
+    from tests.tiny_models import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "g.gguf", "gemma3", Q.Q8_0, tokenizer="gemma3")
+    g = open_gguf(path)
+    assert g.metadata["tokenizer.ggml.model"] == "llama"
+    assert len(g.metadata["tokenizer.ggml.scores"]) == 262144
+    assert g.tensors["token_embd.weight"].shape == (262144, 64)
+
+
+@pytest.mark.parametrize("qtype", ALL_QTYPES, ids=lambda t: t.name)
+def test_tiny_weights_have_the_requested_spread(tiny_model_factory, qtype):
+    from engine.quants import dequantize
+
+    dims = K_DIMS if qtype in K_QUANTS else {}
+    g = open_gguf(tiny_model_factory("llama", qtype, tokenizer=None, **dims))
+    w = dequantize(g.tensors["blk.1.ffn_up.weight"])
+    assert np.isfinite(w).all()
+    assert 0.04 < w.std() < 0.06  # weight_scale=0.05
+    assert abs(w.mean()) < 0.01
+    assert g.tensors["blk.1.ffn_up.weight"].qtype == qtype
+    assert g.tensors["blk.1.ffn_norm.weight"].qtype == Q.F32
