@@ -305,10 +305,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = model_command("score", "teacher-forced top-K next-token log-probabilities over TEXT", loads_model=True)
     p.add_argument("text")
     p.add_argument("--top", type=int, required=True, help="alternatives per position")
+
+    p = model_command("bench", "prefill/decode tok/s like llama-bench, memory, JIT start-up times")
+    from engine.bench import add_arguments as add_bench_arguments
+
+    add_bench_arguments(p)
     return parser
 
 
-COMMANDS = {"info": cmd_info, "tokenize": cmd_tokenize, "generate": cmd_generate, "score": cmd_score}
+def cmd_bench(args) -> int:
+    from engine.bench import cmd_bench as run_bench_command
+
+    return run_bench_command(args, resolve_model_path(args.model))
+
+
+COMMANDS = {"info": cmd_info, "tokenize": cmd_tokenize, "generate": cmd_generate, "score": cmd_score,
+            "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     except (EngineError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # e.g. `python -m engine info MODEL | head`: the reader left early
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

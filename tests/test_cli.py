@@ -101,3 +101,72 @@ def test_module_entry_point_runs():
                  "--presence-penalty", "--frequency-penalty", "--seed", "--max-tokens", "--stop", "--system",
                  "--chat", "--json"):
         assert flag in result.stdout
+
+
+def _generate_json(capsys, tiny, *flags):
+    code, out, err = run_cli(capsys, "generate", tiny, "Once upon a time", "--json", *flags)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_generate_json_record_has_ids_text_reason_usage_and_preset(capsys, tiny):
+    record = _generate_json(capsys, tiny, "--max-tokens", 6, "--temperature", 0)
+    assert set(record) >= {"ids", "text", "finish_reason", "usage", "preset"}
+    assert record["finish_reason"] in ("length", "stop") and len(record["ids"]) <= 6
+    usage = record["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["ttft_ms"] >= usage["prefill_ms"]
+    preset = record["preset"]
+    assert preset["sources"]["max_new_tokens"] == "override" and preset["values"]["max_new_tokens"] == 6
+    assert preset["values"]["do_sample"] is False and preset["sources"]["do_sample"] == "override"
+    assert preset["sources"]["top_p"] == "default"
+
+
+def test_streamed_text_equals_the_json_text(capsys, tiny):
+    record = _generate_json(capsys, tiny, "--max-tokens", 8, "--greedy")
+    code, out, _ = run_cli(capsys, "generate", tiny, "Once upon a time", "--max-tokens", 8, "--greedy")
+    assert code == 0 and out == record["text"] + "\n"
+
+
+def test_seeded_sampling_from_the_cli_repeats(capsys, tiny):
+    flags = ("--max-tokens", 6, "--temperature", 0.9, "--top-k", 20, "--top-p", 0.9, "--min-p", 0.01,
+             "--repeat-penalty", 1.1, "--repeat-last-n", 16, "--presence-penalty", 0.2,
+             "--frequency-penalty", 0.1, "--seed", 5)
+    a, b = _generate_json(capsys, tiny, *flags), _generate_json(capsys, tiny, *flags)
+    assert a["ids"] == b["ids"]
+    values, sources = a["preset"]["values"], a["preset"]["sources"]
+    assert values["do_sample"] is True and values["seed"] == 5 and a["preset"]["seed_used"] == 5
+    for field in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "repeat_last_n",
+                  "presence_penalty", "frequency_penalty", "seed", "max_new_tokens"):
+        assert sources[field] == "override", field
+
+
+def test_stop_flag_cuts_before_the_stop_string(capsys, tiny):
+    text = _generate_json(capsys, tiny, "--max-tokens", 12, "--greedy")["text"]
+    assert len(text) >= 4
+    stop = text[2:4]
+    cut = _generate_json(capsys, tiny, "--max-tokens", 12, "--greedy", "--stop", stop, "--stop", "\x00never")
+    assert cut["finish_reason"] == "stop_sequence"
+    assert cut["text"] == text[: text.find(stop)]
+
+
+def test_chat_with_system_prompt_uses_the_template(capsys, tiny):
+    plain = _generate_json(capsys, tiny, "--max-tokens", 2)
+    chat = _generate_json(capsys, tiny, "--max-tokens", 2, "--chat", "--system", "Be brief.")
+    assert chat["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 5
+
+
+def test_system_without_chat_is_rejected(capsys, tiny):
+    code, _, err = run_cli(capsys, "generate", tiny, "Hi", "--system", "x")
+    assert code == 2 and "--chat" in err
+
+
+def test_info_json_reports_model_tokenizer_template_and_preset_sources(capsys, tiny):
+    code, out, _ = run_cli(capsys, "info", tiny, "--json")
+    info = json.loads(out)
+    assert code == 0
+    assert info["architecture"] == "llama" and info["layers"] >= 1 and info["parameters"] > 0
+    assert info["tokenizer"]["eog_ids"] and 2 in info["tokenizer"]["eog_ids"]  # <|im_end|>
+    assert info["quant_mix"]["F32"]["tensors"] > 0
+    assert info["chat_template"]["name"]
+    assert set(info["preset"]["sources"].values()) == {"default"}
+    assert set(info["preset"]["values"]) >= {"temperature", "top_k", "top_p", "min_p", "seed", "stop"}

@@ -433,3 +433,61 @@ def test_prefix_cache_full_hit_needs_no_prompt_forward_and_gives_the_same_output
     assert first.usage.cached_tokens == 0 and second.usage.cached_tokens == N_PROMPT
     assert second.text == first.text and second.token_ids == first.token_ids
     assert len(lm.model.calls) - calls_first == calls_first - 1  # the prefill forward was skipped
+
+
+# --- the real SmolLM2 (ChatML): end-of-turn stopping ---------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    from engine.loader import load_model
+
+    return load_model(smollm2_path, n_ctx=256)
+
+
+@pytest.fixture
+def real_detokenizer(monkeypatch):
+    """Undo the module's autouse fake: real models stream through engine.detokenizer."""
+    import engine.generate
+    from engine.detokenizer import StreamingDetokenizer
+
+    monkeypatch.setattr(engine.generate, "new_detokenizer", StreamingDetokenizer)
+
+
+def _chat_prefix(lm):
+    # The answer is forced up to its last word, so the model's next choices (" Paris", ".", then
+    # end of turn) have wide margins whatever kernel precision is in use.
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    return lm.chat_template.render(messages, add_generation_prompt=True) + "The capital of France is"
+
+
+@pytest.mark.slow
+def test_smollm2_chat_answer_stops_at_end_of_turn(smollm2, real_detokenizer):
+    prompt = _chat_prefix(smollm2)
+    assert "<|im_start|>assistant\n" in prompt
+    events = list(generate(smollm2, GenerationRequest(prompt=prompt, overrides={"max_new_tokens": 8}, top_logprobs=2)))
+    done = finished(events)
+    im_end = smollm2.tokenizer.token_id("<|im_end|>")
+    assert im_end in smollm2.tokenizer.eog_ids
+    assert done.finish_reason == "stop"
+    assert done.text == text_of(events) == " Paris."
+    assert im_end not in done.token_ids and "<|im_end|>" not in done.text
+    assert done.usage.completion_tokens == len(done.token_ids) + 1  # + the end-of-turn token
+    assert done.usage.prompt_tokens == len(smollm2.tokenizer.encode(prompt))
+    sampled = [e for e in events if isinstance(e, TokenSampled)]
+    assert [e.token_id for e in sampled] == list(done.token_ids)
+    assert all(e.top[0].token_id == e.token_id for e in sampled)  # greedy = the top alternative
+
+
+@pytest.mark.slow
+def test_smollm2_stop_string_and_prefix_reuse(smollm2, real_detokenizer):
+    from engine.prefix_cache import PrefixCache
+
+    prompt = _chat_prefix(smollm2)
+    reuse = PrefixCache()
+    first = finished(list(generate(smollm2, GenerationRequest(prompt=prompt, prefix_cache=reuse,
+                                                              overrides={"max_new_tokens": 8, "stop": ["."]}))))
+    assert (first.finish_reason, first.text) == ("stop_sequence", " Paris")
+    assert first.usage.cached_tokens == 0
+    second = finished(list(generate(smollm2, GenerationRequest(prompt=prompt, prefix_cache=reuse,
+                                                               overrides={"max_new_tokens": 8}))))
+    assert second.usage.cached_tokens == second.usage.prompt_tokens
+    assert (second.finish_reason, second.text) == ("stop", " Paris.")
