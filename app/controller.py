@@ -12,12 +12,18 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+import time
+
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from app.engine_bridge import ChatRequest, EngineBridge, ModelInfo, PresetView
-from app.worker import EngineWorker, RequestFailed
+from app.worker import EngineWorker, EventBatch
 from engine.cancel import CancelToken
-from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Usage
+from engine.events import Finished
+
+# At most ~100 drains a second: far above a real model's token rate (so no visible delay), and
+# far below what would starve timers, painting and input.
+MIN_DRAIN_INTERVAL_S = 0.010
 
 
 class EngineController(QObject):
@@ -27,7 +33,7 @@ class EngineController(QObject):
 
     replyReasoning = Signal(str)
     replyText = Signal(str)
-    replyTokens = Signal(list)
+    replyTokens = Signal(object)  # list[TokenSampled]; object, not list: no per-item conversion
     replyUsage = Signal(object)
     replyFinished = Signal(object)  # engine Finished
     replyErrored = Signal(str)
@@ -54,7 +60,11 @@ class EngineController(QObject):
         w.loadProgress.connect(self.loadProgress)
         w.modelLoaded.connect(self._on_loaded)
         w.loadFailed.connect(self._on_load_failed)
-        w.eventsReady.connect(self._drain)  # queued: the worker lives on another thread
+        w.eventsReady.connect(self._on_events_ready)  # queued: the worker lives on another thread
+        self._drain_timer = QTimer(self)
+        self._drain_timer.setSingleShot(True)
+        self._drain_timer.timeout.connect(self._drain)
+        self._last_drain = 0.0
         self._thread.start()
 
     # --- state ----------------------------------------------------------------------------------
@@ -94,29 +104,35 @@ class EngineController(QObject):
 
     # --- worker callbacks (GUI thread) ----------------------------------------------------------
     @Slot()
+    def _on_events_ready(self) -> None:
+        """Drain now if the last drain was long enough ago, else once the interval has passed.
+
+        Without the pause a worker that produces faster than the GUI drains would keep a posted
+        event always pending, and Qt would serve those before timers and input (measured: the
+        heartbeat starved for seconds). The worker does not post again until we drain."""
+        wait_ms = (self._last_drain + MIN_DRAIN_INTERVAL_S - time.monotonic()) * 1000
+        if wait_ms <= 0:
+            self._drain()
+        elif not self._drain_timer.isActive():
+            self._drain_timer.start(max(1, int(wait_ms)))
+
+    @Slot()
     def _drain(self) -> None:
         """Everything the worker produced since the last drain, merged into one emit per kind."""
-        text, reasoning, tokens, usage = [], [], [], None
-        for request_id, event in self._worker.channel.drain():
+        self._last_drain = time.monotonic()
+        for item in self._worker.channel.drain():
+            if isinstance(item, EventBatch):
+                if item.request_id == self._active:  # else: a superseded request's tail
+                    self._emit_batch(item.text, item.reasoning, item.tokens, item.usage)
+                continue
+            request_id, event = item
             if request_id != self._active:
-                continue  # a superseded request's tail
-            if isinstance(event, TextDelta):
-                text.append(event.text)
-            elif isinstance(event, ReasoningDelta):
-                reasoning.append(event.text)
-            elif isinstance(event, TokenSampled):
-                tokens.append(event)
-            elif isinstance(event, Usage):
-                usage = event
-            elif isinstance(event, (Finished, RequestFailed)):
-                self._emit_batch(text, reasoning, tokens, usage)
-                text, reasoning, tokens, usage = [], [], [], None
-                self._active, self._cancel = None, None
-                if isinstance(event, Finished):
-                    self.replyFinished.emit(event)
-                else:
-                    self.replyErrored.emit(event.message)
-        self._emit_batch(text, reasoning, tokens, usage)
+                continue
+            self._active, self._cancel = None, None
+            if isinstance(event, Finished):
+                self.replyFinished.emit(event)
+            else:
+                self.replyErrored.emit(event.message)
 
     def _emit_batch(self, text, reasoning, tokens, usage) -> None:
         if tokens:

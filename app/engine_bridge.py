@@ -59,12 +59,32 @@ class EngineBridge(Protocol):
 
 
 class RealEngine:
-    """The engine packages, imported lazily so the window opens before numpy/llvmlite load."""
+    """The engine packages, imported lazily so the window opens before numpy/llvmlite load.
+
+    One prefix cache per loaded model: a chat resends the whole conversation every turn, and the
+    cache makes a follow-up turn prefill only its new tokens (shown as "cached tokens")."""
+
+    PREFIX_CACHE_BYTES = 256 * 2**20
+
+    def __init__(self) -> None:
+        self._prefix_cache = None
 
     def load(self, path, *, n_ctx, n_threads, progress):
         from engine.loader import load_model
+        from engine.prefix_cache import PrefixCache
 
-        return load_model(path, n_ctx=n_ctx or None, n_threads=n_threads or None, progress=progress)
+        from engine.errors import ConfigValidationError
+
+        try:
+            lm = load_model(path, n_ctx=n_ctx or None, n_threads=n_threads or None, progress=progress)
+        except ConfigValidationError as exc:
+            if exc.field != "n_ctx":
+                raise
+            # The settings' context size is a wish shared by every model; a model trained on a
+            # shorter context gets the engine's default window for it instead of a refusal.
+            lm = load_model(path, n_ctx=None, n_threads=n_threads or None, progress=progress)
+        self._prefix_cache = PrefixCache(self.PREFIX_CACHE_BYTES)  # entries of the old model go
+        return lm
 
     def describe(self, lm) -> ModelInfo:
         template = lm.chat_template
@@ -95,5 +115,6 @@ class RealEngine:
             json_mode=request.json_mode,
             json_schema=request.json_schema,
             top_logprobs=request.top_logprobs,
+            prefix_cache=self._prefix_cache,
         )
         return generate(lm, engine_request, cancel)

@@ -29,7 +29,7 @@ class ChatSession(QObject):
     messageAdded = Signal(object)  # StoredMessage (user message or an empty streaming reply)
     replyText = Signal(str)
     replyReasoning = Signal(str)
-    replyTokens = Signal(list)
+    replyTokens = Signal(object)  # list[TokenSampled]; object, not list: no per-item conversion
     liveUsage = Signal(dict)  # while streaming; keys as engine.events.Usage plus "finish_reason"
     replyFinished = Signal(object)  # StoredMessage as stored
     replyFailed = Signal(str, object)  # message for a dialog, StoredMessage as stored

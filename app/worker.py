@@ -6,8 +6,8 @@ Requests arrive as queued signal calls from app/controller.py. Cancel does NOT g
 CancelToken directly and the engine polls it between tokens.
 
 Generation events cross threads through an EventChannel instead of one queued signal per event:
-the worker appends to a locked list and emits `eventsReady` only when the list goes from empty to
-non-empty. A model (or a fake) producing tens of thousands of tokens a second therefore posts at
+the worker merges them into the pending batch under a lock and emits `eventsReady` only when the
+channel goes from empty to non-empty. A model (or a fake) producing tens of thousands of tokens a second therefore posts at
 most one queued call per GUI drain, so it cannot flood the event loop, and no event ever waits for
 a timer: the first token reaches the GUI as soon as the GUI is free.
 """
@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from app.engine_bridge import ChatRequest, EngineBridge
 from engine.cancel import CancelToken
-from engine.events import Finished
+from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Usage
 
 
 class RequestFailed:
@@ -33,20 +33,53 @@ class RequestFailed:
         self.message = message
 
 
+class EventBatch:
+    """Consecutive stream events of one request, merged on the worker thread so the GUI thread
+    does O(1) work per drain instead of O(events)."""
+
+    __slots__ = ("request_id", "text", "reasoning", "tokens", "usage")
+
+    def __init__(self, request_id: int):
+        self.request_id = request_id
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.tokens: list[TokenSampled] = []
+        self.usage: Usage | None = None
+
+    def add(self, event) -> bool:
+        """False for events that are not stream events (Finished, failures)."""
+        if isinstance(event, TextDelta):
+            self.text.append(event.text)
+        elif isinstance(event, TokenSampled):
+            self.tokens.append(event)
+        elif isinstance(event, ReasoningDelta):
+            self.reasoning.append(event.text)
+        elif isinstance(event, Usage):
+            self.usage = event
+        else:
+            return False
+        return True
+
+
 class EventChannel:
-    """Thread-safe hand-off of (request_id, event) pairs from the worker to the GUI thread."""
+    """Thread-safe hand-off from the worker to the GUI thread: a list of EventBatch and terminal
+    items (Finished / RequestFailed), each tagged with its request id."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._items: list[tuple[int, object]] = []
+        self._items: list = []  # EventBatch | (request_id, Finished | RequestFailed)
 
     def put(self, request_id: int, event) -> bool:
         """Returns True when the channel was empty, i.e. the GUI needs a wake-up."""
         with self._lock:
-            self._items.append((request_id, event))
-            return len(self._items) == 1
+            was_empty = not self._items
+            last = self._items[-1] if self._items else None
+            if not (isinstance(last, EventBatch) and last.request_id == request_id and last.add(event)):
+                batch = EventBatch(request_id)
+                self._items.append(batch if batch.add(event) else (request_id, event))
+            return was_empty
 
-    def drain(self) -> list[tuple[int, object]]:
+    def drain(self) -> list:
         with self._lock:
             items, self._items = self._items, []
         return items

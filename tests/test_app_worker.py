@@ -125,3 +125,20 @@ def test_worker_never_runs_on_gui_thread(qtbot, make_controller):
     c = make_controller(SpyEngine())
     load(qtbot, c)
     assert seen == {"load": False}
+
+
+def test_a_flood_of_tokens_crosses_threads_in_few_batches(qtbot, make_controller):
+    """Structural, not timed: 5000 tokens emitted with no delay reach the GUI in far fewer
+    wake-ups than tokens, complete and in order (app.stall_probe measures the stall itself)."""
+    words = " ".join(f"w{i}" for i in range(5000))
+    c = make_controller(FakeEngine(replies=[words]))
+    load(qtbot, c)
+    wakeups, texts, indices = [], [], []
+    c._worker.eventsReady.connect(lambda: wakeups.append(1))
+    c.replyText.connect(texts.append)
+    c.replyTokens.connect(lambda ts: indices.extend(t.index for t in ts))
+    with qtbot.waitSignal(c.replyFinished, timeout=20000):
+        c.generate(ChatRequest(messages=({"role": "user", "content": "flood"},)))
+    assert "".join(texts) == words
+    assert indices == list(range(5000))
+    assert len(wakeups) < 500 and len(texts) < 500

@@ -3,11 +3,16 @@ so the number of re-renders per second is bounded by the tick rate, not by the m
 
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.store import StoredMessage
 from app.views.message_widget import MessageWidget
+
+
+RENDER_BACKOFF = 3.0
 
 
 class ChatView(QScrollArea):
@@ -37,6 +42,7 @@ class ChatView(QScrollArea):
         self._pending_text: list[str] = []
         self._pending_reasoning: list[str] = []
         self.frames_drawn = 0  # repaint ticks that changed the streaming message (for tests)
+        self._next_render_at = 0.0
 
     # --- whole conversation ---------------------------------------------------------------------
     def show_messages(self, messages: list[StoredMessage]) -> None:
@@ -75,19 +81,28 @@ class ChatView(QScrollArea):
     def queue_reasoning(self, text: str) -> None:
         self._pending_reasoning.append(text)
 
-    def flush_stream(self) -> None:
-        """Draw what arrived since the last tick (one markdown re-render at most)."""
+    def flush_stream(self, force: bool = False) -> None:
+        """Draw what arrived since the last tick (one markdown re-render at most).
+
+        A re-render of a long markdown reply can take tens of milliseconds; after one that took
+        `cost`, the next waits at least RENDER_BACKOFF * cost, so rendering never takes more than
+        about a third of the GUI thread however long the reply grows."""
         if self._streaming is None or not (self._pending_text or self._pending_reasoning):
+            return
+        started = time.perf_counter()
+        if not force and started < self._next_render_at:
             return
         at_bottom = self._at_bottom()
         self._streaming.append_stream("".join(self._pending_text), "".join(self._pending_reasoning))
         self._pending_text, self._pending_reasoning = [], []
         self.frames_drawn += 1
+        if self._streaming.live_markdown:  # plain appends cost only what they add: no back-off
+            self._next_render_at = started + RENDER_BACKOFF * (time.perf_counter() - started)
         if at_bottom:
             QTimer.singleShot(0, self._scroll_to_end)
 
     def finish_stream(self, stored: StoredMessage) -> None:
-        self.flush_stream()
+        self._pending_text, self._pending_reasoning = [], []  # set_message draws the final text
         if self._streaming is not None and self._streaming.message.id == stored.id:
             self._streaming.set_message(stored)
         else:

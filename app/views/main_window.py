@@ -344,7 +344,8 @@ class MainWindow(QMainWindow):
         self.token_inspector.flush()
         usage = stored.usage or {}
         self.ttft_panel.add_reply(usage.get("ttft_ms"), usage.get("prefill_ms"))
-        self.select_message(stored.id)
+        self.selected_message_id = stored.id
+        self.usage_panel.show_usage(stored.usage, stored.finish_reason)
         self.state_label.setText("Stopped — partial reply kept" if stored.status == "cancelled" else "")
 
     def _on_reply_failed(self, message: str, stored: StoredMessage) -> None:

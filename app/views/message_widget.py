@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -18,6 +18,8 @@ from PySide6.QtWidgets import (
 from app.json_reply import render_json_reply
 from app.store import StoredMessage
 
+LIVE_MARKDOWN_CHARS = 12_000  # beyond this a streaming reply is drawn as plain text until it ends
+MARKDOWN_CHARS = 200_000  # beyond this even a finished reply stays plain text (render cost)
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STATUS_NOTES = {
     "cancelled": "⏹ cancelled — partial reply kept",
@@ -59,6 +61,7 @@ class MessageWidget(QFrame):
         self.message = message
         self.text = message.content
         self.reasoning = message.reasoning
+        self._plain_streaming = False
         self.setObjectName("message_" + message.role)
         self.setProperty("role", message.role)
         self.setFrameShape(QFrame.StyledPanel)
@@ -125,10 +128,29 @@ class MessageWidget(QFrame):
         return button
 
     # --- content --------------------------------------------------------------------------------
+    @property
+    def live_markdown(self) -> bool:
+        """Whether streaming re-renders the whole reply as markdown (cost grows with length)."""
+        return len(self.text) <= LIVE_MARKDOWN_CHARS
+
     def append_stream(self, text: str = "", reasoning: str = "") -> None:
         self.text += text
         self.reasoning += reasoning
-        self.refresh(streaming=True)
+        if len(self.text) <= LIVE_MARKDOWN_CHARS:
+            self.refresh(streaming=True)
+            return
+        # Long reply: re-rendering all the markdown every frame would grow without bound, so
+        # append the new characters as plain text; the final markdown render happens once.
+        if not self._plain_streaming:
+            self._plain_streaming = True
+            self.body.setPlainText(self.text)
+        elif text:
+            cursor = QTextCursor(self.body.document())
+            cursor.movePosition(QTextCursor.End)
+            cursor.insertText(text)
+        if reasoning:
+            self.reasoning_view.setPlainText(self.reasoning)
+            self.reasoning_toggle.setVisible(True)
 
     def set_message(self, message: StoredMessage) -> None:
         self.message = message
@@ -136,6 +158,7 @@ class MessageWidget(QFrame):
         self.refresh()
 
     def refresh(self, streaming: bool = False) -> None:
+        self._plain_streaming = False
         m = self.message
         json_mode = m.role == "assistant" and m.json_mode != "off"
         if json_mode and (self.text or not streaming):
@@ -144,6 +167,9 @@ class MessageWidget(QFrame):
             self.json_status.setText(("✔ " if view.ok else "✖ " if not streaming else "") + view.status)
             self.json_status.setProperty("ok", view.ok)
             self.json_status.setVisible(True)
+        elif len(self.text) > MARKDOWN_CHARS:
+            self.body.setPlainText(self.text)
+            self.json_status.setVisible(False)
         else:
             self.body.setMarkdown(self.text if self.text else ("…" if streaming else ""))
             self.json_status.setVisible(False)

@@ -7,6 +7,7 @@ import html
 import math
 
 from PySide6.QtCore import QUrl
+from app.reply_recorder import MAX_RECORDED_TOKENS, token_record
 from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
@@ -18,14 +19,13 @@ from PySide6.QtWidgets import (
 )
 
 
+# Chips drawn (a QTextBrowser with many anchors takes ~0.1 s per 1000); the recorder keeps
+# the same number, so a long reply shows its first MAX_SHOWN tokens.
+MAX_SHOWN = MAX_RECORDED_TOKENS
+
+
 def _as_dict(token) -> dict:
-    if isinstance(token, dict):
-        return token
-    return {
-        "index": token.index, "token_id": token.token_id, "text": token.text,
-        "logprob": token.logprob,
-        "top": [{"token_id": a.token_id, "text": a.text, "logprob": a.logprob} for a in token.top],
-    }
+    return token if isinstance(token, dict) else token_record(token)
 
 
 def _visible(piece: str) -> str:
@@ -58,23 +58,35 @@ class TokenInspector(QWidget):
 
     def set_tokens(self, tokens: list) -> None:
         self.tokens = [_as_dict(t) for t in tokens]
-        self._render()
+        self._dirty = True
+        if self.isVisible():
+            self._render()
+            self._dirty = False
         self.table.setRowCount(0)
         self.selected_label.setText("No token selected")
 
     def add_tokens(self, tokens: list) -> None:
         """While streaming; drawn by flush() on the repaint tick."""
-        self.tokens.extend(_as_dict(t) for t in tokens)
-        self._dirty = True
+        room = MAX_SHOWN - len(self.tokens)
+        if room > 0:
+            self.tokens.extend(_as_dict(t) for t in tokens[:room])
+            self._dirty = True
 
     def flush(self) -> None:
+        # Drawn only when someone can see it, and only while the chip count is bounded.
+        if self._dirty and self.isVisible():
+            self._render()
+            self._dirty = False
+
+    def showEvent(self, event):
+        super().showEvent(event)
         if self._dirty:
             self._render()
             self._dirty = False
 
     def _render(self) -> None:
         chips = []
-        for i, t in enumerate(self.tokens):
+        for i, t in enumerate(self.tokens[:MAX_SHOWN]):
             p = math.exp(t["logprob"])
             # Less certain tokens get a stronger background so they stand out.
             alpha = 0.12 + 0.6 * (1 - p)
@@ -83,7 +95,9 @@ class TokenInspector(QWidget):
                 f'background-color: rgba(220,120,40,{alpha:.2f});" '
                 f'title="p={p:.3f}">{html.escape(_visible(t["text"]))}</a>'
             )
-        self.tokens_view.setHtml("<p style='line-height:150%'>" + " ".join(chips) + "</p>"
+        tail = (f"<p><i>Only the first {MAX_SHOWN:,} tokens of a reply are kept for the "
+                "inspector.</i></p>" if len(self.tokens) >= MAX_SHOWN else "")
+        self.tokens_view.setHtml("<p style='line-height:150%'>" + " ".join(chips) + "</p>" + tail
                                  if chips else "<i>No tokens recorded for this reply.</i>")
 
     def _on_anchor(self, url: QUrl) -> None:
