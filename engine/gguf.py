@@ -108,6 +108,12 @@ class GGUFFile:
     data_offset: int  # where tensor data starts (tensor offsets are relative to it)
     tensor_offsets: dict[str, int] = field(default_factory=dict)  # absolute file offsets
 
+    def __repr__(self) -> str:  # the default would print the whole vocabulary
+        return (
+            f"GGUFFile({str(self.path)!r}, v{self.version}, arch={self.arch!r}, "
+            f"{len(self.metadata)} keys, {len(self.tensors)} tensors, {self.file_size} bytes)"
+        )
+
     @property
     def arch(self) -> str:
         return self.metadata["general.architecture"]
@@ -135,7 +141,7 @@ class GGUFFile:
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """Open and validate a GGUF file; tensors are read-only views of a memory map."""
-    path = Path(path)
+    path = Path(path).expanduser()
     buf = _map_file(path)
     try:
         return _HeaderParser(path, buf).parse()

@@ -86,6 +86,11 @@ def test_smollm2_header(smollm2_path):
     assert sum(b for _, b in mix.values()) == g.tensor_bytes() <= g.file_size
 
 
+def test_repr_is_short(smollm2_path):
+    text = repr(open_gguf(smollm2_path))
+    assert len(text) < 300 and "llama" in text and "272 tensors" in text
+
+
 def test_tensors_are_read_only_views_not_copies(smollm2_path):
     g = open_gguf(smollm2_path)
     t = g.tensors["blk.3.ffn_down.weight"]
