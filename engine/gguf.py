@@ -46,6 +46,7 @@ MAX_TENSOR_ELEMENTS = 1 << 40
 MAX_STRING_BYTES = 1 << 24  # 16 MiB per string
 MAX_ARRAY_ELEMENTS = 1 << 22  # 4,194,304 per array, 16x the largest vocabulary
 MAX_METADATA_ELEMENTS = 1 << 23  # all arrays together
+MAX_NESTED_ARRAYS = 1 << 16  # arrays of arrays: unused by real models; each costs a Python list
 
 Q = GGMLQuantizationType
 SUPPORTED_QTYPES: tuple[GGMLQuantizationType, ...] = (
@@ -323,6 +324,8 @@ class _HeaderParser:
             return self._string_array(key, length), element_type
         if depth >= MAX_ARRAY_NESTING:
             raise self._fail(f"array {key!r} nests arrays deeper than {MAX_ARRAY_NESTING} levels")
+        if length > MAX_NESTED_ARRAYS:
+            raise self._fail(f"array {key!r} holds {length} arrays (at most {MAX_NESTED_ARRAYS} allowed; corrupt file?)")
         return [self._array(f"{key}[{i}]", depth + 1)[0] for i in range(length)], element_type
 
     def _string_array(self, key: str, length: int) -> list[str]:

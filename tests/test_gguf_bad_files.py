@@ -337,3 +337,10 @@ def test_many_large_arrays_in_large_file(tmp_path):
     path = sparse(tmp_path, gguf_bytes(kvs))
     with pytest.raises(ModelFileError, match="general.a2.*in all arrays"):
         open_gguf(path)
+
+
+def test_huge_array_of_arrays_in_large_file(tmp_path):
+    kv = gstr("general.nest") + struct.pack("<IIQ", V.ARRAY, V.ARRAY, 4_000_000)
+    path = sparse(tmp_path, gguf_bytes([kv_string("general.architecture", "llama"), kv]))
+    with pytest.raises(ModelFileError, match="general.nest.*holds 4000000 arrays"):
+        open_gguf(path)
