@@ -3,10 +3,15 @@
 A Python `threading.Barrier` round trip costs ~38 us, which is more than a whole small mat-vec,
 so the hand-off between threads lives in machine code (the IR below):
 
-  * the caller posts (kernel, args) into a shared state block and bumps a generation counter;
-  * each worker (a Python thread parked inside `pool_worker`, i.e. in native code without the
-    GIL, because ctypes releases it) notices the new generation, runs `kernel(args, tid, n)`
-    and increments a done counter; the caller runs share 0 itself and waits for the others.
+  * the caller posts (kernel, args, n chunks) into a shared state block and bumps a
+    generation counter;
+  * every thread, the caller included, claims chunks i < n with an atomic compare-and-swap and
+    runs `kernel(args, i, n)`; each worker is a Python thread parked inside `pool_worker`,
+    i.e. in native code without the GIL (ctypes releases it);
+  * the caller returns when n chunks are done. It never waits for a worker to *check in*: when
+    another process holds a core, the running thread simply claims the remaining chunks, so a
+    descheduled worker costs at most the one chunk it holds (a static split per thread made
+    every job wait for the slowest thread's wake-up: 4x slower than one thread under load).
 
 Waiting is staged so the engine degrades gracefully when other processes hold the cores:
 spin with `pause` for ~0.1 ms (the common case between two kernels of one token), then
@@ -17,8 +22,8 @@ Why Python threads and not pthreads created from JIT code: both leave the hot pa
 native code; Python threads need no libpthread symbol resolution in MCJIT and shut down cleanly
 with the interpreter, and the measured hand-off cost is the same (it is the atomic counter).
 
-Every kernel run on the pool has the C signature `void kernel(void *args, i32 tid, i32 n)` and
-splits its own work by (tid, n).
+Every kernel run on the pool has the C signature `void kernel(void *args, i32 i, i32 n)` and
+does share i of n of its work (the kernels call it tid / n_threads; it is a chunk index).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from pathlib import Path
 import numpy as np
 
 # Offsets (bytes) into the 512-byte state block; hot fields sit on separate cache lines.
-_GEN, _DONE, _STOP, _FN, _ARGS, _NTHREADS, _SLEEPERS = 0, 64, 128, 192, 200, 208, 256
+_GEN, _CTR, _DONE, _STOP, _FN, _ARGS, _NCHUNKS, _SLEEPERS = 0, 64, 128, 192, 256, 264, 272, 320
 _STATE_BYTES = 512
+CHUNKS_PER_THREAD = 4
 
 # Cycle budgets (TSC ticks, ~3 GHz): spin ~70 us, then yield until ~10 ms, then block.
 _SPIN_TICKS = 200_000
@@ -68,86 +74,136 @@ define internal void @wake_all(ptr %gen) {
 """
 
 
+def _wait_ir(word: str, seen: str, tag: str, sleep: bool) -> str:
+    """Wait until the i32 at `word` differs from `seen`: spin, then yield, then (optionally)
+    futex sleep. Falls through to label %{tag}_go with the new value in %{tag}_g."""
+    sleep_part = f"""
+{tag}_sleep0:
+  %{tag}_s1 = atomicrmw add ptr %sleepers, i32 1 seq_cst
+  %{tag}_g2 = load atomic i32, ptr {word} seq_cst, align 4
+  %{tag}_still = icmp eq i32 %{tag}_g2, {seen}
+  br i1 %{tag}_still, label %{tag}_sleep, label %{tag}_woke
+{tag}_sleep:
+  call void @wait_sleep(ptr {word}, i32 {seen})
+  br label %{tag}_woke
+{tag}_woke:
+  %{tag}_s2 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
+  br label %{tag}_wait
+""" if sleep else ""
+    after_yield = f"%{tag}_sleep0" if sleep else f"%{tag}_do_yield"
+    return f"""
+  %{tag}_t0 = call i64 @llvm.readcyclecounter()
+  br label %{tag}_wait
+{tag}_wait:
+  %{tag}_g = load atomic i32, ptr {word} acquire, align 4
+  %{tag}_changed = icmp ne i32 %{tag}_g, {seen}
+  br i1 %{tag}_changed, label %{tag}_go, label %{tag}_idle
+{tag}_idle:
+  %{tag}_t = call i64 @llvm.readcyclecounter()
+  %{tag}_el = sub i64 %{tag}_t, %{tag}_t0
+  %{tag}_spin = icmp ult i64 %{tag}_el, {_SPIN_TICKS}
+  br i1 %{tag}_spin, label %{tag}_pause, label %{tag}_not_spin
+{tag}_pause:
+  call void @llvm.x86.sse2.pause()
+  br label %{tag}_wait
+{tag}_not_spin:
+  %{tag}_yield = icmp ult i64 %{tag}_el, {_YIELD_TICKS}
+  br i1 %{tag}_yield, label %{tag}_do_yield, label {after_yield}
+{tag}_do_yield:
+  %{tag}_y = call i32 @sched_yield()
+  br label %{tag}_wait
+{sleep_part}"""
+
+
+# Claim chunks of the current job until none is left. The claim counter holds
+# (epoch << 32 | next chunk); a successful compare-and-swap on (epoch, i) proves job `epoch` was
+# still incomplete, so the fn/args/n read after loading the counter belong to it (the caller
+# rewrites them only after a job completes, and first moves the counter to (epoch+1, LOCKED)).
+_CLAIM_IR = f"""
+define internal void @claim_chunks(ptr %st) {{
+entry:
+  %ctr = getelementptr i8, ptr %st, i64 {{CTR}}
+  %done = getelementptr i8, ptr %st, i64 {{DONE}}
+  %fnp = getelementptr i8, ptr %st, i64 {{FN}}
+  %argp = getelementptr i8, ptr %st, i64 {{ARGS}}
+  %np = getelementptr i8, ptr %st, i64 {{NCHUNKS}}
+  br label %claim
+claim:
+  %v = load atomic i64, ptr %ctr acquire, align 8
+  %idx = trunc i64 %v to i32
+  %n = load atomic i32, ptr %np monotonic, align 4
+  %fn = load atomic ptr, ptr %fnp monotonic, align 8
+  %args = load atomic ptr, ptr %argp monotonic, align 8
+  %left = icmp ult i32 %idx, %n
+  br i1 %left, label %try, label %out
+try:
+  %v1 = add i64 %v, 1
+  %cx = cmpxchg ptr %ctr, i64 %v, i64 %v1 acq_rel acquire
+  %ok = extractvalue {{ i64, i1 }} %cx, 1
+  br i1 %ok, label %run, label %claim
+run:
+  call void %fn(ptr %args, i32 %idx, i32 %n)
+  %d = atomicrmw add ptr %done, i32 1 release
+  br label %claim
+out:
+  ret void
+}}
+"""
+
+
 def pool_ir(linux: bool = sys.platform.startswith("linux") and os.uname().machine == "x86_64") -> str:
+    claim = (_CLAIM_IR.replace("{CTR}", str(_CTR)).replace("{DONE}", str(_DONE))
+             .replace("{FN}", str(_FN)).replace("{ARGS}", str(_ARGS)).replace("{NCHUNKS}", str(_NCHUNKS)))
     return f"""
 declare i32 @sched_yield()
 declare i64 @llvm.readcyclecounter()
 declare void @llvm.x86.sse2.pause()
 {_sleep_ir(linux)}
+{claim}
 
 define void @pool_worker(ptr %st, i32 %tid) {{
 entry:
   %gen = getelementptr i8, ptr %st, i64 {_GEN}
-  %done = getelementptr i8, ptr %st, i64 {_DONE}
   %stop = getelementptr i8, ptr %st, i64 {_STOP}
-  %fnp = getelementptr i8, ptr %st, i64 {_FN}
-  %argp = getelementptr i8, ptr %st, i64 {_ARGS}
-  %np = getelementptr i8, ptr %st, i64 {_NTHREADS}
   %sleepers = getelementptr i8, ptr %st, i64 {_SLEEPERS}
-  br label %wait_start
-wait_start:
-  %seen = phi i32 [0, %entry], [%g_now, %run]
-  %t0 = call i64 @llvm.readcyclecounter()
-  br label %wait
-wait:
-  %g = load atomic i32, ptr %gen acquire, align 4
-  %changed = icmp ne i32 %g, %seen
-  br i1 %changed, label %got, label %idle
-idle:
-  %t = call i64 @llvm.readcyclecounter()
-  %el = sub i64 %t, %t0
-  %spin = icmp ult i64 %el, {_SPIN_TICKS}
-  br i1 %spin, label %do_pause, label %not_spin
-do_pause:
-  call void @llvm.x86.sse2.pause()
-  br label %wait
-not_spin:
-  %yield = icmp ult i64 %el, {_YIELD_TICKS}
-  br i1 %yield, label %do_yield, label %do_sleep
-do_yield:
-  %y = call i32 @sched_yield()
-  br label %wait
-do_sleep:
-  %s1 = atomicrmw add ptr %sleepers, i32 1 seq_cst
-  %g2 = load atomic i32, ptr %gen seq_cst, align 4
-  %still = icmp eq i32 %g2, %seen
-  br i1 %still, label %sleep, label %woke
-sleep:
-  call void @wait_sleep(ptr %gen, i32 %seen)
-  br label %woke
-woke:
-  %s2 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
-  br label %wait
-got:
+  br label %top
+top:
+  %seen = phi i32 [0, %entry], [%w_g, %w_go_run]
+{_wait_ir("%gen", "%seen", "w", True)}
+w_go:
   %stopv = load atomic i32, ptr %stop acquire, align 4
   %is_stop = icmp ne i32 %stopv, 0
-  br i1 %is_stop, label %exit, label %run
-run:
-  %g_now = phi i32 [%g, %got]
-  %fn = load ptr, ptr %fnp, align 8
-  %args = load ptr, ptr %argp, align 8
-  %n = load i32, ptr %np, align 4
-  call void %fn(ptr %args, i32 %tid, i32 %n)
-  %d = atomicrmw add ptr %done, i32 1 release
-  br label %wait_start
+  br i1 %is_stop, label %exit, label %w_go_run
+w_go_run:
+  call void @claim_chunks(ptr %st)
+  br label %top
 exit:
   ret void
 }}
 
-; Post a job, run share 0 here, wait for the other n-1 shares.
-define void @pool_run(ptr %st, ptr %fn, ptr %args) {{
+; Post a job of n_chunks chunks, claim chunks here too, return when every chunk is done.
+; Chunks, not threads: a descheduled worker costs at most the chunk it holds.
+define void @pool_run(ptr %st, ptr %fn, ptr %args, i32 %nchunks) {{
 entry:
   %gen = getelementptr i8, ptr %st, i64 {_GEN}
+  %ctr = getelementptr i8, ptr %st, i64 {_CTR}
   %done = getelementptr i8, ptr %st, i64 {_DONE}
   %fnp = getelementptr i8, ptr %st, i64 {_FN}
   %argp = getelementptr i8, ptr %st, i64 {_ARGS}
-  %np = getelementptr i8, ptr %st, i64 {_NTHREADS}
+  %np = getelementptr i8, ptr %st, i64 {_NCHUNKS}
   %sleepers = getelementptr i8, ptr %st, i64 {_SLEEPERS}
-  %n = load i32, ptr %np, align 4
-  store ptr %fn, ptr %fnp, align 8
-  store ptr %args, ptr %argp, align 8
-  store atomic i32 0, ptr %done release, align 4
-  %old = atomicrmw add ptr %gen, i32 1 seq_cst
+  %old = load atomic i64, ptr %ctr monotonic, align 8
+  %epoch = lshr i64 %old, 32
+  %next_epoch = add i64 %epoch, 1
+  %hi = shl i64 %next_epoch, 32
+  %locked = or i64 %hi, 4294967295
+  store atomic i64 %locked, ptr %ctr seq_cst, align 8
+  store atomic ptr %fn, ptr %fnp monotonic, align 8
+  store atomic ptr %args, ptr %argp monotonic, align 8
+  store atomic i32 %nchunks, ptr %np monotonic, align 4
+  store atomic i32 0, ptr %done monotonic, align 4
+  store atomic i64 %hi, ptr %ctr release, align 8
+  %g = atomicrmw add ptr %gen, i32 1 seq_cst
   %sl = load atomic i32, ptr %sleepers seq_cst, align 4
   %any = icmp ne i32 %sl, 0
   br i1 %any, label %wake, label %work
@@ -155,13 +211,12 @@ wake:
   call void @wake_all(ptr %gen)
   br label %work
 work:
-  call void %fn(ptr %args, i32 0, i32 %n)
-  %others = sub i32 %n, 1
+  call void @claim_chunks(ptr %st)
   %t0 = call i64 @llvm.readcyclecounter()
   br label %wait
 wait:
   %dv = load atomic i32, ptr %done acquire, align 4
-  %all = icmp eq i32 %dv, %others
+  %all = icmp eq i32 %dv, %nchunks
   br i1 %all, label %exit, label %idle
 idle:
   %t = call i64 @llvm.readcyclecounter()
@@ -178,7 +233,7 @@ exit:
   ret void
 }}
 
-; Stop the workers: set the flag, then post an empty generation so they see it.
+; Stop the workers: set the flag, then bump the generation so they see it.
 define void @pool_stop(ptr %st) {{
   %gen = getelementptr i8, ptr %st, i64 {_GEN}
   %stop = getelementptr i8, ptr %st, i64 {_STOP}
@@ -217,9 +272,11 @@ class ThreadPool:
             raise ConfigValidationError("n_threads", n_threads, "an integer from 1 to 256")
         self.n_threads = n
         self._state = np.zeros(_STATE_BYTES // 4, dtype=np.int32)
-        self._state[_NTHREADS // 4] = n
+        # Chunks per job: several per thread so whoever is running picks up the slack.
+        self.default_chunks = 1 if n == 1 else CHUNKS_PER_THREAD * n
         self._state_ptr = self._state.ctypes.data
-        self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+        self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int32)(
             library.address("pool_run"))
         self._stop = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(library.address("pool_stop"))
         worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)(library.address("pool_worker"))
@@ -232,9 +289,10 @@ class ThreadPool:
             t.start()
         self._closed = False
 
-    def run(self, kernel_addr: int, args_addr: int) -> None:
-        """Run `kernel(args, tid, n)` on every thread; returns when all shares are done."""
-        self._run(self._state_ptr, kernel_addr, args_addr)
+    def run(self, kernel_addr: int, args_addr: int, n_chunks: int | None = None) -> None:
+        """Run `kernel(args, i, n)` for every chunk i < n (default `default_chunks`) on
+        whichever threads are running; returns when all chunks are done."""
+        self._run(self._state_ptr, kernel_addr, args_addr, n_chunks or self.default_chunks)
 
     def close(self) -> None:
         if self._closed:

@@ -1,4 +1,4 @@
-"""The native worker pool: every share runs exactly once per job, jobs never overlap, and it
+"""The native worker pool: every chunk runs exactly once per job, jobs never overlap, and it
 shuts down cleanly (also after the workers went to sleep on the futex)."""
 
 import time
@@ -34,23 +34,24 @@ def library(tmp_path_factory):
     return lib
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_every_share_runs_once_per_job(library, n):
-    pool = ThreadPool(library, n)
-    counts = np.zeros(n + 1, dtype=np.int64)
+@pytest.mark.parametrize("n_threads,n_chunks", [(1, 1), (2, 1), (2, 8), (3, 5)])
+def test_every_chunk_runs_once_per_job(library, n_threads, n_chunks):
+    pool = ThreadPool(library, n_threads)
+    counts = np.zeros(n_chunks + 1, dtype=np.int64)
     for _ in range(500):
-        pool.run(library.address("mark"), counts.ctypes.data)
+        pool.run(library.address("mark"), counts.ctypes.data, n_chunks)
     pool.close()
-    assert counts[:n].tolist() == [500 * (t + 1) for t in range(n)]
-    assert counts[n] == 500 * n
+    # chunk i adds i + 1 once per job (non-atomically: a double run or a race would show)
+    assert counts[:n_chunks].tolist() == [500 * (i + 1) for i in range(n_chunks)]
+    assert counts[n_chunks] == 500 * n_chunks
 
 
 def test_jobs_after_workers_fell_asleep(library):
     pool = ThreadPool(library, 2)
     counts = np.zeros(3, dtype=np.int64)
-    pool.run(library.address("mark"), counts.ctypes.data)
+    pool.run(library.address("mark"), counts.ctypes.data, 2)
     time.sleep(0.05)  # past the spin and yield budgets: the worker now waits on the futex
-    pool.run(library.address("mark"), counts.ctypes.data)
+    pool.run(library.address("mark"), counts.ctypes.data, 2)
     pool.close()
     assert counts.tolist() == [2, 4, 4]
 

@@ -282,7 +282,7 @@ class JitBackend(ReferenceBackend):
                                      softcap=softcap, out=target)
         n_keys = p0 + tokens
         stride = (n_keys + 15) // 16 * 16
-        need = stride * self.n_threads
+        need = stride * self.pool.default_chunks  # one scratch row per chunk
         if self._scratch.size < need:
             self._scratch = np.zeros(max(need, 2 * self._scratch.size), np.float32)
         a = self._op_args["attention"]
