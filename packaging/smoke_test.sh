@@ -10,11 +10,11 @@
 #    with empty HOME/XDG dirs and no network (a new, empty network namespace via `unshare -n`),
 #    twice: with a cold JIT cache, then warm. Each run must exit 0 and print a non-empty reply.
 #    Also checks the JIT cache landed in the user cache dir and nothing was written to the bundle.
-# 4. Prints the bundle size and both start-to-exit times.
+# 4. Prints the bundle size, the start-up times (process start to model ready) and the
+#    start-to-exit times of both runs.
 # --with-default-model builds the all-in-one bundle and runs it without --model instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$(pwd)
 
 build=1
 build_args=()
@@ -23,7 +23,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-build) build=0 ;;
     --with-default-model) with_model=1; build_args+=(--with-default-model) ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "smoke_test.sh: unknown option '$arg' (allowed: --no-build, --with-default-model)" >&2; exit 2 ;;
   esac
 done
@@ -104,18 +104,31 @@ run_smoke() {  # $1 = label; prints the reply, sets last_seconds
     fail "$label run printed no reply"
   fi
   echo "smoke: $label run: exit 0 in $last_seconds s; reply: $out"
+  # The app's own timing line goes to stderr: "[smoke] finish=.. tokens=N ttft_ms=T decode_tok_s=R".
+  # Start-up (process start to model loaded, kernels compiled or taken from the cache) is the
+  # wall time minus the generation itself: time to first token plus N-1 decode steps.
+  local stats
+  stats=$(grep '^\[smoke\]' "$work/$label.stderr" | tail -1 || true)
+  last_startup=$(printf '%s\n' "$stats" | awk -v wall="$last_seconds" '{
+      for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+      if (v["ttft_ms"] == "" || v["decode_tok_s"] + 0 <= 0) { print "?"; exit }
+      printf "%.1f", wall - v["ttft_ms"] / 1000 - (v["tokens"] - 1) / v["decode_tok_s"] }')
+  echo "smoke: $label run: $stats; start-up ~$last_startup s"
 }
 
 run_smoke cold
 cold_seconds=$last_seconds
+cold_startup=$last_startup
 jit_objects=$(find "$work/cache" -path '*LocalChat*' -name '*.o' | wc -l)
 [ "$jit_objects" -gt 0 ] || fail "no JIT objects under XDG_CACHE_HOME after the cold run"
 run_smoke warm
 warm_seconds=$last_seconds
+warm_startup=$last_startup
 
 written=$(find "$bundle" -newer "$work/before-run" | head -5)
 [ -z "$written" ] || fail "the app wrote into its bundle: $written"
 
 echo "smoke: PASS"
 echo "smoke: bundle size $(du -sh dist/LocalChat | cut -f1); JIT cache $(du -sh "$work/cache" | cut -f1) in $jit_objects objects"
+echo "smoke: start-up (process start to model ready): cold JIT cache ~$cold_startup s, warm ~$warm_startup s"
 echo "smoke: start-to-exit with a short greedy reply: cold JIT cache $cold_seconds s, warm $warm_seconds s"
