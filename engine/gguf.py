@@ -6,8 +6,8 @@ checked against the file size *before* it is used, so a corrupt or hostile file 
 
 Why our own header parser instead of `gguf.GGUFReader`: GGUFReader builds several numpy arrays
 per metadata string, which costs 3.6 s for SmolLM2's 49k-token vocabulary and 24 s for Gemma 3's
-262k one on the development machine, and it trusts the counts it reads (a corrupt array length
-makes it loop for hours). The format is small (spec: ggml/docs/gguf.md), so we walk it once with
+262k one on the development machine, and it trusts the counts it reads (a uint8 array claiming
+2^61 elements makes it spin practically forever: it reads empty slices past the end of the file). The format is small (spec: ggml/docs/gguf.md), so we walk it once with
 `struct` over an `mmap`, validating as we go; the tests check the result against GGUFReader on
 real and tiny files. Tensors are numpy views of the same memory map: nothing is copied.
 
