@@ -1,0 +1,93 @@
+"""Forward pass vs HF transformers (tools/make_oracle_fixtures.py wrote the reference logits).
+
+Both sides compute the same function of the same dequantized weights in float32; ours keeps K/V
+in float16, which moves logits by ~1e-3 relative. Measured max abs errors: tiny models <= 0.004
+(logits up to ~6), SmolLM2 0.017 and gemma-3-270m 0.008 (logits up to ~31). Tolerances are a few
+times those, far below any real bug (a wrong RoPE base on Gemma's local layers alone moves tiny
+gemma3 logits by 0.7, a missing window by 5).
+
+Runs on the numpy reference backend: it computes in float32 like the oracle, whereas the JIT
+kernels quantize activations to 8 bits (tested against the reference in test_kernels_*).
+Real models are checked with one batched forward each (prompt + the oracle's greedy tokens,
+teacher-forced) because the reference re-dequantizes every weight per call.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.gguf import open_gguf
+from engine.kernels.reference import ReferenceBackend
+from engine.models import build_model
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+CLEAR_MARGIN = 0.1  # greedy steps with a smaller top1-top2 logit gap are near-ties: not compared
+
+
+def _oracle(name: str) -> dict:
+    return json.loads((FIXTURES / f"oracle_{name}.json").read_text())
+
+
+def _check_case(model, case: dict, probe_ids: list[int], atol: float, mean_tol: float) -> dict:
+    """One forward over prompt + greedy[:-1]; compares recorded positions and greedy argmaxes."""
+    prompt, greedy = case["prompt_ids"], case["greedy"]
+    tokens = prompt + greedy[:-1]
+    first_greedy_row = len(prompt) - 1
+    rows = list(case["positions"]) + list(range(first_greedy_row, len(tokens)))
+    cache = model.new_cache(len(tokens))
+    logits = model.forward(tokens, cache, logits_at=rows)
+    errors = []
+    for i, pos in enumerate(case["positions"]):
+        errors.append(logits[i, case["topk_ids"][i]] - np.array(case["topk_logits"][i]))
+        errors.append(logits[i, probe_ids] - np.array(case["probe_logits"][i]))
+        assert int(np.argmax(logits[i])) == case["topk_ids"][i][0], f"{case['name']}: top-1 differs at {pos}"
+    errors = np.abs(np.concatenate(errors))
+    assert errors.max() < atol, f"{case['name']}: max |logit error| {errors.max():.4f} >= {atol}"
+    assert errors.mean() < mean_tol, f"{case['name']}: mean |logit error| {errors.mean():.5f}"
+    greedy_logits = logits[len(case["positions"]):]
+    for step, (expected, margin) in enumerate(zip(greedy, case["greedy_margins"])):
+        if margin >= CLEAR_MARGIN:
+            assert int(np.argmax(greedy_logits[step])) == expected, f"{case['name']}: greedy step {step}"
+    return dict(max=float(errors.max()), mean=float(errors.mean()))
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_tiny_model_matches_transformers(arch):
+    oracle = _oracle(f"tiny_{arch}")
+    model = build_model(open_gguf(FIXTURES / oracle["file"]), backend=ReferenceBackend())
+    _check_case(model, oracle["cases"][0], oracle["probe_ids"], atol=0.02, mean_tol=0.003)
+
+
+def _real_model(path_fn, oracle):
+    from engine.model_files import ModelNotInstalledError
+
+    try:
+        path = path_fn()
+    except ModelNotInstalledError as exc:
+        pytest.skip(str(exc))
+    assert path.stat().st_size == oracle["file_size"], "oracle fixture was made from a different file"
+    # One chunk for the whole 800-token prompt: the reference re-dequantizes weights per chunk.
+    return build_model(open_gguf(path), backend=ReferenceBackend(), max_batch=1024)
+
+
+def test_smollm2_matches_transformers():
+    from engine.model_files import default_model_path
+
+    oracle = _oracle("smollm2")
+    model = _real_model(default_model_path, oracle)
+    for case in oracle["cases"]:
+        _check_case(model, case, oracle["probe_ids"], atol=0.06, mean_tol=0.01)
+
+
+def test_gemma3_matches_transformers_including_past_the_sliding_window():
+    from engine.model_files import gemma3_270m_path
+
+    oracle = _oracle("gemma3")
+    model = _real_model(gemma3_270m_path, oracle)
+    long_case = next(c for c in oracle["cases"] if c["name"] == "counting_long")
+    assert len(long_case["prompt_ids"]) > 600 and max(long_case["positions"]) > 512
+    for case in oracle["cases"]:
+        _check_case(model, case, oracle["probe_ids"], atol=0.06, mean_tol=0.01)
