@@ -101,6 +101,7 @@ class EngineController(QObject):
         self.cancel()
         self._thread.quit()
         self._thread.wait()
+        self._worker.release()  # the thread is gone: safe to stop the model's kernel threads
 
     # --- worker callbacks (GUI thread) ----------------------------------------------------------
     @Slot()

@@ -2,7 +2,7 @@
 `resolve_preset`, which is pure configuration logic (no model compute) and is cheap enough for the
 GUI thread, so the preset panel can validate an edit immediately even while a reply streams.
 
-Tests substitute a fake with the same four methods (tests/app_fakes.py) that yields the real
+Tests substitute a fake with the same methods (tests/app_fakes.py) that yields the real
 engine event dataclasses.
 """
 
@@ -53,6 +53,8 @@ class EngineBridge(Protocol):
 
     def describe(self, lm: object) -> ModelInfo: ...
 
+    def unload(self, lm: object) -> None: ...
+
     def resolve_preset(self, lm: object, saved: dict | None, overrides: dict | None) -> PresetView: ...
 
     def generate(self, lm: object, request: ChatRequest, cancel: CancelToken) -> Iterator[object]: ...
@@ -85,6 +87,13 @@ class RealEngine:
             lm = load_model(path, n_ctx=None, n_threads=n_threads or None, progress=progress)
         self._prefix_cache = PrefixCache(self.PREFIX_CACHE_BYTES)  # entries of the old model go
         return lm
+
+    def unload(self, lm) -> None:
+        """Stop the model's native kernel threads now, not at interpreter teardown (threads still
+        inside JIT code while LLVM's memory is released at exit can crash the process)."""
+        close = getattr(getattr(lm, "backend", None), "close", None)
+        if close is not None:
+            close()
 
     def describe(self, lm) -> ModelInfo:
         template = lm.chat_template

@@ -34,6 +34,9 @@ class FloodEngine:
     def load(self, path, *, n_ctx, n_threads, progress):
         return path
 
+    def unload(self, lm):
+        pass
+
     def describe(self, lm):
         return ModelInfo(path=str(lm), name="flood", architecture="none", n_ctx=1 << 20, template="none")
 

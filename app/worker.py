@@ -109,7 +109,9 @@ class EngineWorker(QObject):
         except Exception as exc:  # noqa: BLE001 - every failure becomes a dialog, never a crash
             self.loadFailed.emit(path, _user_message(exc))
             return
-        self.lm = lm
+        previous, self.lm = self.lm, lm
+        if previous is not None:
+            self._bridge.unload(previous)
         self.modelLoaded.emit(info)
 
     @Slot(int, object, object)
@@ -126,6 +128,12 @@ class EngineWorker(QObject):
                 self._put(request_id, RequestFailed("The engine stopped without finishing the reply."))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a dialog, never a crash
             self._put(request_id, RequestFailed(_user_message(exc)))
+
+    def release(self) -> None:
+        """Unload the model. Only after the worker thread has stopped (controller.shutdown)."""
+        if self.lm is not None:
+            lm, self.lm = self.lm, None
+            self._bridge.unload(lm)
 
     def _put(self, request_id: int, event) -> None:
         if self.channel.put(request_id, event):

@@ -53,6 +53,7 @@ class FakeEngine:
     requests: list[ChatRequest] = field(default_factory=list)
     load_stages: tuple = (("reading model", 0.3), ("compiling kernels", 0.8), ("ready", 1.0))
     fail_generate_with: Exception | None = None
+    unloaded: list[str] = field(default_factory=list)
 
     def load(self, path, *, n_ctx, n_threads, progress):
         if str(path).endswith(".bad"):
@@ -60,6 +61,9 @@ class FakeEngine:
         for stage, fraction in self.load_stages:
             progress(stage, fraction)
         return FakeModel(str(path), n_ctx or 2048)
+
+    def unload(self, lm):
+        self.unloaded.append(lm.path)
 
     def describe(self, lm):
         return ModelInfo(path=lm.path, name=lm.path.rsplit("/", 1)[-1], architecture="llama",

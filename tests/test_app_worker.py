@@ -142,3 +142,13 @@ def test_a_flood_of_tokens_crosses_threads_in_few_batches(qtbot, make_controller
     assert "".join(texts) == words
     assert indices == list(range(5000))
     assert len(wakeups) < 500 and len(texts) < 500
+
+
+def test_replaced_model_and_shutdown_unload(qtbot):
+    engine = FakeEngine()
+    c = EngineController(engine)
+    load(qtbot, c, "/models/a.gguf")
+    load(qtbot, c, "/models/b.gguf")
+    assert engine.unloaded == ["/models/a.gguf"]
+    c.shutdown()
+    assert engine.unloaded == ["/models/a.gguf", "/models/b.gguf"]
