@@ -298,7 +298,7 @@ def _prefill(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> np.nd
         logits = lm.model.forward(chunk, cache)
         done += len(chunk)
         progress.fed_tokens.extend(chunk)
-    logits = np.array(logits, dtype=np.float32)  # our own copy: processors work in place
+    logits = np.asarray(logits, dtype=np.float32)
     progress.last_logits = logits
     if plan.prefix_cache is not None:
         plan.prefix_cache.store(lm, list(prompt), cache, logits.copy())
@@ -325,7 +325,8 @@ def _decode_steps(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> 
     model = lm.model
 
     def choose(row: np.ndarray) -> _Step:
-        processed = apply_processors(processors, tokens, row)
+        # processors work in place: give them a copy, the model may hand out its own buffer
+        processed = apply_processors(processors, tokens, row.copy()) if processors else row
         token = sample(processed)
         if plan.constraint is not None:
             plan.constraint.accept(token)
@@ -367,9 +368,9 @@ def _decode_steps(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> 
         progress.draft_proposed += len(draft)
         if draft:
             rows = model.forward([step.token_id, *draft], cache, all_logits=True)
-            pending = [np.array(r, dtype=np.float32) for r in rows]
+            pending = list(np.asarray(rows, dtype=np.float32))
         else:
-            pending = [np.array(model.forward([step.token_id], cache), dtype=np.float32)]
+            pending = [np.asarray(model.forward([step.token_id], cache), dtype=np.float32)]
         progress.fed_tokens.append(step.token_id)
 
 
