@@ -167,3 +167,22 @@ def test_unknown_override_field_is_an_error(tmp_path):
 def test_none_in_saved_preset_means_not_set(tmp_path):
     preset = resolve_preset(lm_at(tmp_path, {"general.sampling.top_k": 12}), saved={"top_k": None})
     assert (preset.values["top_k"], preset.sources["top_k"]) == (12, "gguf metadata")
+
+
+def test_real_gguf_file_sampling_keys_and_generation_config_beside_it(tmp_path):
+    from gguf import GGUFValueType
+
+    from tests.tiny_models import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "tiny.gguf", "llama", tokenizer=None, extra_metadata={
+        "general.sampling.temp": (0.6, GGUFValueType.FLOAT32),
+        "general.sampling.top_k": (20, GGUFValueType.INT32),
+        "general.sampling.penalty_last_n": (-1, GGUFValueType.INT32),
+    })
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 0.9, "transformers_version": "4.47"}))
+    preset = resolve_preset(path)  # a bare path: the file is opened for its metadata
+    assert preset.values["temperature"] == pytest.approx(0.6) and preset.values["do_sample"] is True
+    assert (preset.values["top_k"], preset.sources["top_k"]) == (20, "gguf metadata")
+    assert (preset.values["repeat_last_n"], preset.sources["repeat_last_n"]) == (-1, "gguf metadata")
+    assert (preset.values["top_p"], preset.sources["top_p"]) == (0.9, "generation_config.json")
+    json.dumps(preset.to_dict())

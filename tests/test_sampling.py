@@ -176,3 +176,27 @@ def test_log_softmax_is_normalised_and_shift_invariant():
     assert math.isclose(float(np.exp(lp.astype(np.float64)).sum()), 1.0, rel_tol=1e-6)
     with pytest.raises(ValueError):
         log_softmax(np.full(4, -np.inf, np.float32))
+
+
+def _peaked_logits(vocab=262_144, seed=3):
+    # shaped like real next-token logits: a few hundred tokens near the peak over a broad bulk
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0.0, 4.5, vocab).astype(np.float32)
+    logits[rng.choice(vocab, 200, replace=False)] = rng.normal(12.0, 3.0, 200)
+    logits[[10, 20, 30]] = logits.max()  # ties at the top
+    return logits
+
+
+@pytest.mark.parametrize("k", [1, 3, 40, 5000, 100_000])
+def test_large_vocabulary_top_k_matches_a_full_sort(k):
+    from engine.sampling import top_ids
+
+    logits = _peaked_logits()
+    order = np.lexsort((np.arange(len(logits)), -logits))  # descending, ties by ascending id
+    assert top_ids(logits, k).tolist() == order[:k].tolist()
+    ids, probs = sampling_distribution(cfg(top_k=k, temperature=0.7), logits)
+    kept = order[: max(k, int(np.count_nonzero(logits >= logits[order[k - 1]])))]
+    x = logits[kept].astype(np.float64) / 0.7
+    want = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    assert ids.tolist() == kept.tolist()
+    np.testing.assert_allclose(probs, want, rtol=1e-6)
