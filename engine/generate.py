@@ -46,6 +46,15 @@ Seams for decoding features (helper "decoding" provides the implementations):
 
 Log-probabilities in TokenSampled are natural-log softmax of the logits after penalties and the
 JSON mask, before temperature and truncation: the model's own belief about each alternative.
+TokenSampled.text is `tokenizer.piece(id)` (special tokens by name, a partial UTF-8 byte as <0xXX>).
+
+Counting and matching conventions:
+- Stop strings are matched on the generated text before it is split into reasoning and answer,
+  so a stop string inside a <think> block ends the request too (as in llama.cpp).
+- Finished.token_ids are the generated ids without a final end-of-generation id; the tokens that
+  spelled a matched stop string are included (they were generated), their text is not.
+- Usage.completion_tokens counts every sampled token, the end-of-generation one included (it
+  cost a decode step); context_used = prompt_tokens + completion_tokens.
 """
 
 from __future__ import annotations
