@@ -166,3 +166,89 @@ def test_tiny_weights_have_the_requested_spread(tiny_model_factory, qtype):
     assert abs(w.mean()) < 0.01
     assert g.tensors["blk.1.ffn_up.weight"].qtype == qtype
     assert g.tensors["blk.1.ffn_norm.weight"].qtype == Q.F32
+
+
+# --- round trip: anything gguf-py's writer produces reads back equal ------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from gguf import GGML_QUANT_SIZES, GGUFWriter  # noqa: E402
+
+V = GGUFValueType
+_INT_RANGES = {
+    V.UINT8: (0, 2**8 - 1), V.INT8: (-(2**7), 2**7 - 1), V.UINT16: (0, 2**16 - 1),
+    V.INT16: (-(2**15), 2**15 - 1), V.UINT32: (0, 2**32 - 1), V.INT32: (-(2**31), 2**31 - 1),
+    V.UINT64: (0, 2**64 - 1), V.INT64: (-(2**63), 2**63 - 1),
+}  # fmt: skip
+
+
+def _scalar(vtype: GGUFValueType) -> st.SearchStrategy:
+    if vtype in _INT_RANGES:
+        return st.integers(*_INT_RANGES[vtype])
+    if vtype == V.FLOAT32:
+        return st.floats(width=32, allow_nan=False)
+    if vtype == V.FLOAT64:
+        return st.floats(allow_nan=False)
+    if vtype == V.BOOL:
+        return st.booleans()
+    return st.text(max_size=20)
+
+
+_SCALAR_TYPES = [t for t in V if t != V.ARRAY]
+
+
+@st.composite
+def _metadata_entry(draw):
+    vtype = draw(st.sampled_from([*_SCALAR_TYPES, V.ARRAY]))
+    if vtype != V.ARRAY:
+        return vtype, None, draw(_scalar(vtype))
+    element = draw(st.sampled_from(_SCALAR_TYPES))
+    return vtype, element, draw(st.lists(_scalar(element), min_size=1, max_size=8))
+
+
+@st.composite
+def _tensor(draw, index: int):
+    qtype = draw(st.sampled_from(SUPPORTED_QTYPES))
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    ne0 = block_size * draw(st.integers(1, 3))
+    outer = draw(st.lists(st.integers(1, 3), max_size=3))
+    shape = (*reversed(outer), ne0)  # numpy order
+    n_bytes = int(np.prod(shape[:-1], dtype=np.int64)) * ne0 // block_size * type_size
+    data = np.frombuffer(draw(st.binary(min_size=n_bytes, max_size=n_bytes)), dtype=np.uint8)
+    return f"t{index}", qtype, shape, data.reshape(*shape[:-1], -1)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(
+    entries=st.lists(_metadata_entry(), max_size=6),
+    alignment=st.sampled_from([None, 1, 8, 64, 4096]),
+    tensors=st.integers(0, 4).flatmap(lambda n: st.tuples(*[_tensor(i) for i in range(n)])),
+)
+def test_writer_round_trip(tmp_path, entries, alignment, tensors):
+    path = tmp_path / "round.gguf"
+    writer = GGUFWriter(path, "llama")
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+    expected = {}
+    for i, (vtype, element, value) in enumerate(entries):
+        key = f"test.k{i}"
+        writer.add_key_value(key, value, vtype, element)
+        expected[key] = value
+    for name, qtype, shape, data in tensors:
+        writer.add_tensor(name, data, raw_dtype=qtype)  # uint8 byte rows; the writer derives the shape
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    g = open_gguf(path)
+    assert g.arch == "llama"
+    assert g.alignment == (alignment or 32)
+    for key, value in expected.items():
+        assert g.metadata[key] == value, key
+    assert list(g.tensors) == [t[0] for t in tensors]
+    for name, qtype, shape, data in tensors:
+        t = g.tensors[name]
+        assert t.qtype == qtype and t.shape == shape
+        assert t.data.view(np.uint8).tobytes() == data.tobytes()
+        assert g.tensor_offsets[name] % g.alignment == 0
