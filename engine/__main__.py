@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -180,6 +181,9 @@ def cmd_generate(args) -> int:
     request.top_logprobs = args.top_logprobs
     cancel = CancelToken()
     done = None
+    # Ctrl-C cancels the generation (finish reason "cancelled", usage still printed) instead of
+    # killing the process mid-token
+    previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: cancel.cancel())
     try:
         for event in generate(lm, request, cancel):
             if isinstance(event, TextDelta) and not args.json:
@@ -190,10 +194,8 @@ def cmd_generate(args) -> int:
                 sys.stderr.flush()
             elif isinstance(event, Finished):
                 done = event
-    except KeyboardInterrupt:
-        cancel.cancel()
-    if done is None:
-        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
     if args.json:
         print(json.dumps(finished_record(done), ensure_ascii=False))
     else:
