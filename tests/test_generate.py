@@ -491,3 +491,54 @@ def test_smollm2_stop_string_and_prefix_reuse(smollm2, real_detokenizer):
                                                                overrides={"max_new_tokens": 8}))))
     assert second.usage.cached_tokens == second.usage.prompt_tokens
     assert (second.finish_reason, second.text) == ("stop", " Paris.")
+
+
+# --- properties over random scripts --------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_TEXT_PIECES = ["Hello", " world", "!", " ", "E", "N", "D", "a", "b", "c", "ab", "x", "é"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    script=st.lists(st.sampled_from(_TEXT_PIECES), min_size=1, max_size=12),
+    stops=st.lists(st.text(alphabet="abcEND !é", min_size=1, max_size=4), min_size=1, max_size=3),
+)
+def test_stop_strings_cut_exactly_at_the_first_match_or_change_nothing(script, stops):
+    with pytest.MonkeyPatch.context() as patch:  # hypothesis cannot use function-scoped fixtures
+        use_fake_detokenizer(patch)
+        plain = finished(run(fake_lm(script_tokens(N_PROMPT, ids(*script)))))
+        events = run(fake_lm(script_tokens(N_PROMPT, ids(*script))), overrides={"stop": stops})
+    done = finished(events)
+    full = "".join(script)
+    hits = [full.find(s) for s in stops if s in full]
+    assert text_of(events) == done.text
+    if hits:
+        assert done.finish_reason == "stop_sequence" and done.text == full[: min(hits)]
+    else:
+        assert done.finish_reason == plain.finish_reason == "stop"
+        assert done.text == plain.text == full
+
+
+def test_cancel_from_another_thread_while_decoding():
+    import threading
+    import time as _time
+
+    lm = fake_lm(script_tokens(N_PROMPT, ids("a") * 200), n_ctx=512)
+    slow_forward = lm.model.forward
+
+    def forward(*args, **kwargs):
+        _time.sleep(0.002)
+        return slow_forward(*args, **kwargs)
+
+    lm.model.forward = forward
+    cancel = CancelToken()
+    timer = threading.Timer(0.05, cancel.cancel)
+    timer.start()
+    events = run(lm, cancel, speculative=False)
+    timer.join()
+    done = finished(events)
+    assert done.finish_reason == "cancelled"
+    assert 0 < len(done.token_ids) < 200
+    assert done.text == text_of(events) == "a" * len(done.token_ids)
