@@ -71,6 +71,9 @@ class TransformerModel:
         self.output = tensors.get("output.weight", self.token_embd)
         self.output_norm = _vector(_require(tensors, "output_norm.weight"))
         self.layers = [self._load_layer(tensors, i) for i in range(config.n_layers)]
+        # Per layer: (RoPE base, RoPE frequency scale, attention window), looked up once.
+        self._layer_attention = [(config.layer_rope_theta(i), config.layer_rope_freq_scale(i),
+                                  config.layer_window(i)) for i in range(config.n_layers)]
         self._state = _RunState(config, max_batch)
 
     def _load_layer(self, tensors: dict[str, QTensor], i: int) -> Layer:
@@ -169,7 +172,7 @@ class TransformerModel:
         gate, up = st.gate[:n], st.up[:n]
         q_heads = q.reshape(n, cfg.n_head, cfg.head_dim)
         k_heads = k.reshape(n, cfg.n_kv_head, cfg.head_dim)
-        for li, layer in enumerate(self.layers):
+        for li, (layer, (theta, fscale, window)) in enumerate(zip(self.layers, self._layer_attention)):
             # --- attention ---
             ops.rmsnorm(x, layer.attn_norm, cfg.norm_eps, out=h)
             ops.linear(layer.attn_q, h, out=q)
@@ -184,14 +187,13 @@ class TransformerModel:
                 kr = k.reshape(n * cfg.n_kv_head, cfg.head_dim)
                 ops.rmsnorm(qr, layer.attn_q_norm, cfg.norm_eps, out=qr)
                 ops.rmsnorm(kr, layer.attn_k_norm, cfg.norm_eps, out=kr)
-            theta, fscale = cfg.layer_rope_theta(li), cfg.layer_rope_freq_scale(li)
             ops.rope(q_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale)
             ops.rope(k_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale)
             k_cache, v_cache = cache.layer(li)
             k_cache[p0:p0 + n] = k_heads
             v_cache[p0:p0 + n] = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
             ops.attention(q_heads, k_cache, v_cache, p0=p0, scale=cfg.attn_scale,
-                          window=cfg.layer_window(li), softcap=cfg.attn_logit_softcap, out=att)
+                          window=window, softcap=cfg.attn_logit_softcap, out=att)
             ops.linear(layer.attn_output, att, out=proj)
             if layer.post_attention_norm is not None:
                 ops.rmsnorm(proj, layer.post_attention_norm, cfg.norm_eps, out=proj)
