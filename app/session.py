@@ -171,11 +171,21 @@ class ChatSession(QObject):
         self._recorder = ReplyRecorder(self.store, reply_id)
         self._reply_message = self.store.message(reply_id)
         self._started, self._first_token_at, self._n_tokens = time.perf_counter(), None, 0
-        # Rough prompt size for the live context bar until the engine reports the exact count.
-        self._prompt_estimate = sum(len(m["content"]) for m in request.messages) // 4
+        self._prompt_estimate = self._estimate_prompt_tokens(cid, request)
         self.messageAdded.emit(self._reply_message)
         self.busyChanged.emit(True)
         self.controller.generate(request)
+
+    def _estimate_prompt_tokens(self, cid: int, request: ChatRequest) -> int:
+        """For the live context bar until the engine reports the exact count: the last reply's
+        exact context use plus ~4 characters per token for what was added since (+ template)."""
+        replies = [m for m in self.store.messages(cid) if m.role == "assistant" and m.usage
+                   and "context_used" in m.usage]
+        if replies:
+            last = replies[-1]
+            added = request.messages[-1]["content"] if request.messages else ""
+            return int(last.usage["context_used"]) + len(added) // 4 + 8
+        return sum(len(m["content"]) // 4 + 8 for m in request.messages)
 
     def tick(self) -> None:
         """Called on every repaint tick while streaming: durability save + live usage."""

@@ -110,6 +110,9 @@ def test_preset_panel_shows_sources_refuses_invalid_saves_and_resets(qtbot, tmp_
     assert panel.value_text("temperature") == "0.2"
     assert panel.source_text("temperature") == "generation_config.json"
     assert panel.source_text("do_sample") == "gguf metadata"
+    row = panel.row_of("temperature")
+    assert panel.source_label("temperature") == "gen. config"  # what the cell shows
+    assert "generation_config.json" in panel.table.item(row, 2).toolTip()
 
     panel.table.item(panel.row_of("top_p"), 1).setText("1.5")
     assert panel.error_label.isVisible()
@@ -137,6 +140,8 @@ def test_conversations_persist_and_reload(qtbot, tmp_path):
     window.system_prompt.setText("You are terse.")
     send_and_wait(qtbot, window, "First question")
     window.new_chat()
+    # The old messages leave the layout at once (not only at the next deferred delete).
+    assert window.chat_view.widgets == [] and window.chat_view._layout.count() == 2
     send_and_wait(qtbot, window, "Second question")
     close_window(window)
 

@@ -33,6 +33,7 @@ class ChatView(QScrollArea):
             "<h2>LocalChat</h2><p>Type a message below and press <b>Enter</b> to send "
             "(<b>Shift+Enter</b> for a new line).<br>Everything runs on this computer.</p>")
         self._placeholder.setAlignment(Qt.AlignCenter)
+        self._placeholder.setWordWrap(True)
         self._placeholder.setObjectName("placeholder")
         self._layout.addWidget(self._placeholder)
         self._layout.addStretch(1)
@@ -47,6 +48,10 @@ class ChatView(QScrollArea):
     # --- whole conversation ---------------------------------------------------------------------
     def show_messages(self, messages: list[StoredMessage]) -> None:
         for w in self.widgets:
+            # Out of the layout now; deleteLater alone would leave them drawn until the event
+            # loop next runs deferred deletes.
+            w.hide()
+            self._layout.removeWidget(w)
             w.deleteLater()
         self.widgets = []
         self._streaming = None
@@ -103,6 +108,7 @@ class ChatView(QScrollArea):
 
     def finish_stream(self, stored: StoredMessage) -> None:
         self._pending_text, self._pending_reasoning = [], []  # set_message draws the final text
+        at_bottom = self._at_bottom()
         if self._streaming is not None and self._streaming.message.id == stored.id:
             self._streaming.set_message(stored)
         else:
@@ -110,6 +116,8 @@ class ChatView(QScrollArea):
             if widget is not None:
                 widget.set_message(stored)
         self._streaming = None
+        if at_bottom:  # the final render may be taller (markdown, JSON status, usage line)
+            QTimer.singleShot(50, self._scroll_to_end)
 
     @property
     def streaming_widget(self) -> MessageWidget | None:

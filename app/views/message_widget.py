@@ -165,7 +165,9 @@ class MessageWidget(QFrame):
             view = render_json_reply(self.text, streaming=streaming)
             self.body.setMarkdown(view.markdown)
             self.json_status.setText(("✔ " if view.ok else "✖ " if not streaming else "") + view.status)
-            self.json_status.setProperty("ok", view.ok)
+            # Direct colour: a dynamic-property selector would need a re-polish on every change.
+            color = "#2e8b57" if view.ok else ("#c0392b" if not streaming else "gray")
+            self.json_status.setStyleSheet(f"color: {color};")
             self.json_status.setVisible(True)
         elif len(self.text) > MARKDOWN_CHARS:
             self.body.setPlainText(self.text)
@@ -180,6 +182,9 @@ class MessageWidget(QFrame):
             words = len(self.reasoning.split())
             self.reasoning_toggle.setText(f"Reasoning ({words} words)")
         status = "streaming" if streaming else m.status
+        for button in (getattr(self, "regenerate_button", None), getattr(self, "details_button", None)):
+            if button is not None:
+                button.setVisible(not streaming)
         self.status_label.setText(STATUS_NOTES.get(status, ""))
         self.status_label.setProperty("status", status)
         self.usage_label.setText(_usage_line(m.usage) if not streaming else "")

@@ -20,6 +20,16 @@ from app.engine_bridge import PresetView
 from app.preset_state import format_value
 
 SOURCE_COLORS = {"override": "#c05a00", "saved preset": "#2a7ab8"}
+# Short labels so the value column keeps its room; the tooltip says it in full.
+SOURCE_LABELS = {"generation_config.json": "gen. config", "gguf metadata": "GGUF", "override": "you (unsaved)",
+                 "saved preset": "your preset", "default": "default"}
+SOURCE_TIPS = {
+    "generation_config.json": "From the checkpoint's generation_config.json beside the model file",
+    "gguf metadata": "From the model file's general.sampling.* metadata",
+    "override": "Changed by you in this session (not saved)",
+    "saved preset": "From your saved preset for this model",
+    "default": "The engine's built-in default (no other source sets it)",
+}
 
 
 class PresetPanel(QWidget):
@@ -31,8 +41,8 @@ class PresetPanel(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        self.hint = QLabel("Double-click a value to change it. The source column says where "
-                           "each value comes from.")
+        self.hint = QLabel("Values used for the next reply. Double-click a value to change it; "
+                           "“Source” says where it comes from (hover for details).")
         self.hint.setWordWrap(True)
         self.table = QTableWidget(0, 3)
         self.table.setHorizontalHeaderLabels(["Setting", "Value", "Source"])
@@ -40,6 +50,9 @@ class PresetPanel(QWidget):
         header.setSectionResizeMode(0, QHeaderView.ResizeToContents)
         header.setSectionResizeMode(1, QHeaderView.Stretch)
         header.setSectionResizeMode(2, QHeaderView.ResizeToContents)
+        header.setMinimumSectionSize(60)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.table.setWordWrap(False)
         self.table.verticalHeader().setVisible(False)
         self.table.itemChanged.connect(self._on_item_changed)
         self.error_label = QLabel()
@@ -73,8 +86,10 @@ class PresetPanel(QWidget):
             name_item.setFlags(Qt.ItemIsEnabled)
             value_item = QTableWidgetItem(format_value(value))
             value_item.setData(Qt.UserRole, name)
+            value_item.setToolTip(f"{name} = {format_value(value)!r} — double-click to edit")
             source = view.sources.get(name, "default")
-            source_item = QTableWidgetItem(source)
+            source_item = QTableWidgetItem(SOURCE_LABELS.get(source, source))
+            source_item.setToolTip(SOURCE_TIPS.get(source, source))
             source_item.setFlags(Qt.ItemIsEnabled)
             if source in SOURCE_COLORS:
                 source_item.setForeground(QBrush(QColor(SOURCE_COLORS[source])))
@@ -104,6 +119,10 @@ class PresetPanel(QWidget):
         return self.table.item(self.row_of(field), 1).text()
 
     def source_text(self, field: str) -> str:
+        """The engine's source name (the cell shows a short label for it)."""
+        return self.view.sources.get(field, "default")
+
+    def source_label(self, field: str) -> str:
         return self.table.item(self.row_of(field), 2).text()
 
     def _on_item_changed(self, item: QTableWidgetItem) -> None:

@@ -6,6 +6,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QInputDialog,
+    QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -37,6 +38,9 @@ class Sidebar(QWidget):
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(self.searchChanged)
         self.list = QListWidget()
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.ElideRight)
+        self.list.setUniformItemSizes(True)
         self.list.currentItemChanged.connect(self._on_current)
         self.list.itemDoubleClicked.connect(lambda item: self.ask_rename())
         buttons = QHBoxLayout()
@@ -46,6 +50,8 @@ class Sidebar(QWidget):
         self.delete_button.clicked.connect(self.ask_delete)
         buttons.addWidget(self.rename_button)
         buttons.addWidget(self.delete_button)
+        title = QLabel("<b>Chats</b>")
+        layout.addWidget(title)
         layout.addWidget(self.new_button)
         layout.addWidget(self.search)
         layout.addWidget(self.list, 1)

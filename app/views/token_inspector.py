@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from app.reply_recorder import MAX_RECORDED_TOKENS, token_record
 from PySide6.QtWidgets import (
     QHeaderView,
@@ -44,6 +44,8 @@ class TokenInspector(QWidget):
         self.tokens_view.setOpenLinks(False)
         self.tokens_view.anchorClicked.connect(self._on_anchor)
         self.selected_label = QLabel("No token selected")
+        self.selected_label.setTextFormat(Qt.PlainText)
+        self.selected_label.setWordWrap(True)
         self.table = QTableWidget(0, 3)
         self.table.setHorizontalHeaderLabels(["Token", "Probability", "Id"])
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
@@ -97,7 +99,9 @@ class TokenInspector(QWidget):
             )
         tail = (f"<p><i>Only the first {MAX_SHOWN:,} tokens of a reply are kept for the "
                 "inspector.</i></p>" if len(self.tokens) >= MAX_SHOWN else "")
-        self.tokens_view.setHtml("<p style='line-height:150%'>" + " ".join(chips) + "</p>" + tail
+        # Hair spaces between chips: visibly separate, without looking like the text's own spaces
+        # (those are drawn as "·").
+        self.tokens_view.setHtml("<p style='line-height:150%'>" + "\u200a".join(chips) + "</p>" + tail
                                  if chips else "<i>No tokens recorded for this reply.</i>")
 
     def _on_anchor(self, url: QUrl) -> None:
@@ -109,7 +113,7 @@ class TokenInspector(QWidget):
         token = self.tokens[index]
         p = math.exp(token["logprob"])
         self.selected_label.setText(
-            f"Token #{index}: “{html.escape(_visible(token['text']))}” — sampled with p = {p:.1%}")
+            f"Token #{index}: “{_visible(token['text'])}” — chosen with p = {p:.1%}. Alternatives:")
         rows = token["top"] or [{"token_id": token["token_id"], "text": token["text"],
                                  "logprob": token["logprob"]}]
         self.table.setRowCount(len(rows))

@@ -1,0 +1,146 @@
+"""`python -m app --demo-screenshot DIR`: play a scripted conversation and save PNGs of the main
+window's states (tools/screenshot.sh runs it under Xvfb). With `--demo-engine real` (default) the
+replies come from the real engine and the embedded model; `fake` uses the scripted test engine
+(tests/app_fakes.py, only present in a source checkout).
+
+Shots: 01-loading, 02-streaming, 03-chat, 04-json, 05-tokens, 06-sampling, 07-dark.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEMO_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "country": {"type": "string", "maxLength": 20}},
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
+FAKE_REPLIES = [
+    "Here is a small Python function:\n\n```python\ndef greet(name):\n    return f\"Hello, {name}!\"\n```\n\n"
+    "Call it as `greet(\"Ada\")` to get **Hello, Ada!**",
+    "The capital of France is **Paris**.",
+    '{"city": "Paris", "country": "France"}',
+]
+
+
+def _wait(app, predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        app.processEvents()
+        time.sleep(0.01)
+    return True
+
+
+def _settle(app, seconds: float = 0.3) -> None:
+    _wait(app, lambda: False, seconds)
+
+
+def _engine(kind: str):
+    if kind == "fake":
+        repo = Path(__file__).resolve().parent.parent
+        sys.path.insert(0, str(repo))
+        from tests.app_fakes import FakeEngine
+
+        return FakeEngine(replies=FAKE_REPLIES, token_delay_s=0.06,
+                          load_stages=(("reading model file", 0.1), ("compiling kernels", 0.5)))
+    from app.engine_bridge import RealEngine
+
+    return RealEngine()
+
+
+def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None) -> int:
+    from PySide6.QtWidgets import QApplication
+
+    from app.controller import EngineController
+    from app.icon import app_icon
+    from app.settings import SettingsFile
+    from app.store import Store
+    from app.theme import apply_theme
+    from app.views.main_window import MainWindow
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("LocalChat")
+    app.setWindowIcon(app_icon())
+    data = Path(tempfile.mkdtemp(prefix="localchat-demo-"))
+    settings_file = SettingsFile(data / "settings.json")
+    settings = settings_file.load()
+    settings.theme = "light"
+    apply_theme(app, settings.theme, settings.font_size)
+    store = Store(data / "chats.sqlite3")
+    controller = EngineController(_engine(engine_kind))
+    window = MainWindow(controller, store, settings, settings_file)
+    window.resize(1280, 800)
+    window.show()
+
+    def shot(name: str) -> None:
+        _settle(app)
+        path = out_dir / f"{name}.png"
+        window.grab().save(str(path))
+        print(path)
+
+    def send(text: str, *, capture_streaming: str | None = None) -> None:
+        window.input.setPlainText(text)
+        window.send()
+        if capture_streaming:
+            _wait(app, lambda: (window.chat_view.streaming_widget is not None
+                                and len(window.chat_view.streaming_widget.text) > 25), 60)
+            shot(capture_streaming)
+        if not _wait(app, lambda: not window.session.busy, 300):
+            raise SystemExit("demo: the reply did not finish in 5 minutes")
+
+    # 1. loading
+    window.start(model)
+    _wait(app, lambda: window.model_bar.progress.value() > 0 or controller.model is not None, 30)
+    shot("01-loading")
+    if not _wait(app, lambda: controller.model is not None, 300):
+        raise SystemExit("demo: the model did not load")
+    window.session.set_preset_value("max_new_tokens", 60)
+
+    # 2-3. a conversation with a code block, streaming and finished
+    window.system_prompt.setText("You are a concise assistant.")
+    send("Write a Python function that greets someone by name.", capture_streaming="02-streaming")
+    send("What is the capital of France?")
+    shot("03-chat")
+
+    # 4. JSON mode with a schema
+    window.session.new_conversation()
+    window.json_bar.set_schema(json.dumps(DEMO_SCHEMA, indent=2), DEMO_SCHEMA)
+    window.json_bar._previous_index = 0
+    window.json_bar.combo.setCurrentIndex(2)
+    send("Give the capital of France and its country as JSON.")
+    shot("04-json")
+
+    # 5. token inspector with a token selected
+    window.tabs.setCurrentWidget(window.token_inspector)
+    _settle(app)
+    if window.token_inspector.tokens:
+        window.token_inspector.select(min(2, len(window.token_inspector.tokens) - 1))
+    shot("05-tokens")
+
+    # 6. sampling preset: one override accepted, one refused
+    window.tabs.setCurrentWidget(window.preset_panel)
+    panel = window.preset_panel
+    panel.table.item(panel.row_of("temperature"), 1).setText("0.7")
+    if "top_p" in panel.view.values:
+        panel.table.item(panel.row_of("top_p"), 1).setText("1.5")
+    shot("06-sampling")
+
+    # 7. dark theme, back on the first chat
+    apply_theme(app, "dark", settings.font_size)
+    conversations = store.list_conversations()
+    window.sidebar.list.setCurrentRow(len(conversations) - 1)
+    window.tabs.setCurrentIndex(0)
+    shot("07-dark")
+
+    window.close()
+    store.close()
+    return 0
