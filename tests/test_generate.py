@@ -249,6 +249,15 @@ def test_same_seed_same_tokens_and_the_used_seed_is_reported():
     assert _sampled_run(random.preset["seed_used"]).token_ids == random.token_ids
 
 
+def test_greedy_ignores_the_seed():
+    make = lambda: fake_lm(script_steps(N_PROMPT, _noisy_steps(6)), tokenizer=FakeTokenizer(eog_ids=()))  # noqa: E731
+    a = finished(run(make(), overrides={"max_new_tokens": 6, "seed": 1}))
+    b = finished(run(make(), overrides={"max_new_tokens": 6, "seed": 2}))
+    assert a.token_ids == b.token_ids and a.preset["seed_used"] is None
+    # greedy = argmax of each step's logits
+    assert list(a.token_ids) == [int(np.argmax(step)) for step in _noisy_steps(6)]
+
+
 # --- ceilings ------------------------------------------------------------------------------------
 def test_prompt_plus_max_new_tokens_over_the_context_is_refused_before_allocation():
     lm = fake_lm(script_tokens(N_PROMPT, []), n_ctx=16)
