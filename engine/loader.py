@@ -32,6 +32,19 @@ class LoadedModel:
     def name(self) -> str:
         return str(self.gguf.metadata.get("general.name") or self.path.stem)
 
+    def close(self) -> None:
+        """Stop the backend's worker threads (when it has any). The app calls this when it
+        switches models; the memory map closes when the last reference goes."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "LoadedModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @cached_property
     def tokenizer(self):
         """engine.tokenizer.Tokenizer built from the file's vocabulary (built at load time when

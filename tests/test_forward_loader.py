@@ -55,3 +55,11 @@ def test_unsupported_architecture_refused(tmp_path):
     writer.close()
     with pytest.raises(UnsupportedModelError, match="mamba"):
         load_model(path)
+
+
+def test_close_stops_the_backend(monkeypatch, tiny_with_vocab):
+    monkeypatch.setenv("LOCALCHAT_KERNELS", "numpy")
+    closed = []
+    with load_model(tiny_with_vocab) as lm:
+        lm.backend.close = lambda: closed.append(True)
+    assert closed == [True]

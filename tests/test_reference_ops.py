@@ -109,3 +109,19 @@ def test_activations():
 def test_env_forces_numpy_backend(monkeypatch):
     monkeypatch.setenv("LOCALCHAT_KERNELS", "numpy")
     assert get_backend().name == "numpy"
+
+
+def test_jit_failure_falls_back_to_numpy_with_a_warning(monkeypatch):
+    import importlib.util
+
+    monkeypatch.delenv("LOCALCHAT_KERNELS", raising=False)
+    if importlib.util.find_spec("engine.kernels.jit_backend") is None:
+        pytest.skip("no JIT backend in this build")
+    import engine.kernels.jit_backend as jit
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no LLVM target")
+
+    monkeypatch.setattr(jit, "JitBackend", broken)
+    with pytest.warns(RuntimeWarning, match="no LLVM target"):
+        assert get_backend().name == "numpy"
