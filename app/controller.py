@@ -35,6 +35,7 @@ class EngineController(QObject):
     replyText = Signal(str)
     replyTokens = Signal(object)  # list[TokenSampled]; object, not list: no per-item conversion
     replyUsage = Signal(object)
+    replyNotice = Signal(str)  # e.g. older turns left out to fit the context
     replyFinished = Signal(object)  # engine Finished
     replyErrored = Signal(str)
 
@@ -124,6 +125,8 @@ class EngineController(QObject):
         for item in self._worker.channel.drain():
             if isinstance(item, EventBatch):
                 if item.request_id == self._active:  # else: a superseded request's tail
+                    for notice in item.notices:
+                        self.replyNotice.emit(notice)
                     self._emit_batch(item.text, item.reasoning, item.tokens, item.usage)
                 continue
             request_id, event = item

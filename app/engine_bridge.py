@@ -1,4 +1,4 @@
-"""The only place the app calls the engine. Everything here runs on the worker thread except
+"""The only place the app calls the engine (and fits long chats into the context on the way). Everything here runs on the worker thread except
 `resolve_preset`, which is pure configuration logic (no model compute) and is cheap enough for the
 GUI thread, so the preset panel can validate an edit immediately even while a reply streams.
 
@@ -8,6 +8,7 @@ engine event dataclasses.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
@@ -44,7 +45,25 @@ class PresetView:
     sources: dict  # field -> "override" / "saved preset" / "generation_config.json" / ...
 
 
+@dataclass(frozen=True)
+class ContextTrimmed:
+    """App-level stream event, first in a stream: older turns were left out to fit the context."""
+
+    dropped_turns: int
+    dropped_messages: int
+    prompt_tokens: int
+    context_limit: int
+
+    @property
+    def message(self) -> str:
+        turns = "turn" if self.dropped_turns == 1 else "turns"
+        return (f"The {self.dropped_turns} oldest {turns} of this chat were left out so the prompt "
+                f"({self.prompt_tokens:,} tokens) and the reply fit the {self.context_limit:,}-token context.")
+
+
 ProgressCallback = Callable[[str, float], None]
+# Room kept for the reply when fitting a chat whose preset says "until the context is full".
+DEFAULT_REPLY_RESERVE = 512
 
 
 class EngineBridge(Protocol):
@@ -117,8 +136,9 @@ class RealEngine:
     def generate(self, lm, request: ChatRequest, cancel):
         from engine.generate import GenerationRequest, generate
 
+        messages, trimmed = self._fit(lm, request)
         engine_request = GenerationRequest(
-            messages=[dict(m) for m in request.messages],
+            messages=messages,
             overrides=dict(request.overrides),
             saved_preset=request.saved_preset or None,
             json_mode=request.json_mode,
@@ -126,4 +146,30 @@ class RealEngine:
             top_logprobs=request.top_logprobs,
             prefix_cache=self._prefix_cache,
         )
-        return generate(lm, engine_request, cancel)
+        events = generate(lm, engine_request, cancel)
+        return itertools.chain([trimmed], events) if trimmed is not None else events
+
+    def _fit(self, lm, request: ChatRequest) -> tuple[list[dict], ContextTrimmed | None]:
+        """Drop the oldest turns (never the system prompt or the last message) when the chat
+        plus the reply's room no longer fits the context. Raises ContextOverflowError when even
+        the last message does not fit."""
+        from engine.context_fit import fit_conversation
+        from engine.errors import EngineError
+        from engine.presets import resolve_preset
+
+        messages = [dict(m) for m in request.messages]
+        try:
+            preset = resolve_preset(lm, saved=request.saved_preset or None,
+                                    overrides=dict(request.overrides) or None)
+        except EngineError:
+            return messages, None  # generate() raises the same error with its full message
+        reserve = preset.values.get("max_new_tokens")
+        if reserve is None:
+            reserve = min(DEFAULT_REPLY_RESERVE, lm.n_ctx // 4)
+        if reserve >= lm.n_ctx:
+            return messages, None  # generate() refuses this with ContextOverflowError
+        fit = fit_conversation(lm, messages, reserve_tokens=int(reserve), policy="drop_oldest")
+        if not fit.dropped:
+            return messages, None
+        return fit.messages, ContextTrimmed(fit.dropped_turns, len(fit.dropped), fit.prompt_tokens,
+                                            fit.context_limit)

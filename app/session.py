@@ -30,6 +30,7 @@ class ChatSession(QObject):
     replyText = Signal(str)
     replyReasoning = Signal(str)
     replyTokens = Signal(object)  # list[TokenSampled]; object, not list: no per-item conversion
+    replyNotice = Signal(str)
     liveUsage = Signal(dict)  # while streaming; keys as engine.events.Usage plus "finish_reason"
     replyFinished = Signal(object)  # StoredMessage as stored
     replyFailed = Signal(str, object)  # message for a dialog, StoredMessage as stored
@@ -56,6 +57,7 @@ class ChatSession(QObject):
         controller.replyText.connect(self._on_text)
         controller.replyReasoning.connect(self._on_reasoning)
         controller.replyTokens.connect(self._on_tokens)
+        controller.replyNotice.connect(self.replyNotice)
         controller.replyFinished.connect(self._on_finished)
         controller.replyErrored.connect(self._on_errored)
 

@@ -19,7 +19,7 @@ import traceback
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from app.engine_bridge import ChatRequest, EngineBridge
+from app.engine_bridge import ChatRequest, ContextTrimmed, EngineBridge
 from engine.cancel import CancelToken
 from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Usage
 
@@ -37,7 +37,7 @@ class EventBatch:
     """Consecutive stream events of one request, merged on the worker thread so the GUI thread
     does O(1) work per drain instead of O(events)."""
 
-    __slots__ = ("request_id", "text", "reasoning", "tokens", "usage")
+    __slots__ = ("request_id", "text", "reasoning", "tokens", "usage", "notices")
 
     def __init__(self, request_id: int):
         self.request_id = request_id
@@ -45,6 +45,7 @@ class EventBatch:
         self.reasoning: list[str] = []
         self.tokens: list[TokenSampled] = []
         self.usage: Usage | None = None
+        self.notices: list[str] = []  # ContextTrimmed messages
 
     def add(self, event) -> bool:
         """False for events that are not stream events (Finished, failures)."""
@@ -56,6 +57,8 @@ class EventBatch:
             self.reasoning.append(event.text)
         elif isinstance(event, Usage):
             self.usage = event
+        elif isinstance(event, ContextTrimmed):
+            self.notices.append(event.message)
         else:
             return False
         return True

@@ -54,6 +54,7 @@ class FakeEngine:
     load_stages: tuple = (("reading model", 0.3), ("compiling kernels", 0.8), ("ready", 1.0))
     fail_generate_with: Exception | None = None
     unloaded: list[str] = field(default_factory=list)
+    trimmed: object = None  # an app.engine_bridge.ContextTrimmed to yield first
 
     def load(self, path, *, n_ctx, n_threads, progress):
         if str(path).endswith(".bad"):
@@ -92,6 +93,8 @@ class FakeEngine:
     def _stream(self, lm, request, reply, cancel):
         start = time.perf_counter()
         prompt_tokens = sum(len(m["content"].split()) + 4 for m in request.messages)
+        if self.trimmed is not None:
+            yield self.trimmed
         if self.reasoning:
             yield ReasoningDelta(self.reasoning)
         pieces = re.findall(r"\s*\S+", reply)

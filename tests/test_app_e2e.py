@@ -103,3 +103,28 @@ def test_smoke_mode_prints_a_reply(model_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "[smoke] finish=" in result.stderr
+
+
+def test_long_chat_is_fitted_by_dropping_oldest_turns(model_path):
+    """RealEngine fits a chat longer than the context (n_ctx=256) with engine.context_fit."""
+    from app.engine_bridge import ChatRequest, ContextTrimmed
+    from engine.cancel import CancelToken
+    from engine.events import Finished
+
+    engine = RealEngine()
+    lm = engine.load(model_path, n_ctx=256, n_threads=None, progress=lambda *a: None)
+    try:
+        history = []
+        for i in range(6):
+            history += [{"role": "user", "content": f"Question {i}: " + "tell me more " * 12},
+                        {"role": "assistant", "content": f"Answer {i}: " + "here is more " * 12}]
+        history.append({"role": "user", "content": "Last question: say hi."})
+        events = list(engine.generate(lm, ChatRequest(messages=tuple(history), overrides={"max_new_tokens": 4}),
+                                      CancelToken()))
+        trimmed, finished = events[0], events[-1]
+        assert isinstance(trimmed, ContextTrimmed) and trimmed.dropped_turns >= 1
+        assert trimmed.prompt_tokens + 4 <= 256 and trimmed.context_limit == 256
+        assert isinstance(finished, Finished) and finished.finish_reason in ("stop", "length")
+        assert finished.usage.prompt_tokens == trimmed.prompt_tokens
+    finally:
+        engine.unload(lm)

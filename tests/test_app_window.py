@@ -258,3 +258,15 @@ def test_sidebar_rename_and_delete(qtbot, tmp_path, monkeypatch):
     assert [c.title for c in window.store.list_conversations()] == ["New chat"]
     assert window.chat_view.widgets == []
     close_window(window)
+
+
+def test_context_trimming_notice_is_shown(qtbot, tmp_path):
+    from app.engine_bridge import ContextTrimmed
+
+    engine = FakeEngine(replies=["ok"], trimmed=ContextTrimmed(2, 4, 900, 1024))
+    window = make_window(qtbot, tmp_path, engine)
+    send_and_wait(qtbot, window, "one more question")
+    assert window.state_label.text() == "Older turns left out to fit the context"
+    assert "2 oldest turns" in window.state_label.toolTip() and "1,024-token" in window.state_label.toolTip()
+    assert window.chat_view.widgets[-1].text == "ok"
+    close_window(window)

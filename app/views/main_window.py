@@ -71,6 +71,7 @@ class MainWindow(QMainWindow):
         self.settings, self.settings_file = settings, settings_file
         self.session = ChatSession(controller, store, settings, settings_file, self)
         self.selected_message_id: int | None = None
+        self.notice = ""  # the last notice about the current reply (e.g. context trimming)
         self._loading_path: str | None = None
         self._export_tasks: set = set()
 
@@ -193,6 +194,7 @@ class MainWindow(QMainWindow):
         s.replyReasoning.connect(self.chat_view.queue_reasoning)
         s.replyTokens.connect(self.token_inspector.add_tokens)
         s.liveUsage.connect(self._on_live_usage)
+        s.replyNotice.connect(self._on_notice)
         s.replyFinished.connect(self._on_reply_finished)
         s.replyFailed.connect(self._on_reply_failed)
         s.busyChanged.connect(self._set_busy)
@@ -341,6 +343,11 @@ class MainWindow(QMainWindow):
             self.usage_panel.show_usage(usage, live=True)
             self.ttft_panel.show_live(usage.get("ttft_ms"))
 
+    def _on_notice(self, message: str) -> None:
+        self.notice = message
+        self.state_label.setText("Older turns left out to fit the context")
+        self.state_label.setToolTip(message)
+
     def _on_reply_finished(self, stored: StoredMessage) -> None:
         self.frame_timer.stop()
         self.chat_view.finish_stream(stored)
@@ -349,7 +356,10 @@ class MainWindow(QMainWindow):
         self.ttft_panel.add_reply(usage.get("ttft_ms"), usage.get("prefill_ms"))
         self.selected_message_id = stored.id
         self.usage_panel.show_usage(stored.usage, stored.finish_reason)
-        self.state_label.setText("Stopped — partial reply kept" if stored.status == "cancelled" else "")
+        if stored.status == "cancelled":
+            self.state_label.setText("Stopped — partial reply kept")
+        elif not self.state_label.text().startswith("Older turns"):
+            self.state_label.setText("")
 
     def _on_reply_failed(self, message: str, stored: StoredMessage) -> None:
         self.frame_timer.stop()
@@ -376,6 +386,7 @@ class MainWindow(QMainWindow):
         self.regenerate_action.setEnabled(ready and not busy)
         if busy:
             self.state_label.setText("Generating… (Esc to stop)")
+            self.state_label.setToolTip("")
         elif self.state_label.text().startswith("Generating"):
             self.state_label.setText("")
 
