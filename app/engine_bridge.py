@@ -110,9 +110,7 @@ class RealEngine:
     def unload(self, lm) -> None:
         """Stop the model's native kernel threads now, not at interpreter teardown (threads still
         inside JIT code while LLVM's memory is released at exit can crash the process)."""
-        close = getattr(getattr(lm, "backend", None), "close", None)
-        if close is not None:
-            close()
+        lm.close()
 
     def describe(self, lm) -> ModelInfo:
         template = lm.chat_template
