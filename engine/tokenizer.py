@@ -37,6 +37,9 @@ own streaming (`token_to_piece`) does not apply it either.
 from __future__ import annotations
 
 import logging
+import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -196,8 +199,23 @@ class Tokenizer:
     # --- construction ------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, gguf_file) -> Tokenizer:
-        """Build from an engine.gguf.GGUFFile (anything with a `.metadata` dict)."""
-        return cls.from_metadata(gguf_file.metadata)
+        """Build from an engine.gguf.GGUFFile (anything with a `.metadata` dict). The same file
+        opened again reuses the tokenizer: building a 262k-token SentencePiece vocabulary takes
+        seconds (deriving ~500k merges), and the app reloads models when settings change."""
+        key = _file_identity(gguf_file)
+        if key is not None:
+            with _CACHE_LOCK:
+                cached = _CACHE.get(key)
+                if cached is not None:
+                    _CACHE.move_to_end(key)
+                    return cached
+        tokenizer = cls.from_metadata(gguf_file.metadata)
+        if key is not None:
+            with _CACHE_LOCK:
+                _CACHE[key] = tokenizer
+                while len(_CACHE) > _CACHE_SIZE:
+                    _CACHE.popitem(last=False)
+        return tokenizer
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
@@ -337,6 +355,23 @@ class Tokenizer:
 
 # Byte-level character -> the Latin-1 character of its byte, so one str.translate + encode decodes.
 _BYTE_LEVEL_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in UNICODE_TO_BYTE.items()})
+
+
+# Tokenizers of recently opened files, keyed by (path, size, mtime): a tokenizer is immutable.
+_CACHE: OrderedDict[tuple, Tokenizer] = OrderedDict()
+_CACHE_SIZE = 2
+_CACHE_LOCK = threading.Lock()
+
+
+def _file_identity(gguf_file) -> tuple | None:
+    path = getattr(gguf_file, "path", None)
+    if path is None:
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
 
 
 def _byte_level_decode(text: str) -> bytes:
