@@ -150,6 +150,9 @@ def test_conversations_persist_and_reload(qtbot, tmp_path):
     assert titles == ["Second question", "First question"]
     window.sidebar.list.setCurrentRow(1)
     assert [w.text for w in window.chat_view.widgets] == ["First question", "First answer."]
+    first_ttft = window.store.messages(window.sidebar.current_id())[-1].usage["ttft_ms"]
+    assert window.ttft_panel.strip.values_ms == [first_ttft]  # the strip survives a restart
+    assert window.usage_panel.text_of("completion_tokens") == "2"
     assert window.system_prompt.text() == "You are terse."
     window.sidebar.search.setText("second")
     assert window.sidebar.list.count() == 1

@@ -281,6 +281,8 @@ class MainWindow(QMainWindow):
         self.system_prompt.setText(conversation.system_prompt)
         self._refresh_sidebar()
         replies = [m for m in messages if m.role == "assistant" and m.status != "streaming"]
+        self.ttft_panel.set_history(
+            [m.usage["ttft_ms"] for m in replies if m.usage and m.usage.get("ttft_ms") is not None])
         if replies:
             self.select_message(replies[-1].id)
         else:

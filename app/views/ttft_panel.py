@@ -75,6 +75,11 @@ class TtftPanel(QGroupBox):
         prefill = f" · prefill {prefill_ms:,.0f} ms" if prefill_ms is not None else ""
         self.current.setText(f"<b>{ttft_ms:,.0f} ms</b>{prefill}")
 
+    def set_history(self, values_ms: list[float]) -> None:
+        """The TTFTs of the open chat's replies, oldest first (so the strip survives a restart)."""
+        self.history = [float(v) for v in values_ms][-MAX_BARS:]
+        self.strip.set_values(self.history)
+
     def add_reply(self, ttft_ms: float | None, prefill_ms: float | None) -> None:
         if ttft_ms is not None:
             self.history.append(float(ttft_ms))
