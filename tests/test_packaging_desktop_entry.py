@@ -49,6 +49,7 @@ def test_shipped_entry_names_the_app_and_its_icon():
     assert entry["Exec"] == "localchat"
     assert entry["Icon"] == "localchat"
     assert entry["Terminal"] == "false"
+    assert entry["StartupWMClass"] == "LocalChat"  # the app's X11 WM_CLASS class
     assert entry["Categories"].endswith(";")
 
 
