@@ -2,9 +2,9 @@
 
 Modes (GenerationRequest.json_mode): "off"; "object" (any JSON object); "schema" (a value matching
 the request's JSON schema). The grammar engine is llguidance:
-- it builds its token trie straight from an HF `tokenizers` JSON (our Tokenizer.hf), so both
-  vocabularies we ship (GPT-2 byte-level BPE, 49k; Gemma's SentencePiece with byte fallback,
-  262k) work without torch or transformers;
+- it builds its token trie from each token's bytes (our Tokenizer.piece_bytes) or from an HF
+  `tokenizers` JSON, so both vocabularies we ship (GPT-2 byte-level BPE, 49k; Gemma's
+  SentencePiece with byte fallback, 262k) work without torch or transformers;
 - it writes the allowed-token bitmask into a numpy buffer we own (no per-token Python work over
   the vocabulary); measured at ~0.02 ms per token on either vocabulary (bench/bench_decoding.py);
 - it validates schemas and names the problem ("Invalid type: foo", "Unimplemented keys: [...]").
@@ -14,8 +14,10 @@ has no dependencies but compiles an index over the whole vocabulary for each sch
 first token, while llguidance computes each mask lazily from a token trie (no per-schema
 precomputation) and was already a pinned dependency.
 
-Output shape: no free whitespace (a small model given the choice can emit newlines forever);
-items are separated by ", " and keys by ": ", which reads naturally and tokenizes well.
+Output shape: whitespace between tokens is bounded, as in llama.cpp's JSON grammar: nothing, one
+space, or a newline plus up to 20 spaces of indentation. Models write pretty-printed JSON
+naturally ("{\n    \"name\": ...") and forcing a compact form pushes them off their preferred
+tokens, while unbounded whitespace lets a small model emit newlines until the budget runs out.
 
 Lifecycle in the generation loop (engine/generate.py):
     constraint = make_json_constraint(lm.tokenizer, mode, schema)   # None when mode == "off"
@@ -39,8 +41,8 @@ from engine.errors import ConfigValidationError, ConstraintError
 
 JSON_MODES = ("off", "object", "schema")
 
-# Compact but readable JSON: fixed separators and no other whitespace.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Bounded whitespace (see the module docstring); no whitespace before the value itself.
+_JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"(?:\x20|\x0A\x20{0,20})"}
 _ANY_OBJECT_SCHEMA = {"type": "object"}
 
 # Building the llguidance token trie takes 0.3 s (49k vocab) to 2 s (262k vocab): once per tokenizer.
@@ -49,25 +51,59 @@ _llg_tokenizers_lock = threading.Lock()
 
 
 def llg_tokenizer_for(tokenizer) -> llguidance.LLTokenizer:
-    """The llguidance view of an engine Tokenizer (needs `.hf`, `.eog_ids`, `.vocab_size`), cached.
+    """The llguidance view of an engine Tokenizer, built once per tokenizer and cached.
 
-    Every end-of-generation id counts as "end" for the grammar, so a finished value may be closed
-    by whichever of them the model prefers (Gemma: <eos>, <end_of_turn>, </s>).
+    With `piece_bytes` (engine.tokenizer.Tokenizer) llguidance gets each token's exact bytes, as
+    llama.cpp renders them, and our own `encode`; otherwise it reads the HF tokenizer JSON
+    (`.hf`). Every end-of-generation id counts as "end" for the grammar, so a finished value may
+    be closed by whichever of them the model prefers (Gemma: <eos>, <end_of_turn>, </s>).
     """
     with _llg_tokenizers_lock:
         cached = _llg_tokenizers.get(tokenizer)
         if cached is not None:
             return cached
-        n_vocab = max(int(tokenizer.vocab_size), int(tokenizer.hf.get_vocab_size(with_added_tokens=True)))
         eog = sorted(int(t) for t in tokenizer.eog_ids)
         if not eog:
             raise ConstraintError("JSON mode needs an end-of-generation token, and this tokenizer has none")
         try:
-            built = llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=n_vocab, eos_token=eog)
+            if hasattr(tokenizer, "piece_bytes"):
+                source = llguidance.TokenizerWrapper(_TokenBytes(tokenizer))
+                n_vocab = int(tokenizer.vocab_size)
+            else:
+                source = tokenizer.hf.to_str()
+                n_vocab = max(int(tokenizer.vocab_size), int(tokenizer.hf.get_vocab_size(with_added_tokens=True)))
+            built = llguidance.LLTokenizer(source, n_vocab=n_vocab, eos_token=eog)
         except Exception as exc:  # llguidance raises plain ValueError/RuntimeError on odd vocabularies
             raise ConstraintError(f"JSON mode cannot use this model's tokenizer: {exc}") from exc
         _llg_tokenizers[tokenizer] = built
         return built
+
+
+class _TokenBytes:
+    """What llguidance.TokenizerWrapper reads: token bytes, special ids, and a str -> ids call.
+
+    Control tokens and tokens that render as nothing are marked special (llguidance never uses
+    special tokens to spell grammar text); an empty one gets a unique placeholder text, because an
+    empty token would match anywhere.
+    """
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids)
+        self.bos_token_id = tokenizer.bos_id
+        tokens: list[bytes] = []
+        special: list[int] = []
+        for token_id in range(int(tokenizer.vocab_size)):
+            raw = tokenizer.piece_bytes(token_id, special=True)
+            if not raw or tokenizer.is_special(token_id):
+                special.append(token_id)
+                raw = raw or f"<unused:{token_id}>".encode()
+            tokens.append(raw)
+        self.tokens = tokens
+        self.special_token_ids = special
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special=False)
 
 
 def json_grammar(mode: str, schema: Any = None, llg_tokenizer: llguidance.LLTokenizer | None = None) -> str:

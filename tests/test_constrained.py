@@ -81,11 +81,29 @@ def test_valid_json_text_is_allowed_token_by_token_and_only_end_follows(tiny):
     assert np.flatnonzero(np.isfinite(logits)).tolist() == [tiny.eos_id]
 
 
-def test_first_token_must_open_an_object_and_whitespace_is_not_free(tiny):
+def test_first_token_must_open_an_object_and_whitespace_is_bounded(tiny):
     constraint = make_json_constraint(tiny, "object")
     logits = constraint([1], np.zeros(tiny.vocab_size, np.float32))
     allowed = {tiny.decode([int(i)]) for i in np.flatnonzero(np.isfinite(logits))}
-    assert allowed == {"{", '{"'}  # '{}' and '{"key"...' only; no leading space or newline
+    assert allowed == {"{", '{"'}  # no leading space or newline
+
+    def accepts(text: str) -> bool:
+        c = make_json_constraint(tiny, "object")
+        tokens = [1]
+        c(tokens, np.zeros(tiny.vocab_size, np.float32))
+        try:
+            for token in tiny.encode(text):
+                c(tokens, np.zeros(tiny.vocab_size, np.float32))
+                c.accept(token)
+                tokens.append(token)
+        except ConstraintError:
+            return False
+        return True
+
+    assert accepts('{\n    "a": [1, 2],\n    "b": {\n        "c": null\n    }\n}')  # pretty-printed
+    assert accepts('{"a":1,"b":2}')  # compact
+    assert not accepts('{"a": 1' + " " * 30 + "}")  # a run of spaces
+    assert not accepts('{\n\n\n"a": 1}')  # blank lines
 
 
 def test_logits_of_allowed_tokens_are_untouched_and_padded_ids_are_masked(tiny):
@@ -206,3 +224,92 @@ def test_schema_mode_without_schema_and_unknown_mode_are_refused(tiny):
 def test_llguidance_tokenizer_is_built_once_per_tokenizer(tiny):
     assert llg_tokenizer_for(tiny) is llg_tokenizer_for(tiny)
     assert isinstance(JsonConstraint(llg_tokenizer_for(tiny), json_grammar("object")), JsonConstraint)
+
+
+# --- real models: SmolLM2 (49k byte-level BPE, chat) and gemma3 (262k SentencePiece, base) -------
+from engine.events import Finished  # noqa: E402
+from engine.generate import GenerationRequest, generate  # noqa: E402
+
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "scores": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 100}, "maxItems": 3},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "zip": {"type": "integer", "minimum": 0, "maximum": 99999}},
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "age", "role", "scores", "address"],
+    "additionalProperties": False,
+}
+OBJECT_SCHEMA = {"type": "object"}  # what "any JSON object" must satisfy
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    from engine.loader import load_model
+
+    return load_model(smollm2_path, n_ctx=512)
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_path):
+    from engine.loader import load_model
+
+    return load_model(gemma3_path, n_ctx=512)
+
+
+def json_request(lm, mode, schema, seed, max_new_tokens):
+    if getattr(lm.chat_template, "is_fallback", True):  # base model: a plain text prompt
+        prompt = dict(prompt="A short JSON record of a fictional person (name, age, city):\n")
+    else:
+        prompt = dict(messages=[{"role": "user", "content": "Give a short JSON object describing a fictional person: name, age and city."}])
+    sampling = {"do_sample": False} if seed is None else {"do_sample": True, "seed": seed, "temperature": 0.5, "top_k": 20}
+    # A mild repetition penalty, as a user would set: 135M-270M models otherwise tend to repeat
+    # an array item until the token budget runs out (which JSON mode reports as "length").
+    request = GenerationRequest(**prompt, json_mode=mode, json_schema=schema,
+                                overrides={"max_new_tokens": max_new_tokens, "repetition_penalty": 1.2, **sampling})
+    events = list(generate(lm, request))
+    assert isinstance(events[-1], Finished)
+    return events[-1]
+
+
+def assert_valid_document(done: Finished, schema):
+    assert done.error is None, done.error
+    assert done.finish_reason == "grammar_complete", (done.finish_reason, done.text)
+    import jsonschema
+
+    document = json.loads(done.text)
+    jsonschema.validate(document, schema)
+    return document
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [None, 2, 4])
+def test_smollm2_any_object(smollm2, seed):
+    assert isinstance(assert_valid_document(json_request(smollm2, "object", None, seed, 64), OBJECT_SCHEMA), dict)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [None, 3])
+def test_smollm2_schema_with_nested_objects_arrays_enums_numbers(smollm2, seed):
+    assert_valid_document(json_request(smollm2, "schema", PERSON_SCHEMA, seed, 128), PERSON_SCHEMA)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, schema, seed", [("object", None, None), ("object", None, 6), ("schema", PERSON_SCHEMA, 6)])
+def test_gemma3_json_modes(gemma3, mode, schema, seed):
+    assert_valid_document(json_request(gemma3, mode, schema, seed, 128), schema or OBJECT_SCHEMA)
+
+
+@pytest.mark.slow
+def test_max_new_tokens_cutting_the_value_short_is_length_not_success(smollm2):
+    done = json_request(smollm2, "schema", PERSON_SCHEMA, None, 4)
+    assert done.finish_reason == "length"
+    with pytest.raises(ValueError):
+        json.loads(done.text)
