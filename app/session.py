@@ -18,6 +18,7 @@ from app.preset_state import PresetState
 from app.reply_recorder import ReplyRecorder
 from app.settings import Settings, SettingsFile
 from app.store import STATUS_ERROR, Store, StoredMessage
+from engine.errors import EngineError
 from engine.events import Finished
 
 TOP_LOGPROBS = 5
@@ -36,6 +37,7 @@ class ChatSession(QObject):
     replyFailed = Signal(str, object)  # message for a dialog, StoredMessage as stored
     busyChanged = Signal(bool)
     presetChanged = Signal(object)  # PresetView
+    presetProblem = Signal(str)  # the model's preset could not be resolved (message for the user)
 
     def __init__(self, controller: EngineController, store: Store, settings: Settings,
                  settings_file: SettingsFile, parent: QObject | None = None):
@@ -67,13 +69,19 @@ class ChatSession(QObject):
         return self._recorder is not None
 
     def open_conversation(self, conversation_id: int) -> None:
+        """Show a chat. Leaving a chat whose reply is streaming stops that reply (kept, marked
+        cancelled): the view of the other chat has nowhere to draw it."""
         conv = self.store.conversation(conversation_id)
         if conv is None:
             return
+        if self.busy and conversation_id != self.conversation_id:
+            self.cancel()
         self.conversation_id = conversation_id
         self.conversationOpened.emit(conv, self.store.messages(conversation_id))
 
     def new_conversation(self) -> int:
+        if self.busy:
+            self.cancel()
         cid = self.store.create_conversation()
         self.conversationsChanged.emit()
         self.open_conversation(cid)
@@ -217,12 +225,26 @@ class ChatSession(QObject):
 
     # --- controller callbacks -------------------------------------------------------------------
     def _on_model_loaded(self, info: ModelInfo) -> None:
+        def resolve(saved, overrides):
+            return self.controller.resolve_preset(saved, overrides)
+
         saved = self.settings.presets.get(info.path)
+        self.presets = None
         try:
-            self.presets = PresetState(lambda s, o: self.controller.resolve_preset(s, o), saved)
-        except Exception:  # noqa: BLE001 - a stale saved preset must not block the model
-            self.presets = PresetState(lambda s, o: self.controller.resolve_preset(s, o), None)
-        self.presetChanged.emit(self.presets.view)
+            self.presets = PresetState(resolve, saved)
+        except EngineError as exc:
+            if saved:
+                # A saved preset the engine no longer accepts must not block the model.
+                self.presetProblem.emit(f"Your saved preset for this model was not used: {exc}")
+                try:
+                    self.presets = PresetState(resolve, None)
+                except EngineError as exc2:
+                    self.presetProblem.emit(str(exc2))
+            else:
+                # e.g. a malformed generation_config.json beside the model (PresetFileError)
+                self.presetProblem.emit(str(exc))
+        if self.presets is not None:
+            self.presetChanged.emit(self.presets.view)
 
     def _on_text(self, text: str) -> None:
         if self._recorder is not None:
@@ -250,6 +272,8 @@ class ChatSession(QObject):
         status = recorder.finish(finished)
         stored = self.store.message(recorder.message_id)
         self.busyChanged.emit(False)
+        if stored is None:
+            return  # its chat was deleted while it streamed
         if status == STATUS_ERROR:
             self.replyFailed.emit(finished.error or "Generation failed.", stored)
         else:
@@ -260,7 +284,7 @@ class ChatSession(QObject):
         if recorder is None:
             return
         recorder.fail(message)
-        stored = self.store.message(recorder.message_id)
+        stored = self.store.message(recorder.message_id)  # None if its chat was deleted
         self.busyChanged.emit(False)
         self.replyFailed.emit(message, stored)
 

@@ -273,3 +273,47 @@ def test_context_trimming_notice_is_shown(qtbot, tmp_path):
     assert "2 oldest turns" in window.state_label.toolTip() and "1,024-token" in window.state_label.toolTip()
     assert window.chat_view.widgets[-1].text == "ok"
     close_window(window)
+
+
+def test_deleting_or_leaving_a_chat_while_it_streams(qtbot, tmp_path, monkeypatch):
+    engine = FakeEngine(replies=["a b c d e f", "g h i j k l"], pause_after=2)
+    window = make_window(qtbot, tmp_path, engine)
+    first = window.session.conversation_id
+    window.input.setPlainText("stream")
+    window.send()
+    qtbot.waitUntil(lambda: window.chat_view.streaming_widget is not None
+                    and window.chat_view.streaming_widget.text == "a b", timeout=5000)
+    second = window.session.new_conversation()  # leaving cancels
+    with qtbot.waitSignal(window.session.busyChanged, timeout=5000):
+        engine.gate.set()
+    assert window.session.conversation_id == second and window.chat_view.widgets == []
+    assert window.store.messages(first)[-1].status == "cancelled"
+    assert window.usage_panel.text_of("completion_tokens") == "—"  # not the other chat's reply
+
+    engine.gate.clear()
+    window.input.setPlainText("stream again")
+    window.send()
+    qtbot.waitUntil(lambda: window.chat_view.streaming_widget is not None
+                    and window.chat_view.streaming_widget.text == "g h", timeout=5000)
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
+    window.sidebar.delete_button.click()  # deletes the streaming chat
+    with qtbot.waitSignal(window.session.busyChanged, timeout=5000):
+        engine.gate.set()
+    assert [c.id for c in window.store.list_conversations()] == [first]
+    assert window.send_button.isEnabled()
+    close_window(window)
+
+
+def test_malformed_generation_config_is_reported_in_the_preset_panel(qtbot, tmp_path):
+    from engine.errors import PresetFileError
+
+    class BrokenPresetEngine(FakeEngine):
+        def resolve_preset(self, lm, saved, overrides):
+            raise PresetFileError("/models/generation_config.json: Expecting value: line 1 column 1")
+
+    window = make_window(qtbot, tmp_path, BrokenPresetEngine())
+    panel = window.preset_panel
+    assert panel.error_label.isVisible()
+    assert panel.error_label.text().startswith("/models/generation_config.json: Expecting value")
+    assert window.tabs.currentWidget() is panel
+    close_window(window)

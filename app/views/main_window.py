@@ -199,6 +199,7 @@ class MainWindow(QMainWindow):
         s.replyFailed.connect(self._on_reply_failed)
         s.busyChanged.connect(self._set_busy)
         s.presetChanged.connect(self._on_preset_changed)
+        s.presetProblem.connect(self._on_preset_problem)
 
         self.chat_view.editRequested.connect(self.edit_message)
         self.chat_view.regenerateRequested.connect(lambda _id: self.regenerate())
@@ -272,8 +273,6 @@ class MainWindow(QMainWindow):
             self.store.list_conversations(self.sidebar.search.text()), self.session.conversation_id)
 
     def _open_conversation(self, conversation_id: int) -> None:
-        if self.session.busy:
-            self.session.cancel()
         self.session.open_conversation(conversation_id)
 
     def _on_conversation_opened(self, conversation, messages: list[StoredMessage]) -> None:
@@ -291,8 +290,6 @@ class MainWindow(QMainWindow):
             self.token_inspector.set_tokens([])
 
     def new_chat(self) -> None:
-        if self.session.busy:
-            self.session.cancel()
         self.session.new_conversation()
         self.input.setFocus()
 
@@ -352,6 +349,8 @@ class MainWindow(QMainWindow):
 
     def _on_reply_finished(self, stored: StoredMessage) -> None:
         self.frame_timer.stop()
+        if stored.conversation_id != self.session.conversation_id:
+            return  # the user moved to another chat while it streamed (and so stopped it)
         self.chat_view.finish_stream(stored)
         self.token_inspector.flush()
         usage = stored.usage or {}
@@ -363,9 +362,9 @@ class MainWindow(QMainWindow):
         elif not self.state_label.text().startswith("Older turns"):
             self.state_label.setText("")
 
-    def _on_reply_failed(self, message: str, stored: StoredMessage) -> None:
+    def _on_reply_failed(self, message: str, stored: StoredMessage | None) -> None:
         self.frame_timer.stop()
-        if stored is not None:
+        if stored is not None and stored.conversation_id == self.session.conversation_id:
             self.chat_view.finish_stream(stored)
         self.show_error("Generation failed", message)
 
@@ -395,6 +394,10 @@ class MainWindow(QMainWindow):
     # --- presets --------------------------------------------------------------------------------
     def _on_preset_changed(self, view: PresetView) -> None:
         self.preset_panel.show_preset(view)
+
+    def _on_preset_problem(self, message: str) -> None:
+        self.preset_panel.show_error(message, prefix="")
+        self.tabs.setCurrentWidget(self.preset_panel)
 
     def _on_preset_edit(self, field: str, text: str) -> None:
         current = self.preset_panel.view.values.get(field) if self.preset_panel.view else None

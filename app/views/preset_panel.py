@@ -99,8 +99,8 @@ class PresetPanel(QWidget):
         self._filling = False
         self.setEnabled(True)
 
-    def show_error(self, message: str) -> None:
-        self.error_label.setText("Refused: " + message)
+    def show_error(self, message: str, prefix: str = "Refused: ") -> None:
+        self.error_label.setText(prefix + message)
         self.error_label.setVisible(True)
         if self.view is not None:
             self.show_preset(self.view)  # put the accepted value back in the cell
