@@ -184,3 +184,60 @@ def test_seeded_sampling_with_a_drafter_equals_without(tiny_lm):
     prompt = phrase * 3
     sampling = dict(do_sample=True, seed=77, temperature=0.7, top_k=0)
     assert finish(tiny_lm, prompt, True, **sampling).token_ids == finish(tiny_lm, prompt, False, **sampling).token_ids
+
+
+# --- real models ---------------------------------------------------------------------------------
+PARAGRAPH = ("The quick brown fox jumps over the lazy dog near the river bank every morning before "
+             "the farmer wakes up, then runs back into the forest.")
+REAL_PROMPTS = {
+    "rewrite (repeats the prompt)": dict(messages=[{"role": "user", "content":
+        "Repeat this sentence exactly, but with 'cat' instead of 'fox':\n" + PARAGRAPH}]),
+    "free-form (no repeat)": dict(messages=[{"role": "user", "content": "Name a color."}]),
+}
+BASE_PROMPTS = {
+    "list continues a pattern": dict(prompt="Monday, Tuesday, Wednesday. Monday, Tuesday, Wednesday. Monday,"),
+    "free text": dict(prompt="The history of the printing press"),
+}
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    from engine.loader import load_model
+
+    return load_model(smollm2_path, n_ctx=512)
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_path):
+    from engine.loader import load_model
+
+    return load_model(gemma3_path, n_ctx=512)
+
+
+def greedy(lm, prompt, speculative, max_new_tokens):
+    request = GenerationRequest(**prompt, speculative=speculative,
+                                overrides={"max_new_tokens": max_new_tokens, "do_sample": False})
+    done = list(generate(lm, request))[-1]
+    assert done.error is None, done.error
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(REAL_PROMPTS))
+def test_smollm2_speculative_greedy_is_identical(smollm2, name):
+    plain = greedy(smollm2, REAL_PROMPTS[name], False, 24)
+    spec = greedy(smollm2, REAL_PROMPTS[name], None, 24)  # None: the engine default (on for greedy)
+    assert spec.token_ids == plain.token_ids
+    assert spec.text == plain.text
+    if name.startswith("rewrite"):
+        assert spec.usage.draft_tokens_accepted > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(BASE_PROMPTS))
+def test_gemma3_speculative_greedy_is_identical(gemma3, name):
+    plain = greedy(gemma3, BASE_PROMPTS[name], False, 16)
+    spec = greedy(gemma3, BASE_PROMPTS[name], True, 16)
+    assert spec.token_ids == plain.token_ids
+    if name.startswith("list"):
+        assert spec.usage.draft_tokens_accepted > 0
