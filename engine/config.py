@@ -77,6 +77,11 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"Model architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
         md = _Metadata(gguf_file.metadata, arch)
+        experts = gguf_file.metadata.get(f"{arch}.expert_count", 0)
+        if isinstance(experts, int) and experts > 0:
+            raise UnsupportedModelError(
+                f"{arch}.expert_count={experts}: mixture-of-experts models are not supported; "
+                "supported: dense llama, qwen2, qwen3, gemma3")
 
         d_model = md.positive_int("embedding_length")
         n_head = md.positive_int("attention.head_count")

@@ -93,3 +93,8 @@ def test_gemma3_explicit_window_pattern_and_linear_rope_scaling():
 def test_unknown_rope_scaling_is_refused():
     with pytest.raises(UnsupportedModelError, match="yarn"):
         ModelConfig.from_gguf(_fake("llama", **{"llama.rope.scaling.type": "yarn"}))
+
+
+def test_mixture_of_experts_is_refused():
+    with pytest.raises(UnsupportedModelError, match="expert_count=8"):
+        ModelConfig.from_gguf(_fake("llama", **{"llama.expert_count": 8}))

@@ -78,3 +78,24 @@ def test_overflow_and_bad_ids_are_refused_without_touching_the_cache():
 def test_tied_output_uses_the_embedding():
     model = _model("llama")
     assert model.output is model.token_embd
+
+
+def test_rope_freq_factors_tensor_is_applied():
+    """Uniform factors of 2 halve every rotation frequency: same as linear RoPE scaling by 2."""
+    import dataclasses
+
+    from engine.qtensor import QTensor
+    from gguf import GGMLQuantizationType
+
+    gguf_file = open_gguf(FIXTURES / "tiny_llama.gguf")
+    base = build_model(gguf_file, backend=ReferenceBackend())
+    half = base.config.head_dim // 2
+    factors = QTensor("rope_freqs.weight", GGMLQuantizationType.F32, (half,), np.full(half, 2.0, np.float32))
+    with_factors = build_model(type("G", (), dict(arch=gguf_file.arch, metadata=gguf_file.metadata,
+                                                  tensors={**gguf_file.tensors, "rope_freqs.weight": factors})),
+                               backend=ReferenceBackend())
+    scaled_cfg = dataclasses.replace(base.config, rope_freq_scale=0.5)
+    scaled = build_model(gguf_file, scaled_cfg, backend=ReferenceBackend())
+    got = with_factors.forward(IDS, with_factors.new_cache(32), all_logits=True)
+    np.testing.assert_allclose(got, scaled.forward(IDS, scaled.new_cache(32), all_logits=True), atol=ATOL, rtol=0)
+    assert np.abs(got - base.forward(IDS, base.new_cache(32), all_logits=True)).max() > 10 * ATOL

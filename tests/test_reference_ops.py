@@ -125,3 +125,13 @@ def test_jit_failure_falls_back_to_numpy_with_a_warning(monkeypatch):
     monkeypatch.setattr(jit, "JitBackend", broken)
     with pytest.warns(RuntimeWarning, match="no LLVM target"):
         assert get_backend().name == "numpy"
+
+
+def test_rope_freq_factors_divide_each_frequency():
+    # head_dim 4, theta 100: inv_freq = [1, 0.1]; factors [2, 0.5] -> [0.5, 0.2]; position 3.
+    x = np.array([[[1.0, 2.0, 3.0, 4.0]]], np.float32)
+    got = ops.rope(x.copy(), np.array([3]), theta=100.0, neox=True, freq_factors=np.array([2.0, 0.5], np.float32))
+    a0, a1 = 3 * 0.5, 3 * 0.2
+    expected = [1 * math.cos(a0) - 3 * math.sin(a0), 2 * math.cos(a1) - 4 * math.sin(a1),
+                1 * math.sin(a0) + 3 * math.cos(a0), 2 * math.sin(a1) + 4 * math.cos(a1)]
+    np.testing.assert_allclose(got[0, 0], expected, rtol=1e-6)

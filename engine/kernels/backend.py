@@ -57,11 +57,14 @@ class Backend(Protocol):
         """
 
     def rope(self, x: np.ndarray, positions: np.ndarray, *, theta: float, neox: bool,
-             freq_scale: float = 1.0) -> np.ndarray:
+             freq_scale: float = 1.0, freq_factors: np.ndarray | None = None) -> np.ndarray:
         """Rotary position embedding, IN PLACE on x: (T, n_heads, head_dim) float32; returns x.
 
         positions: (T,) int absolute positions. For pair index i in [0, head_dim/2):
-          freq_i = freq_scale * positions[t] * theta ** (-2 i / head_dim)
+          freq_i = freq_scale * positions[t] * theta ** (-2 i / head_dim) / freq_factors[i]
+        freq_factors: optional (head_dim/2,) float32 (GGUF `rope_freqs.weight`, Llama 3.1+ long
+        context scaling). OPTIONAL for a backend: the model passes it only to backends whose
+        rope() has this parameter and otherwise uses the numpy reference rope for those models.
           neox=False (llama.cpp "NORM", GGUF llama: the converter permuted q/k rows):
               pair = (x[..., 2i], x[..., 2i+1])
           neox=True  (qwen2, qwen3, gemma3; HF rotate_half):

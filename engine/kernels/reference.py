@@ -93,10 +93,12 @@ class ReferenceBackend:
         return out
 
     def rope(self, x: np.ndarray, positions: np.ndarray, *, theta: float, neox: bool,
-             freq_scale: float = 1.0) -> np.ndarray:
+             freq_scale: float = 1.0, freq_factors: np.ndarray | None = None) -> np.ndarray:
         head_dim = x.shape[-1]
         half = head_dim // 2
         inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)
+        if freq_factors is not None:
+            inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
         angles = (np.asarray(positions, dtype=np.float64)[:, None] * freq_scale) * inv_freq[None, :]
         cos = np.cos(angles).astype(np.float32)[:, None, :]  # (T, 1, half)
         sin = np.sin(angles).astype(np.float32)[:, None, :]

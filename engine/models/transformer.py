@@ -9,13 +9,14 @@ activation buffers are allocated once for `max_batch` tokens and longer prompts 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
-from engine.kernels.reference import dequantize_full
+from engine.kernels.reference import ReferenceBackend, dequantize_full
 from engine.kv_cache import KVCache
 from engine.qtensor import QTensor
 
@@ -74,7 +75,24 @@ class TransformerModel:
         # Per layer: (RoPE base, RoPE frequency scale, attention window), looked up once.
         self._layer_attention = [(config.layer_rope_theta(i), config.layer_rope_freq_scale(i),
                                   config.layer_window(i)) for i in range(config.n_layers)]
+        self._rope, self._rope_extra = self._choose_rope(tensors)
         self._state = _RunState(config, max_batch)
+
+    def _choose_rope(self, tensors: dict[str, QTensor]):
+        """The rope op and extra keyword arguments. Llama 3.1+ files carry per-frequency divisors
+        (`rope_freqs.weight`); a backend whose rope() lacks `freq_factors` gets the numpy rope
+        for such models rather than silently wrong positions."""
+        factors_tensor = tensors.get("rope_freqs.weight")
+        if factors_tensor is None:
+            return self.backend.rope, {}
+        factors = _vector(factors_tensor)
+        if factors.shape != (self.config.head_dim // 2,) or not np.all(factors > 0):
+            raise ModelFileError(f"tensor 'rope_freqs.weight' must hold {self.config.head_dim // 2} "
+                                 f"positive values; got shape {factors.shape}")
+        rope = self.backend.rope
+        if "freq_factors" not in inspect.signature(rope).parameters:
+            rope = ReferenceBackend().rope
+        return rope, {"freq_factors": factors}
 
     def _load_layer(self, tensors: dict[str, QTensor], i: int) -> Layer:
         cfg = self.config
@@ -187,8 +205,8 @@ class TransformerModel:
                 kr = k.reshape(n * cfg.n_kv_head, cfg.head_dim)
                 ops.rmsnorm(qr, layer.attn_q_norm, cfg.norm_eps, out=qr)
                 ops.rmsnorm(kr, layer.attn_k_norm, cfg.norm_eps, out=kr)
-            ops.rope(q_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale)
-            ops.rope(k_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale)
+            self._rope(q_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale, **self._rope_extra)
+            self._rope(k_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale, **self._rope_extra)
             k_cache, v_cache = cache.layer(li)
             k_cache[p0:p0 + n] = k_heads
             v_cache[p0:p0 + n] = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
