@@ -328,3 +328,57 @@ def test_a_cancelled_request_stores_only_consistent_state(loop_lm):
     reused = finish(loop_lm, follow_up, cache)
     assert reused.usage.cached_tokens >= len(prompt)
     assert reused.token_ids == finish(loop_lm, follow_up, None).token_ids
+
+
+# --- real models: a chat that grows turn by turn --------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    from engine.loader import load_model
+
+    return load_model(smollm2_path, n_ctx=512)
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_path):
+    from engine.loader import load_model
+
+    return load_model(gemma3_path, n_ctx=512)
+
+
+def chat_turn(lm, request_kwargs, cache, **overrides):
+    overrides.setdefault("max_new_tokens", 6)
+    request = GenerationRequest(**request_kwargs, prefix_cache=cache, overrides=overrides, speculative=False)
+    done = list(generate(lm, request))[-1]
+    assert done.error is None, done.error
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [dict(do_sample=False), dict(do_sample=True, seed=7, temperature=0.8)])
+def test_smollm2_chat_with_reuse_equals_without(smollm2, sampling):
+    cache = PrefixCache()
+    messages = []
+    for turn, user in enumerate(["Hi! What is a prime number?", "Give one example.", "Thanks."]):
+        messages.append({"role": "user", "content": user})
+        reused = chat_turn(smollm2, dict(messages=list(messages)), cache, **sampling)
+        fresh = chat_turn(smollm2, dict(messages=list(messages)), None, **sampling)
+        assert reused.token_ids == fresh.token_ids
+        if turn:
+            # the previous turns' template text is reused; only the new message (and the
+            # template tokens around it) is prefilled
+            assert reused.usage.cached_tokens > reused.usage.prompt_tokens // 2
+        messages.append({"role": "assistant", "content": reused.text})
+    regenerated = chat_turn(smollm2, dict(messages=messages[:-1]), cache, **sampling)
+    assert regenerated.usage.cached_tokens == regenerated.usage.prompt_tokens
+    assert regenerated.token_ids == fresh.token_ids
+
+
+@pytest.mark.slow
+def test_gemma3_follow_up_with_reuse_equals_without(gemma3):
+    cache = PrefixCache()
+    first = "The three primary colors are"
+    done = chat_turn(gemma3, dict(prompt=first), cache)
+    follow = first + done.text + " Another fact about colors:"
+    reused = chat_turn(gemma3, dict(prompt=follow), cache)
+    assert reused.usage.cached_tokens >= len(gemma3.tokenizer.encode(first)) - 1
+    assert reused.token_ids == chat_turn(gemma3, dict(prompt=follow), None).token_ids
