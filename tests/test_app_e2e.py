@@ -128,3 +128,18 @@ def test_long_chat_is_fitted_by_dropping_oldest_turns(model_path):
         assert finished.usage.prompt_tokens == trimmed.prompt_tokens
     finally:
         engine.unload(lm)
+
+
+def test_json_object_mode_gives_parseable_output(qtbot, tmp_path, model_path):
+    window = make_window(qtbot, tmp_path, RealEngine(), model_path=model_path)
+    window.json_bar.combo.setCurrentIndex(1)  # any JSON object
+    assert window.session.json_mode == "object"
+    window.session.set_preset_value("max_new_tokens", 48)
+    with wait_reply(qtbot, window):
+        window.input.setPlainText("Give me a JSON object describing Paris with keys name and country.")
+        qtbot.keyClick(window.input, Qt.Key_Return)
+    reply = window.store.messages(window.session.conversation_id)[-1]
+    assert reply.finish_reason == "grammar_complete"
+    assert isinstance(json.loads(reply.content), dict)
+    assert window.chat_view.widgets[-1].json_status.text() == "✔ valid JSON object"
+    close_window(window)

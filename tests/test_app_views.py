@@ -153,3 +153,34 @@ def test_export_runs_through_the_qasync_loop(qtbot, tmp_path):
     assert record["messages"][-1]["content"] == "Exported reply."
     qtbot.waitUntil(lambda: window.state_label.text() == "Exported to out.json")
     close_window(window)
+
+
+def test_details_selects_a_reply_and_copy_copies(qtbot, tmp_path):
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=["first reply here", "second"]))
+    send_and_wait(qtbot, window, "one")
+    send_and_wait(qtbot, window, "two")
+    first_reply = window.chat_view.widgets[1]
+    first_reply.details_button.click()
+    assert window.selected_message_id == first_reply.message.id
+    assert window.usage_panel.text_of("completion_tokens") == "3"
+    assert [t["text"] for t in window.token_inspector.tokens] == ["first", " reply", " here"]
+    first_reply.copy_button.click()
+    assert QApplication.clipboard().text() == "first reply here"
+    close_window(window)
+
+
+def test_interrupted_reply_is_marked_after_restart(qtbot, tmp_path):
+    from app.store import Store
+
+    store = Store(tmp_path / "chats.sqlite3")
+    cid = store.create_conversation("Crashed chat")
+    store.add_message(cid, "user", "question")
+    reply = store.begin_reply(cid)
+    store.save_partial(reply, "half an ans")
+    store._db.close()  # the app died here
+
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    widget = window.chat_view.widgets[-1]
+    assert widget.text == "half an ans"
+    assert widget.status_label.text().startswith("⚠ interrupted")
+    close_window(window)
