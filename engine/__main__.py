@@ -163,6 +163,22 @@ def sampling_overrides(args) -> dict:
     return overrides
 
 
+def json_mode_arguments(args) -> tuple[str, str | None]:
+    """--json-mode / --json-schema FILE -> (json_mode, schema text); a schema file implies "schema"."""
+    mode = args.json_mode
+    if args.json_schema is None:
+        if mode == "schema":
+            raise ConfigValidationError("--json-mode", mode, "used together with --json-schema FILE")
+        return mode or "off", None
+    if mode not in (None, "schema"):
+        raise ConfigValidationError("--json-mode", mode, "'schema' (or left out) when --json-schema is given")
+    try:
+        schema = Path(args.json_schema).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigValidationError("--json-schema", args.json_schema, f"a readable UTF-8 JSON schema file ({exc})") from None
+    return "schema", schema
+
+
 def cmd_generate(args) -> int:
     from engine.cancel import CancelToken
     from engine.events import Finished, ReasoningDelta, TextDelta
@@ -179,6 +195,8 @@ def cmd_generate(args) -> int:
         request = GenerationRequest(prompt=args.prompt)
     request.overrides = sampling_overrides(args)
     request.top_logprobs = args.top_logprobs
+    request.json_mode, request.json_schema = json_mode_arguments(args)
+    request.speculative = args.speculative  # None: engine default (on for greedy requests)
     cancel = CancelToken()
     done = None
     # Ctrl-C cancels the generation (finish reason "cancelled", usage still printed) instead of
@@ -303,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--top-logprobs", type=int, default=0, help="alternatives per token in the events")
+    p.add_argument("--json-mode", choices=["off", "object", "schema"],
+                   help="constrain the output to any JSON object, or to --json-schema")
+    p.add_argument("--json-schema", metavar="FILE", help="JSON schema file the output must match (implies --json-mode schema)")
+    spec = p.add_mutually_exclusive_group()
+    spec.add_argument("--speculative", dest="speculative", action="store_true", default=None,
+                      help="prompt-lookup speculative decoding (default: on for greedy requests)")
+    spec.add_argument("--no-speculative", dest="speculative", action="store_false", help="plain decoding, one forward pass per token")
 
     p = model_command("score", "teacher-forced top-K next-token log-probabilities over TEXT", loads_model=True)
     p.add_argument("text")
