@@ -9,6 +9,7 @@ Shots: 01-loading, 02-streaming, 03-chat, 04-json, 05-tokens, 06-sampling, 07-da
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -143,4 +144,5 @@ def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None)
 
     window.close()
     store.close()
+    shutil.rmtree(data, ignore_errors=True)
     return 0

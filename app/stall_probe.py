@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -129,6 +130,7 @@ def measure(seconds: float, rate: float = 0.0) -> dict:
     }
     window.close()
     store.close()
+    shutil.rmtree(data, ignore_errors=True)
     return result
 
 
