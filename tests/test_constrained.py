@@ -313,3 +313,29 @@ def test_max_new_tokens_cutting_the_value_short_is_length_not_success(smollm2):
     assert done.finish_reason == "length"
     with pytest.raises(ValueError):
         json.loads(done.text)
+
+
+@pytest.mark.slow
+def test_cli_json_schema_flag(smollm2_path, tmp_path, capsys):
+    from engine.__main__ import main
+
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+              "required": ["color"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    assert main(["generate", str(smollm2_path), "Pick a color.", "--chat", "--json-schema", str(path),
+                 "--max-tokens", "24", "--n-ctx", "256", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["finish_reason"] == "grammar_complete"
+    jsonschema.validate(json.loads(record["text"]), schema)
+
+
+def test_cli_refuses_bad_json_flags(smollm2_path, tmp_path, capsys):
+    from engine.__main__ import main
+
+    assert main(["generate", str(smollm2_path), "x", "--json-mode", "schema"]) == 2
+    assert "--json-schema" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "foo"}')
+    assert main(["generate", str(smollm2_path), "x", "--json-schema", str(bad)]) == 1
+    assert "Invalid type: foo" in capsys.readouterr().err

@@ -241,3 +241,21 @@ def test_gemma3_speculative_greedy_is_identical(gemma3, name):
     assert spec.token_ids == plain.token_ids
     if name.startswith("list"):
         assert spec.usage.draft_tokens_accepted > 0
+
+
+@pytest.mark.slow
+def test_cli_speculative_flags_and_usage(smollm2_path, capsys):
+    import json
+
+    from engine.__main__ import main
+
+    records = {}
+    for flag in ("--speculative", "--no-speculative"):
+        assert main(["generate", str(smollm2_path), "Repeat exactly: one two three four five six",
+                     "--chat", "--greedy", "--max-tokens", "12", "--n-ctx", "256", "--json", flag]) == 0
+        records[flag] = json.loads(capsys.readouterr().out)
+    on, off = records["--speculative"], records["--no-speculative"]
+    assert on["ids"] == off["ids"]
+    assert off["usage"]["draft_tokens_proposed"] == 0 and off["usage"]["acceptance_rate"] is None
+    assert on["usage"]["draft_tokens_proposed"] > 0
+    assert on["usage"]["acceptance_rate"] == on["usage"]["draft_tokens_accepted"] / on["usage"]["draft_tokens_proposed"]
