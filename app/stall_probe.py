@@ -1,6 +1,7 @@
 """Measure how long the GUI event loop stalls while a reply streams at full speed.
 
     QT_QPA_PLATFORM=offscreen python -m app.stall_probe [--seconds 3] [--rate TOKENS_PER_S]
+    QT_QPA_PLATFORM=offscreen python -m app.stall_probe --real 128   # the real engine instead
 
 A flood engine on the worker thread yields TokenSampled + TextDelta pairs as fast as Python can
 for `--seconds` (no model, no sleep: hundreds of times faster than a real model). A QTimer
@@ -67,7 +68,7 @@ class FloodEngine:
         yield Finished(FINISH_STOP, usage, text="")
 
 
-def measure(seconds: float, rate: float = 0.0) -> dict:
+def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0) -> dict:
     from PySide6.QtCore import QElapsedTimer, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -80,14 +81,25 @@ def measure(seconds: float, rate: float = 0.0) -> dict:
     data = Path(tempfile.mkdtemp(prefix="localchat-stall-"))
     store = Store(data / "chats.sqlite3")
     settings_file = SettingsFile(data / "settings.json")
-    controller = EngineController(FloodEngine(seconds, rate))
+    if real_tokens:
+        from app.engine_bridge import RealEngine
+        from engine.model_files import default_model_path
+
+        controller = EngineController(RealEngine())
+        model = str(default_model_path())
+    else:
+        controller = EngineController(FloodEngine(seconds, rate))
+        model = "flood"
     window = MainWindow(controller, store, settings_file.load(), settings_file)
     window.show()
     loaded = []
     controller.modelLoaded.connect(loaded.append)
-    controller.load_model("flood")
+    controller.load_model(model)
     while not loaded:
         app.processEvents()
+        time.sleep(0.001)
+    if real_tokens:
+        window.session.set_preset_value("max_new_tokens", real_tokens)
 
     gaps: list[float] = []  # heartbeat gaps while streaming
     finish_gaps: list[float] = []  # the gap that contains the finish work, and after
@@ -105,7 +117,7 @@ def measure(seconds: float, rate: float = 0.0) -> dict:
     started = time.perf_counter()
     clock.start()
     heartbeat.start()
-    window.input.setPlainText("flood")
+    window.input.setPlainText("Tell me a long story about a lighthouse keeper." if real_tokens else "flood")
     window.send()
     while not done or len(finish_gaps) < 2:
         app.processEvents()
@@ -116,7 +128,8 @@ def measure(seconds: float, rate: float = 0.0) -> dict:
     gaps.sort()
     n_tokens = done[0].usage["completion_tokens"]
     result = {
-        "rate_limit_tok_s": rate or "unlimited",
+        "engine": "real SmolLM2" if real_tokens else "flood",
+        "rate_limit_tok_s": None if real_tokens else (rate or "unlimited"),
         "tokens": n_tokens,
         "seconds": round(elapsed, 3),
         "tokens_per_s": round(n_tokens / elapsed),
@@ -139,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rate", type=float, default=0.0,
                         help="tokens per second (default 0: as fast as possible)")
+    parser.add_argument("--real", type=int, default=0, metavar="N",
+                        help="instead of the flood: N tokens from the real engine + default model")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.seconds, args.rate)))
+    print(json.dumps(measure(args.seconds, args.rate, args.real)))
     return 0
 
 
