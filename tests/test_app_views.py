@@ -4,7 +4,6 @@ drag-and-drop of a GGUF, recent models, shortcuts, title and icon, export throug
 import asyncio
 import json
 
-import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QApplication, QDialog, QDialogButtonBox

@@ -34,6 +34,7 @@ from app.engine_bridge import ModelInfo, PresetView
 from app.export import render_export, write_export
 from app.icon import app_icon
 from app.preset_state import parse_value
+from app.schema_check import check_schema
 from app.session import ChatSession
 from app.settings import Settings, SettingsFile
 from app.store import Store, StoredMessage
@@ -108,10 +109,8 @@ class MainWindow(QMainWindow):
         self.cancel_button.setObjectName("cancel_button")
         self.cancel_button.setToolTip("Stop generating and keep the partial reply (Esc)")
         self.json_bar = JsonModeBar()
-        if self.settings.json_schema:
-            from app.schema_check import check_schema
-
-            schema, problem = check_schema(self.settings.json_schema)
+        if self.settings.json_schema:  # the last schema used, if it is still valid
+            schema, _problem = check_schema(self.settings.json_schema)
             if schema is not None:
                 self.json_bar.set_schema(self.settings.json_schema, schema)
         self.state_label = QLabel()

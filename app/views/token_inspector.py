@@ -7,7 +7,6 @@ import html
 import math
 
 from PySide6.QtCore import Qt, QUrl
-from app.reply_recorder import MAX_RECORDED_TOKENS, token_record
 from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
@@ -18,6 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.reply_recorder import MAX_RECORDED_TOKENS, token_record
 
 # Chips drawn (a QTextBrowser with many anchors takes ~0.1 s per 1000); the recorder keeps
 # the same number, so a long reply shows its first MAX_SHOWN tokens.
