@@ -183,3 +183,23 @@ def test_interrupted_reply_is_marked_after_restart(qtbot, tmp_path):
     assert widget.text == "half an ans"
     assert widget.status_label.text().startswith("⚠ interrupted")
     close_window(window)
+
+
+def test_real_engine_bad_file_is_a_dialog_not_a_crash(qtbot, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    from app.engine_bridge import RealEngine
+
+    shown = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append((title, text)))
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("these are not model weights\n" * 10)
+    window = make_window(qtbot, tmp_path, RealEngine(), load=False)
+    with qtbot.waitSignal(window.controller.loadFailed, timeout=30000):
+        window.open_model(str(bad))
+    [(title, text)] = shown
+    assert title == "Could not open the model" and text.startswith("notes.gguf\n\n")
+    assert "GGUF" in text  # the engine's ModelFileError, written for people
+    assert window.controller.model is None and not window.send_button.isEnabled()
+    assert "No model loaded" in window.model_bar.model_label.text()
+    close_window(window)
