@@ -4,10 +4,10 @@
 #   bash packaging/smoke_test.sh [--no-build] [--with-default-model]
 #
 # 1. Builds the bundle once (packaging/build.sh); --no-build reuses dist/LocalChat.
-# 2. Copies it to a fresh directory and makes that read-only: a read-only bind mount when we
-#    may create mount namespaces (root + unshare), else `chmod -R a-w` (enforced for non-root).
+# 2. Copies it to a fresh directory and makes that read-only: `chmod -R a-w` plus a read-only
+#    bind mount in a private mount namespace (unshare, as root or in a user namespace).
 # 3. Runs `localchat --smoke PROMPT --model <SmolLM2 GGUF>` headless (QT_QPA_PLATFORM=offscreen)
-#    with empty HOME/XDG dirs and no network (a new, empty network namespace via `unshare -n`),
+#    with empty HOME/XDG dirs and no network (a new, empty network namespace, `unshare -n`),
 #    twice: with a cold JIT cache, then warm. Each run must exit 0 and print a non-empty reply.
 #    Also checks the JIT cache landed in the user cache dir and nothing was written to the bundle.
 # 4. Prints the bundle size, the start-up times (process start to model ready) and the
@@ -66,20 +66,24 @@ chmod -R a-w "$work/ro/LocalChat"
 bundle="$work/ro/LocalChat"
 touch "$work/before-run"
 
-# How each run is isolated: no network and a truly read-only bundle where the kernel lets us.
-isolation="chmod -R a-w only; network left on"
+# How each run is isolated: a new, empty network namespace and a read-only bind mount of the
+# bundle in a private mount namespace; as root directly, otherwise inside a user namespace
+# (unshare -r, where available). Note that chmod alone does not stop root, nor the mapped root
+# of a user namespace, from writing: the check after the runs (no file in the bundle newer
+# than the copy) backs every variant up.
+ro_mount='mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"'
+isolation="chmod -R a-w only (no namespaces available here); network left on"
 wrap=()
-if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null \
-  && unshare -m -n sh -c "mount --bind '$bundle' '$bundle' && mount -o remount,ro,bind '$bundle'" 2>/dev/null; then
-  isolation="read-only bind mount, no network (unshare -m -n)"
-  wrap=(unshare -m -n sh -c 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"' "$bundle")
-elif command -v unshare >/dev/null && unshare -r -n true 2>/dev/null; then
-  isolation="chmod -R a-w, no network (unshare -r -n)"
-  wrap=(unshare -r -n)
-elif [ "$(id -u)" = 0 ]; then
-  # As root without namespaces, permission bits do not stop writes; the check after the run
-  # (no file in the bundle newer than the copy) still catches any.
-  isolation="chmod -R a-w (not enforced for root; checked afterwards), network left on"
+if command -v unshare >/dev/null; then
+  for namespaces in "-m -n" "-r -m -n"; do
+    # shellcheck disable=SC2086  # word splitting of the option list is intended
+    if unshare $namespaces sh -c "$ro_mount" "$bundle" true 2>/dev/null; then
+      # shellcheck disable=SC2206
+      wrap=(unshare $namespaces sh -c "$ro_mount" "$bundle")
+      isolation="read-only bind mount, no network (unshare $namespaces)"
+      break
+    fi
+  done
 fi
 echo "smoke: isolation: $isolation"
 
