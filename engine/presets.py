@@ -27,7 +27,8 @@ built-in default. Each source is first translated into our fields by its own con
   (= temp > 0). `top_k`, `top_p`, `min_p`, `penalty_repeat` (-> repetition_penalty) and
   `penalty_last_n` (-> repeat_last_n) map one to one. Keys we do not implement (sequence,
   mirostat, xtc) are listed in `notes`.
-- override and saved preset use our own field names (GenerationConfig) literally.
+- override and saved preset use our own field names (GenerationConfig) literally; a value of
+  None (JSON null) there means "not set by this source", like an absent key.
 
 The merged values are validated as a whole (GenerationConfig.from_values); a violation raises
 ConfigValidationError naming the field, value, allowed range and the source of the bad value.
@@ -132,8 +133,9 @@ def _checked_field_names(layer: dict, source: str) -> dict:
     for name, value in layer.items():
         if name not in known:
             raise ConfigValidationError(name, value, f"a known field ({', '.join(known)}) in the {source}")
-    # None in a saved preset or override means "not set here", so lower sources still apply
-    return {name: value for name, value in layer.items() if value is not None or name in ("seed", "max_new_tokens")}
+    # None in a saved preset or override means "not set here" for every field, so lower sources
+    # still apply (to get a fresh random seed, leave seed out everywhere: the default is None)
+    return {name: value for name, value in layer.items() if value is not None}
 
 
 def _model_path_and_metadata(lm_or_path) -> tuple[Path | None, dict]:
