@@ -3,7 +3,7 @@ window's states (tools/screenshot.sh runs it under Xvfb). With `--demo-engine re
 replies come from the real engine and the embedded model; `fake` uses the scripted test engine
 (tests/app_fakes.py, only present in a source checkout).
 
-Shots: 01-loading, 02-streaming, 03-chat, 04-json, 05-tokens, 06-sampling, 07-dark.
+Shots: 01-loading, 02-streaming, 03-chat, 04-json, 05-tokens, 06-sampling, 07-dark, 08-cancelled.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ FAKE_REPLIES = [
     "Call it as `greet(\"Ada\")` to get **Hello, Ada!**",
     "The capital of France is **Paris**.",
     '{"city": "Paris", "country": "France"}',
+    "Once upon a time, on a rocky island far from the shore, there lived an old lighthouse keeper "
+    "named Elias who had not missed a single night in forty years. " * 3,
 ]
 
 
@@ -141,6 +143,18 @@ def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None)
     window.sidebar.list.setCurrentRow(len(conversations) - 1)
     window.tabs.setCurrentIndex(0)
     shot("07-dark")
+
+    # 8. a reply stopped with Esc: the partial text stays, marked cancelled
+    apply_theme(app, "light", settings.font_size)
+    window.json_bar.combo.setCurrentIndex(0)
+    window.session.new_conversation()
+    window.input.setPlainText("Tell me a long story about a lighthouse keeper.")
+    window.send()
+    _wait(app, lambda: (window.chat_view.streaming_widget is not None
+                        and len(window.chat_view.streaming_widget.text) > 60), 120)
+    window.cancel()
+    _wait(app, lambda: not window.session.busy, 60)
+    shot("08-cancelled")
 
     window.close()
     store.close()

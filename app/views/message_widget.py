@@ -22,7 +22,7 @@ LIVE_MARKDOWN_CHARS = 12_000  # beyond this a streaming reply is drawn as plain 
 MARKDOWN_CHARS = 200_000  # beyond this even a finished reply stays plain text (render cost)
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STATUS_NOTES = {
-    "cancelled": "⏹ cancelled — partial reply kept",
+    "cancelled": "■ cancelled — partial reply kept",
     "error": "⚠ failed",
     "interrupted": "⚠ interrupted (the app closed while this reply was streaming)",
     "streaming": "generating…",
