@@ -8,6 +8,12 @@ cancel mid-stream deterministically.
 
 from __future__ import annotations
 
+import os
+
+# Every test module with widgets imports this file before a QApplication exists: without a
+# display, Qt must not try xcb (tools/run_tests.sh exports the same).
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
 import re
 import threading
 import time
