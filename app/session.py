@@ -140,6 +140,18 @@ class ChatSession(QObject):
             return False
         return self._regenerate_after(messages[-1])
 
+    def regenerate_reply(self, message_id: int) -> bool:
+        """Answer again the user message this reply answered; the reply and everything after it
+        are dropped (the same as editing that user message without changing it)."""
+        reply = self.store.message(message_id)
+        if reply is None or reply.role != "assistant" or self.busy or self.controller.model is None:
+            return False
+        earlier_users = [m for m in self.store.messages(reply.conversation_id)
+                         if m.role == "user" and m.position < reply.position]
+        if not earlier_users:
+            return False
+        return self._regenerate_after(earlier_users[-1])
+
     def edit_and_regenerate(self, message_id: int, new_text: str) -> bool:
         message = self.store.message(message_id)
         if message is None or message.role != "user" or self.busy or self.controller.model is None:

@@ -317,3 +317,16 @@ def test_malformed_generation_config_is_reported_in_the_preset_panel(qtbot, tmp_
     assert panel.error_label.text().startswith("/models/generation_config.json: Expecting value")
     assert window.tabs.currentWidget() is panel
     close_window(window)
+
+
+def test_regenerate_an_earlier_reply_drops_what_followed(qtbot, tmp_path):
+    engine = FakeEngine(replies=["A1", "A2", "A1 again"])
+    window = make_window(qtbot, tmp_path, engine)
+    send_and_wait(qtbot, window, "Q1")
+    send_and_wait(qtbot, window, "Q2")
+    first_reply = window.chat_view.widgets[1]
+    with qtbot.waitSignal(window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False):
+        first_reply.regenerate_button.click()
+    assert [w.text for w in window.chat_view.widgets] == ["Q1", "A1 again"]
+    assert engine.requests[-1].messages == ({"role": "user", "content": "Q1"},)
+    close_window(window)

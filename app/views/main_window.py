@@ -201,7 +201,7 @@ class MainWindow(QMainWindow):
         s.presetProblem.connect(self._on_preset_problem)
 
         self.chat_view.editRequested.connect(self.edit_message)
-        self.chat_view.regenerateRequested.connect(lambda _id: self.regenerate())
+        self.chat_view.regenerateRequested.connect(self.session.regenerate_reply)
         self.chat_view.messageSelected.connect(self.select_message)
 
         self.preset_panel.valueEdited.connect(self._on_preset_edit)
