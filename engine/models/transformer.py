@@ -141,7 +141,8 @@ class TransformerModel:
         Default: (n_vocab,) for the last token. all_logits=True: (T, n_vocab) for every token.
         logits_at=[i, ...] (indices into `tokens`): (len, n_vocab) for just those tokens, which
         is what scoring and long-prompt checks need without a (T, n_vocab) array. The returned
-        array is a fresh copy the caller may keep.
+        array is a fresh copy the caller may keep. Not reentrant: activation buffers are shared
+        by every call on this model, so one thread runs it at a time (the app's worker does).
         """
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = ids.size
@@ -150,6 +151,10 @@ class TransformerModel:
         bad = (ids < 0) | (ids >= self.config.n_vocab)
         if bad.any():
             raise ValueError(f"token id {int(ids[bad][0])} is out of range [0, {self.config.n_vocab})")
+        if not all_logits and logits_at is None and n <= self.max_batch:
+            # The common case (decode, short prefill): one chunk, last row only.
+            cache.reserve(n)
+            return self._forward_chunk(ids, cache, np.array([n - 1]))[0]
         if all_logits:
             wanted = np.arange(n)
         elif logits_at is not None:
