@@ -29,7 +29,7 @@ def brute_force_draft(seq, max_tokens, min_ngram, max_ngram, max_draft):
 
 
 def test_drafts_what_followed_the_latest_occurrence_of_the_longest_suffix():
-    d = PromptLookupDrafter(max_ngram=3, min_ngram=1, max_draft=4)
+    d = PromptLookupDrafter(max_ngram=3, min_ngram=1, max_draft=4, adaptive=False)
     #        0  1  2  3  4  5  6  7  8  9 10 11
     seq = [5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 1, 2]
     # suffix (1, 2) -> latest earlier occurrence at 6..7, followed by 3 7 8 1
@@ -48,7 +48,7 @@ def test_no_repeat_no_draft():
 
 
 def test_a_changed_sequence_is_reindexed():
-    d = PromptLookupDrafter(max_ngram=2, min_ngram=2)
+    d = PromptLookupDrafter(max_ngram=2, min_ngram=2, adaptive=False)
     assert d.draft([1, 2, 3, 1, 2], 5) == [3, 1, 2]
     assert d.draft([4, 2, 6, 4, 2], 5) == [6, 4, 2]  # a new request: nothing of the old index left
     assert d.draft([4, 2, 6], 5) == []
@@ -67,12 +67,30 @@ def test_incremental_index_matches_brute_force(seq, steps, min_ngram, extra, max
     """Fed the sequence a few tokens at a time (as during generation), the drafter proposes
     exactly what a full scan of the sequence proposes."""
     max_ngram = min_ngram + extra
-    d = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, max_draft=max_draft)
+    d = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, max_draft=max_draft, adaptive=False)
     cut = 0
     for step in steps + [len(seq)]:
         cut = min(len(seq), cut + step)
         prefix = seq[:cut]
         assert d.draft(prefix, max_tokens) == brute_force_draft(prefix, max_tokens, min_ngram, max_ngram, max_draft)
+
+
+def test_draft_length_grows_after_accepted_drafts_and_shrinks_after_rejected_ones():
+    d = PromptLookupDrafter(max_ngram=2, min_ngram=2, max_draft=8)
+    text = list(range(100, 130))
+    seq = text + text[:2]  # the model is re-quoting `text`
+    assert d.draft_length == 4
+    proposal = d.draft(seq, 50)
+    assert proposal == text[2:6]
+    seq += proposal + [text[6]]  # all four kept, plus the model's next token
+    proposal = d.draft(seq, 50)
+    assert d.draft_length == 6 and proposal == text[7:13]
+    seq += proposal[:2] + [999]  # the model diverged after two tokens
+    assert d.draft(seq, 50) == []  # (no n-gram ending in 999 to look up)
+    assert d.draft_length == 5
+    seq += [text[0], text[1]]
+    assert len(d.draft(seq, 50)) == 5
+    assert len(d.draft(seq, 3)) == 3  # the loop's own limit still applies
 
 
 def test_invalid_settings_are_refused():
