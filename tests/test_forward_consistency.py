@@ -99,3 +99,17 @@ def test_rope_freq_factors_tensor_is_applied():
     got = with_factors.forward(IDS, with_factors.new_cache(32), all_logits=True)
     np.testing.assert_allclose(got, scaled.forward(IDS, scaled.new_cache(32), all_logits=True), atol=ATOL, rtol=0)
     assert np.abs(got - base.forward(IDS, base.new_cache(32), all_logits=True)).max() > 10 * ATOL
+
+
+def test_wrongly_shaped_or_missing_tensor_is_named():
+    from engine.errors import ModelFileError
+
+    gguf_file = open_gguf(FIXTURES / "tiny_llama.gguf")
+    tensors = dict(gguf_file.tensors)
+    tensors["blk.1.ffn_up.weight"] = tensors["blk.1.ffn_down.weight"]  # (d_model, n_ff): transposed
+    fake = type("G", (), dict(arch=gguf_file.arch, metadata=gguf_file.metadata, tensors=tensors))
+    with pytest.raises(ModelFileError, match=r"blk\.1\.ffn_up\.weight.*shape"):
+        build_model(fake, backend=ReferenceBackend())
+    del tensors["blk.1.ffn_up.weight"]
+    with pytest.raises(ModelFileError, match=r"'blk\.1\.ffn_up\.weight' is missing"):
+        build_model(fake, backend=ReferenceBackend())

@@ -70,6 +70,8 @@ class TransformerModel:
         self.token_embd = _require(tensors, "token_embd.weight")
         # Tied output: many small models reuse the embedding matrix as the output projection.
         self.output = tensors.get("output.weight", self.token_embd)
+        _check_shape(self.token_embd, (config.n_vocab, config.d_model))
+        _check_shape(self.output, (config.n_vocab, config.d_model))
         self.output_norm = _vector(_require(tensors, "output_norm.weight"))
         self.layers = [self._load_layer(tensors, i) for i in range(config.n_layers)]
         # Per layer: (RoPE base, RoPE frequency scale, attention window), looked up once.
@@ -210,8 +212,9 @@ class TransformerModel:
                 kr = k.reshape(n * cfg.n_kv_head, cfg.head_dim)
                 ops.rmsnorm(qr, layer.attn_q_norm, cfg.norm_eps, out=qr)
                 ops.rmsnorm(kr, layer.attn_k_norm, cfg.norm_eps, out=kr)
-            self._rope(q_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale, **self._rope_extra)
-            self._rope(k_heads, positions, theta=theta, neox=cfg.rope_neox, freq_scale=fscale, **self._rope_extra)
+            rope_args = dict(theta=theta, neox=cfg.rope_neox, freq_scale=fscale, **self._rope_extra)
+            self._rope(q_heads, positions, **rope_args)
+            self._rope(k_heads, positions, **rope_args)
             k_cache, v_cache = cache.layer(li)
             k_cache[p0:p0 + n] = k_heads
             v_cache[p0:p0 + n] = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
