@@ -106,7 +106,10 @@ def test_wrongly_shaped_or_missing_tensor_is_named():
 
     gguf_file = open_gguf(FIXTURES / "tiny_llama.gguf")
     tensors = dict(gguf_file.tensors)
-    tensors["blk.1.ffn_up.weight"] = tensors["blk.1.ffn_down.weight"]  # (d_model, n_ff): transposed
+    import dataclasses
+
+    # ffn_down's (d_model, n_ff) storage under ffn_up's name: a transposed weight.
+    tensors["blk.1.ffn_up.weight"] = dataclasses.replace(tensors["blk.1.ffn_down.weight"], name="blk.1.ffn_up.weight")
     fake = type("G", (), dict(arch=gguf_file.arch, metadata=gguf_file.metadata, tensors=tensors))
     with pytest.raises(ModelFileError, match=r"blk\.1\.ffn_up\.weight.*shape"):
         build_model(fake, backend=ReferenceBackend())
