@@ -53,6 +53,23 @@ def jit_start_times(cold: bool = True) -> dict:
     return result
 
 
+def time_prefill(model, prompt) -> float:
+    """Seconds for one prefill of `prompt` into a fresh cache (last-token logits only)."""
+    cache = model.new_cache(len(prompt) + 1)
+    t0 = time.perf_counter()
+    model.forward(prompt, cache)
+    return time.perf_counter() - t0
+
+
+def time_decode(model, token: int, n_gen: int):
+    """(seconds, kv_bytes) for n_gen single-token forwards from an empty cache."""
+    cache = model.new_cache(n_gen + 1)
+    t0 = time.perf_counter()
+    for _ in range(n_gen):
+        model.forward([token], cache)
+    return time.perf_counter() - t0, cache.nbytes
+
+
 def run_bench(model_path, *, n_prompt: int = 512, n_gen: int = 128, n_threads: int | None = None,
               repetitions: int = 3, cold_compile: bool = True, progress=None) -> dict:
     from engine.loader import load_model
@@ -74,26 +91,13 @@ def run_bench(model_path, *, n_prompt: int = 512, n_gen: int = 128, n_threads: i
     prompt = rng.integers(0, vocab, n_prompt) if n_prompt else None
     token = int(rng.integers(0, vocab))
 
-    def prefill_once() -> float:
-        cache = model.new_cache(n_prompt + 1)
-        t0 = time.perf_counter()
-        model.forward(prompt, cache)
-        return time.perf_counter() - t0
-
-    def decode_once() -> tuple[float, int]:
-        cache = model.new_cache(n_gen + 1)
-        t0 = time.perf_counter()
-        for _ in range(n_gen):
-            model.forward([token], cache)
-        return time.perf_counter() - t0, cache.nbytes
-
     runs = repetitions + 1  # the first of each is a warm-up
     pp, tg = [], []
     for i in range(runs):
         if n_prompt:
-            pp.append(n_prompt / prefill_once())
+            pp.append(n_prompt / time_prefill(model, prompt))
         if n_gen:
-            seconds, kv_bytes = decode_once()
+            seconds, kv_bytes = time_decode(model, token, n_gen)
             tg.append(n_gen / seconds)
             result["kv_bytes"] = kv_bytes
             result["rss_generating_mb"] = _rss_mb()
