@@ -203,3 +203,20 @@ def test_real_engine_bad_file_is_a_dialog_not_a_crash(qtbot, tmp_path, monkeypat
     assert window.controller.model is None and not window.send_button.isEnabled()
     assert "No model loaded" in window.model_bar.model_label.text()
     close_window(window)
+
+
+def test_code_blocks_are_tinted(qtbot):
+    from PySide6.QtGui import QPalette, QTextDocument
+
+    from app.views.markdown_style import code_background, set_markdown
+
+    doc = QTextDocument()
+    palette = QPalette()
+    set_markdown(doc, "Prose here.\n\n```python\nx = 1\ny = 2\n```\n\nMore prose.", palette)
+    tinted = []
+    block = doc.begin()
+    while block.isValid():
+        tinted.append((block.text(), block.blockFormat().background().color() == code_background(palette)))
+        block = block.next()
+    assert ("x = 1", True) in tinted and ("y = 2", True) in tinted
+    assert ("Prose here.", False) in tinted and ("More prose.", False) in tinted

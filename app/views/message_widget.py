@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 
 from app.json_reply import render_json_reply
 from app.store import StoredMessage
+from app.views.markdown_style import set_markdown
 
 LIVE_MARKDOWN_CHARS = 12_000  # beyond this a streaming reply is drawn as plain text until it ends
 MARKDOWN_CHARS = 200_000  # beyond this even a finished reply stays plain text (render cost)
@@ -163,7 +164,7 @@ class MessageWidget(QFrame):
         json_mode = m.role == "assistant" and m.json_mode != "off"
         if json_mode and (self.text or not streaming):
             view = render_json_reply(self.text, streaming=streaming)
-            self.body.setMarkdown(view.markdown)
+            set_markdown(self.body.document(), view.markdown, self.palette())
             self.json_status.setText(("✔ " if view.ok else "✖ " if not streaming else "") + view.status)
             # Direct colour: a dynamic-property selector would need a re-polish on every change.
             color = "#2e8b57" if view.ok else ("#c0392b" if not streaming else "gray")
@@ -173,7 +174,8 @@ class MessageWidget(QFrame):
             self.body.setPlainText(self.text)
             self.json_status.setVisible(False)
         else:
-            self.body.setMarkdown(self.text if self.text else ("…" if streaming else ""))
+            set_markdown(self.body.document(), self.text if self.text else ("…" if streaming else ""),
+                         self.palette())
             self.json_status.setVisible(False)
         has_reasoning = bool(self.reasoning)
         self.reasoning_toggle.setVisible(has_reasoning)
