@@ -22,6 +22,7 @@ GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # Gemma 3: five local layers, then one global layer (layers 5, 11, 17, ... are global), when the
 # file carries no explicit pattern.
 GEMMA3_SWA_PERIOD = 6
+GEMMA3_27B_LAYERS = 62
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,9 @@ class ModelConfig:
             sliding_window = md.positive_int("attention.sliding_window", default=512)
             layer_uses_window = _gemma3_window_layers(md, n_layers)
             rope_theta_local = GEMMA3_LOCAL_ROPE_BASE
-            # transformers: query_pre_attn_scalar = head_dim for the 270m..12B models (llama.cpp
-            # uses 1/sqrt(n_embd_head_k) for all but 27B, which scales by d_model / n_head).
-            attn_scale = 1.0 / math.sqrt(head_dim)
+            # transformers' query_pre_attn_scalar: head_dim for 270m..12B, d_model / n_head for
+            # 27B (the only 62-layer Gemma 3); llama.cpp keys the same choice on the layer count.
+            attn_scale = 1.0 / math.sqrt(d_model / n_head if n_layers == GEMMA3_27B_LAYERS else head_dim)
         else:
             sliding_window = 0
             layer_uses_window = (False,) * n_layers

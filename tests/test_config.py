@@ -98,3 +98,9 @@ def test_unknown_rope_scaling_is_refused():
 def test_mixture_of_experts_is_refused():
     with pytest.raises(UnsupportedModelError, match="expert_count=8"):
         ModelConfig.from_gguf(_fake("llama", **{"llama.expert_count": 8}))
+
+
+def test_gemma3_27b_scales_queries_by_model_width_per_head():
+    fake = _fake("gemma3", **{"gemma3.block_count": 62, "gemma3.embedding_length": 5376,
+                              "gemma3.attention.head_count": 32, "gemma3.attention.key_length": 128})
+    assert ModelConfig.from_gguf(fake).attn_scale == pytest.approx(1 / math.sqrt(168))
