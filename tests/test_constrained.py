@@ -339,3 +339,20 @@ def test_cli_refuses_bad_json_flags(smollm2_path, tmp_path, capsys):
     bad.write_text('{"type": "foo"}')
     assert main(["generate", str(smollm2_path), "x", "--json-schema", str(bad)]) == 1
     assert "Invalid type: foo" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_json_mode_with_speculative_drafts_gives_the_same_document(smollm2):
+    """Drafted tokens go through the same mask one position at a time; rejected ones never reach
+    the grammar, so speculation cannot change a constrained answer."""
+    messages = [{"role": "user", "content": 'Copy this JSON exactly: {"name": "Ada", "age": 36, "role": "admin"}'}]
+
+    def document(speculative):
+        request = GenerationRequest(messages=messages, json_mode="schema", json_schema=PERSON_SCHEMA,
+                                    speculative=speculative, overrides={"max_new_tokens": 96, "do_sample": False})
+        return list(generate(smollm2, request))[-1]
+
+    plain, drafted = document(False), document(True)
+    assert drafted.token_ids == plain.token_ids
+    assert drafted.usage.draft_tokens_proposed > 0
+    assert_valid_document(drafted, PERSON_SCHEMA)
