@@ -8,6 +8,11 @@ the rest. Bytes that can never become a character (a stray continuation byte, a 
 by the end of the stream) become U+FFFD exactly where a one-shot `bytes.decode(errors="replace")`
 puts them, so the concatenated output equals `tokenizer.decode(all_ids)` exactly.
 
+For vocabularies where llama.cpp's detokenizer cleans up spaces (" ," -> ",", " 's" -> "'s";
+gpt-2/llama3-style pre-tokenizers, see engine.tokenizer.clean_spaces) the raw bytes after the last
+point where no clean-up rule can reach across are held back too, so the streamed text still
+equals decode() exactly; that is a few bytes (a space, an apostrophe) except in runs of spaces.
+
 Cost per token is O(bytes of that token): nothing is re-decoded.
 """
 
@@ -15,6 +20,8 @@ from __future__ import annotations
 
 import codecs
 from typing import Iterable
+
+from engine.tokenizer import clean_spaces, clean_spaces_cut
 
 
 class StreamingDetokenizer:
@@ -25,6 +32,8 @@ class StreamingDetokenizer:
         self._special = special  # True renders control tokens (e.g. "<|im_end|>") as their text
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._first = True
+        self._clean = bool(getattr(tokenizer, "clean_spaces", False))
+        self._raw = b""  # bytes not yet cleaned (only when the vocabulary cleans spaces)
 
     def add(self, token_id: int) -> str:
         data = self._tokenizer.piece_bytes(token_id, special=self._special)
@@ -33,6 +42,8 @@ class StreamingDetokenizer:
             # Same rule as Tokenizer.decode: SentencePiece's added prefix space is not text.
             if self._tokenizer.add_space_prefix and data.startswith(b" "):
                 data = data[1:]
+        if self._clean:
+            data = self._clean_ready(data)
         return self._decoder.decode(data, final=False)
 
     def add_many(self, token_ids: Iterable[int]) -> str:
@@ -40,9 +51,23 @@ class StreamingDetokenizer:
 
     def flush(self) -> str:
         """End of the stream: bytes still held back (an unfinished character) become U+FFFD."""
-        return self._decoder.decode(b"", final=True)
+        tail, self._raw = clean_spaces(self._raw) if self._clean else b"", b""
+        return self._decoder.decode(tail, final=True)
 
     @property
     def pending_bytes(self) -> bytes:
-        """Bytes of an unfinished character waiting for the next token."""
-        return self._decoder.getstate()[0]
+        """Bytes held back: an unfinished character (and, when cleaning spaces, the uncleaned tail)."""
+        return self._raw + self._decoder.getstate()[0]
+
+    def _clean_ready(self, data: bytes) -> bytes:
+        """Append data to the uncleaned tail; return the cleaned bytes up to the last safe cut."""
+        old = len(self._raw)
+        raw = self._raw + data
+        # Cuts at or before `old` were already refused (they depend only on bytes before them).
+        cut = clean_spaces_cut(raw[max(0, old - 1) :])
+        if cut == 0:
+            self._raw = raw
+            return b""
+        cut += max(0, old - 1)
+        self._raw = raw[cut:]
+        return clean_spaces(raw[:cut])

@@ -27,11 +27,9 @@ uses llama.cpp's "default" rules, with a warning, again as llama.cpp does.
 
 Decoding follows llama.cpp's `llama_detokenize(remove_special=False, unparse_special=False)`:
 control and unknown tokens render as nothing, user-defined tokens as their text, byte pieces as
-their byte, "▁" as a space, and (SPM with add_space_prefix) the first token loses one leading
-space. One deliberate difference: llama.cpp's `clean_spaces` post-pass (an HF-style
-" ," -> "," clean-up, on for gpt-2/llama3 vocabularies, off for smollm/qwen2/SPM) is not applied,
-because it needs look-ahead and so would make streamed text differ from the final text; llama.cpp's
-own streaming (`token_to_piece`) does not apply it either.
+their byte, "▁" as a space, (SPM with add_space_prefix) the first token loses one leading space,
+and, for the pre-tokenizers where llama.cpp sets `clean_spaces` (gpt-2, llama3, default, ...;
+not smollm, qwen2 or SPM), its HF-style clean-up (" ," -> ",", " 's" -> "'s", ...).
 """
 
 from __future__ import annotations
@@ -96,20 +94,23 @@ class PreTokenizer:
     regexes: tuple[str, ...]  # applied in sequence; matches and the text between both kept
     ignore_merges: bool = False  # a word that is itself in the vocab is one token (llama3)
     add_bos_default: bool = False  # BOS when the file has no add_bos_token key
+    clean_spaces: bool = False  # detokenize with llama.cpp's " ," -> "," clean-up (see clean_spaces())
 
 
+_DEFAULT_RULES = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_FULL, r"\p{N}+", r"[0-9][0-9][0-9]")
 _PRE_FAMILIES: dict[tuple[str, ...], PreTokenizer] = {
-    ("default",): PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_FULL, r"\p{N}+", r"[0-9][0-9][0-9]")),
-    ("gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
-     "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "gigachat", "a.x-4.0", "mellum",
-     "modern-bert"): PreTokenizer((_GPT2_FULL,)),
-    ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b",
-     "mellum2"): PreTokenizer((r"\p{N}", _GPT2_FULL)),
-    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-     "lfm2"): PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos_default=True),
-    ("dbrx", "smaug-bpe"): PreTokenizer((_LLAMA3,)),
-    ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan",
-     "solar-open"): PreTokenizer((_QWEN2,)),
+    ("default",): PreTokenizer(_DEFAULT_RULES, clean_spaces=True),
+    ("gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "jina-es", "jina-de", "jina-v2-es",
+     "jina-v2-de", "gigachat", "a.x-4.0", "mellum", "modern-bert"): PreTokenizer((_GPT2_FULL,), clean_spaces=True),
+    ("trillion", "granite-docling"): PreTokenizer((_GPT2_FULL,)),
+    ("smollm", "command-r"): PreTokenizer((r"\p{N}", _GPT2_FULL)),
+    ("starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"):
+        PreTokenizer((r"\p{N}", _GPT2_FULL), clean_spaces=True),
+    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"):
+        PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos_default=True, clean_spaces=True),
+    ("dbrx", "smaug-bpe"): PreTokenizer((_LLAMA3,), clean_spaces=True),
+    ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"): PreTokenizer((_QWEN2,)),
+    ("megrez", "stablelm2"): PreTokenizer((_QWEN2,), clean_spaces=True),
 }  # fmt: skip
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {name: pre for names, pre in _PRE_FAMILIES.items() for name in names}
 
@@ -174,6 +175,7 @@ class Tokenizer:
         add_eos: bool,
         add_space_prefix: bool,
         pre: str | None,
+        clean_spaces: bool = False,
     ):
         self.model = model  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
         self.pre = pre
@@ -187,6 +189,7 @@ class Tokenizer:
         self.add_bos = add_bos
         self.add_eos = add_eos
         self.add_space_prefix = add_space_prefix
+        self.clean_spaces = clean_spaces
         self.vocab_size = len(tokens)
         self._special_pieces = [self._render(i) for i in range(len(tokens))]
         # User-visible text hides control and unknown tokens (token_to_piece with special=False).
@@ -306,7 +309,8 @@ class Tokenizer:
             if k == 0 and self.add_space_prefix and piece.startswith(b" "):
                 piece = piece[1:]
             out.append(piece)
-        return b"".join(out)
+        text = b"".join(out)
+        return clean_spaces(text) if self.clean_spaces else text
 
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
@@ -355,6 +359,57 @@ class Tokenizer:
 
 # Byte-level character -> the Latin-1 character of its byte, so one str.translate + encode decodes.
 _BYTE_LEVEL_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in UNICODE_TO_BYTE.items()})
+
+
+def clean_spaces(text: bytes) -> bytes:
+    """llama.cpp's detokenize clean-up (llama_vocab::impl::detokenize, clean_spaces), byte for byte:
+    1. drop a space before ? ! . ,   2. " ' " -> "'"   3. drop the space in " 's", " 'm", " 're", " 've"."""
+    if not text:
+        return text
+    # pass 1
+    out = bytearray(text[:1])
+    for i in range(1, len(text)):
+        x = text[i]
+        if text[i - 1] == 0x20 and x in b"?!.,":
+            out.pop()
+        out.append(x)
+    # pass 2 (reads the bytes as they stand in the buffer, including the NUL it writes)
+    buf = out
+    out = bytearray(buf[:1])
+    i = 1
+    while i < len(buf):
+        x = buf[i]
+        if x == 0x27 and i + 1 < len(buf) and buf[i - 1] == 0x20 and buf[i + 1] == 0x20:
+            out.pop()
+            i += 1
+            buf[i] = 0
+        out.append(x)
+        i += 1
+    # pass 3
+    buf = out
+    out = bytearray(buf[:1])
+    n = len(buf)
+    for i in range(1, n):
+        x = buf[i]
+        if buf[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
+            x1 = buf[i + 1]
+            if x1 in b"sm":
+                out.pop()
+            elif x1 not in b"td" and i + 2 < n and (x1, buf[i + 2]) in ((0x72, 0x65), (0x76, 0x65)):  # 're 've
+                out.pop()
+        out.append(x)
+    return bytes(out)
+
+
+def clean_spaces_cut(text: bytes) -> int:
+    """The largest c such that clean_spaces(text) == clean_spaces(text[:c]) + clean_spaces(text[c:])
+    for any continuation of text (0 if none): the two bytes before c are neither space nor
+    apostrophe, so no clean-up rule can reach across c (each starts at a space and looks at
+    most at the apostrophe and two bytes after it)."""
+    for c in range(len(text), 1, -1):
+        if text[c - 1] not in b" '" and text[c - 2] not in b" '":
+            return c
+    return 0
 
 
 # Tokenizers of recently opened files, keyed by (path, size, mtime): a tokenizer is immutable.
@@ -479,7 +534,7 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
     return Tokenizer(
         model=model, tokens=tokens, attrs=attrs, hf=hf, bos_id=bos_id, eos_id=eos_id, eot_id=eot_id,
         eog_ids=eog_ids, add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
-        pre=pre_name if model == "gpt2" else None,
+        pre=pre_name if model == "gpt2" else None, clean_spaces=bool(pre and pre.clean_spaces),
     )  # fmt: skip
 
 

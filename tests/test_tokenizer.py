@@ -1,0 +1,226 @@
+"""Tokenizer built from GGUF metadata vs llama.cpp's tokenizer (the oracle).
+
+Golden data: tests/fixtures/tokenizer_*.json, written by tools/make_tokenizer_fixtures.py from
+llama.cpp itself (llama-cpp-python's llama_tokenize / llama_detokenize / llama_vocab_is_eog) on
+SmolLM2 (gpt2 BPE, pre "smollm"), Gemma 3 (SentencePiece) and variants of those vocabularies
+with other pre-tokenizers (gpt-2, llama-bpe, qwen2, default) and SPM options (add_space_prefix,
+add_eos). Ids are compared exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.errors import TokenizerError
+from engine.gguf import open_gguf
+from engine.model_files import ModelNotInstalledError, default_model_path, gemma3_270m_path
+from engine.tokenizer import PRE_TOKENIZERS, Tokenizer
+
+FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURE_NAMES = sorted(p.stem.removeprefix("tokenizer_") for p in FIXTURES.glob("tokenizer_*.json"))
+
+
+@functools.lru_cache(maxsize=None)
+def fixture(name: str) -> dict:
+    return json.loads((FIXTURES / f"tokenizer_{name}.json").read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=2)
+def base_gguf(model: str):
+    try:
+        path = {"smollm2": default_model_path, "gemma3": gemma3_270m_path}[model]()
+    except ModelNotInstalledError as exc:
+        pytest.skip(str(exc))
+    return open_gguf(path)
+
+
+def base_metadata(model: str) -> dict:
+    return base_gguf(model).metadata
+
+
+@functools.lru_cache(maxsize=None)
+def tokenizer_for(name: str) -> Tokenizer:
+    data = fixture(name)
+    if not data["overrides"]:  # the file as it is: shares the per-file cache with other tests
+        return Tokenizer.from_gguf(base_gguf(data["model"]))
+    return Tokenizer.from_metadata({**base_metadata(data["model"]), **data["overrides"]})
+
+
+def smollm2() -> Tokenizer:
+    return tokenizer_for("smollm2")
+
+
+def gemma3() -> Tokenizer:
+    return tokenizer_for("gemma3")
+
+
+def test_fixtures_cover_both_models_and_the_variants():
+    assert {"smollm2", "gemma3", "smollm2_pre_gpt2", "smollm2_pre_llama_bpe", "smollm2_pre_qwen2",
+            "smollm2_pre_default", "gemma3_space_prefix_eos"} <= set(FIXTURE_NAMES)  # fmt: skip
+
+
+# --- ids ----------------------------------------------------------------------------------------
+def _mismatches(tok: Tokenizer, cases: list[dict], add_special: bool) -> list[str]:
+    key = "ids" if add_special else "ids_no_special"
+    out = []
+    for case in cases:
+        ours = tok.encode(case["text"], add_special=add_special)
+        if ours != case[key]:
+            out.append(f"{case['text']!r}: ours {ours} llama.cpp {case[key]}")
+    return out
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_ids_equal_llama_cpp(name):
+    tok, cases = tokenizer_for(name), fixture(name)["cases"]
+    bad = _mismatches(tok, cases, add_special=True) + _mismatches(tok, cases, add_special=False)
+    assert not bad, f"{len(bad)} of {2 * len(cases)} differ, e.g.:\n" + "\n".join(bad[:5])
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_special_ids_and_flags_equal_llama_cpp(name):
+    tok, data = tokenizer_for(name), fixture(name)
+    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.add_eos) == (data["bos_id"], data["eos_id"], data["add_bos"], data["add_eos"])
+    assert tok.eog_ids == frozenset(data["eog_ids"])
+    assert tok.vocab_size == data["n_vocab"]
+
+
+def test_end_of_generation_ids_of_the_packaged_models():
+    # Gemma 3: <eos>, <end_of_turn>, and </s> which llama.cpp also treats as an end (GUIDE.md).
+    assert gemma3().eog_ids == frozenset({1, 106, 212})
+    assert [gemma3().tokens[i] for i in (1, 106, 212)] == ["<eos>", "<end_of_turn>", "</s>"]
+    # SmolLM2: <|endoftext|>, <|im_end|> (eos), and <reponame>, which llama.cpp takes for the
+    # fill-in-the-middle "repository" token and ends generation on.
+    tok = smollm2()
+    assert tok.eog_ids == frozenset({0, 2, 4})
+    assert [tok.tokens[i] for i in (0, 2, 4)] == ["<|endoftext|>", "<|im_end|>", "<reponame>"]
+
+
+def test_special_token_text_is_one_id_even_without_bos():
+    tok = smollm2()
+    assert tok.encode("<|im_start|>", add_special=False) == [1]
+    assert tok.encode("<|im_start|>user\nHi<|im_end|>", add_special=False)[0] == 1
+    g = gemma3()
+    assert g.encode("<start_of_turn>user\n", add_special=True)[:2] == [2, 105]
+    assert g.encode("<end_of_turn>", add_special=False) == [106]
+
+
+def test_add_special_adds_bos_only_when_the_file_says_so():
+    g = gemma3()  # add_bos_token = true
+    assert g.encode("hi", add_special=True) == [2] + g.encode("hi", add_special=False)
+    assert g.encode("", add_special=True) == [2] and g.encode("", add_special=False) == []
+    s = smollm2()  # add_bos_token = false
+    assert s.encode("hi", add_special=True) == s.encode("hi", add_special=False)
+
+
+def test_longest_special_text_wins_like_llama_cpp():
+    # Gemma's user-defined whitespace runs are cut out longest first: 33 spaces = 31 + 2.
+    g = gemma3()
+    ids = g.encode(" " * 33, add_special=False)
+    assert [g.tokens[i] for i in ids] == [" " * 31, " " * 2]
+
+
+# --- decoding -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_decode_equals_llama_detokenize(name):
+    tok, data = tokenizer_for(name), fixture(name)
+    for case in data["cases"]:
+        assert tok.decode_bytes(case["ids"]) == bytes.fromhex(case["decoded_hex"]), case["text"]
+    for seq in data["decode_sequences"]:
+        assert tok.decode_bytes(seq["ids"]) == bytes.fromhex(seq["decoded_hex"]), seq["ids"]
+        assert tok.decode_bytes(seq["ids"], special=True) == bytes.fromhex(seq["decoded_special_hex"]), seq["ids"]
+        assert tok.decode(seq["ids"]) == bytes.fromhex(seq["decoded_hex"]).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_every_token_piece_equals_llama_token_to_piece(name):
+    tok, data = tokenizer_for(name), fixture(name)
+    for token_id, (plain, special) in data["pieces"].items():
+        assert tok.piece_bytes(int(token_id)) == bytes.fromhex(plain)
+        assert tok.piece_bytes(int(token_id), special=True) == bytes.fromhex(special)
+    for special, key in ((False, "piece_digest"), (True, "piece_digest_special")):
+        h = hashlib.sha256()
+        for i in range(tok.vocab_size):
+            p = tok.piece_bytes(i, special=special)
+            h.update(len(p).to_bytes(4, "little") + p)
+        assert h.hexdigest() == data[key], f"piece table (special={special}) differs from llama.cpp"
+
+
+def test_decode_round_trips_ordinary_text():
+    text = "Hello, 世界! 👍🏽 naïve\tcode:\n    return 42"
+    for tok in (smollm2(), gemma3()):
+        assert tok.decode(tok.encode(text, add_special=True)) == text
+
+
+def test_piece_shows_tokens_readably():
+    g = gemma3()
+    assert g.piece(106) == "<end_of_turn>"
+    assert g.piece(g.token_id("<0xF0>")) == "<0xF0>"  # half a character stays visible as a byte
+    s = smollm2()
+    assert s.piece(s.encode(" world", add_special=False)[0]) == " world"
+
+
+def test_out_of_range_ids_are_typed_errors():
+    tok = smollm2()
+    with pytest.raises(TokenizerError, match=r"token id 49152 is out of range: the vocabulary has ids 0..49151"):
+        tok.decode([5, 49152])
+    with pytest.raises(TokenizerError, match="out of range"):
+        tok.piece(-1)
+
+
+# --- the HF tokenizer handed to other components (JSON mode) ------------------------------------
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_hf_tokenizer_agrees_on_ordinary_text(name):
+    tok = tokenizer_for(name)
+    for text in ("Hello world", "def f(x):\n    return x  # ok", "日本語 👍🏽 café", "<|im_start|>user\nhi"):
+        assert tok.hf.encode(text).ids == tok.encode(text, add_special=True), text
+    assert tok.hf.get_vocab_size(with_added_tokens=True) == tok.vocab_size
+
+
+# --- refusals -----------------------------------------------------------------------------------
+def _metadata(**overrides):
+    return {**base_metadata("smollm2"), **overrides}
+
+
+def test_unknown_tokenizer_model_is_named():
+    with pytest.raises(TokenizerError, match=r"tokenizer model 'rwkv' is not supported: supported are gpt2, llama"):
+        Tokenizer.from_metadata(_metadata(**{"tokenizer.ggml.model": "rwkv"}))
+
+
+def test_unknown_pre_tokenizer_is_named_with_the_supported_list():
+    with pytest.raises(TokenizerError, match=r"pre-tokenizer 'made-up' \(tokenizer.ggml.pre\) is not supported: supported are .*qwen2.*smollm"):
+        Tokenizer.from_metadata(_metadata(**{"tokenizer.ggml.pre": "made-up"}))
+    for name in ("llama3", "llama-bpe", "qwen2", "smollm", "gpt2", "gpt-2", "default"):
+        assert name in PRE_TOKENIZERS
+
+
+def test_missing_pre_tokenizer_falls_back_to_llama_cpp_default(caplog):
+    metadata = {k: v for k, v in base_metadata("smollm2").items() if k != "tokenizer.ggml.pre"}
+    tok = Tokenizer.from_metadata(metadata)
+    assert tok.pre == "default" and "pre-tokenizer" in caplog.text
+    expected = fixture("smollm2_pre_default")["cases"][2]
+    assert tok.encode(expected["text"], add_special=False) == expected["ids_no_special"]
+
+
+def test_missing_or_broken_vocabulary_is_a_typed_error():
+    with pytest.raises(TokenizerError, match="has no tokenizer"):
+        Tokenizer.from_metadata({"general.architecture": "llama"})
+    with pytest.raises(TokenizerError, match="no vocabulary"):
+        Tokenizer.from_metadata(_metadata(**{"tokenizer.ggml.tokens": []}))
+    with pytest.raises(TokenizerError, match="fewer than the 49152 tokens"):
+        Tokenizer.from_metadata(_metadata(**{"tokenizer.ggml.token_type": [1, 1, 1]}))
+    with pytest.raises(TokenizerError, match="needs tokenizer.ggml.merges"):
+        Tokenizer.from_metadata({k: v for k, v in base_metadata("smollm2").items() if k != "tokenizer.ggml.merges"})
+    with pytest.raises(TokenizerError, match="add_bos_token is set but the file has no valid bos_token_id"):
+        md = {k: v for k, v in _metadata(**{"tokenizer.ggml.add_bos_token": True}).items() if k != "tokenizer.ggml.bos_token_id"}
+        Tokenizer.from_metadata(md)
+
+
+def test_encode_needs_str():
+    with pytest.raises(TypeError, match="takes a str"):
+        smollm2().encode(b"bytes")
