@@ -30,6 +30,9 @@ PREFETCH_TILES = 2  # software prefetch distance in row tiles (rows are one cont
 V32I8 = "<32 x i8>"
 V8I32 = "<8 x i32>"
 V8F = "<8 x float>"
+V64I8 = "<64 x i8>"
+V16I32 = "<16 x i32>"
+V16F = "<16 x float>"
 
 
 @dataclass(frozen=True)
@@ -55,12 +58,18 @@ LAYOUTS = {
 
 @dataclass
 class Chunk:
-    """32 unpacked weights: value_i = s_h * u_i + b_h for half h = i // 16."""
+    """32 unpacked weights: value_i = s_h * (u_i - offset) + b_h for half h = i // 16.
+
+    A constant integer `offset` is folded into the integer dot product (its accumulator starts
+    at -offset * sum(a), computed once per token and shared by all rows of the tile); the float
+    term b_h (per-row mins of Q4_1/Q5_1/Q2_K/Q4_K/Q5_K) costs two scalar fmas per row and token.
+    """
 
     u: str  # <32 x i8>, unsigned values (or |q| when signed_src is set)
     s: tuple[str, str]
-    b: tuple[str, str] | None  # None: no offset term
+    b: tuple[str, str] | None  # None: no float offset term
     signed_src: str | None = None  # the original signed <32 x i8> (Q8_0): sign moves to a
+    offset: int = 0
 
 
 # --- unpacking, one function per quant type ------------------------------------------------------
@@ -121,8 +130,7 @@ def _s8_to_float(f: Fn, v: str) -> str:
 def unpack_q4_0(f, blk, c):
     d = f.half_to_float(blk)
     u = _nibbles(f, f.gep(blk, 2))
-    b = _fmul(f, d, f32(-8.0))
-    return Chunk(u, (d, d), (b, b))
+    return Chunk(u, (d, d), None, offset=8)
 
 
 def unpack_q4_1(f, blk, c):
@@ -136,8 +144,7 @@ def unpack_q5_0(f, blk, c):
     d = f.half_to_float(blk)
     qh = f.load("i32", f.gep(blk, 2))
     u = f.op(f"or {V32I8} {_nibbles(f, f.gep(blk, 6))}, {_bits_to_bytes(f, qh, 4)}")
-    b = _fmul(f, d, f32(-16.0))
-    return Chunk(u, (d, d), (b, b))
+    return Chunk(u, (d, d), None, offset=16)
 
 
 def unpack_q5_1(f, blk, c):
@@ -211,8 +218,7 @@ def unpack_q6_k(f, blk, c):
     u = _vor(f, lo, _v(f, "shl", hi, 4))
     d = f.half_to_float(f.gep(blk, 208))
     s = tuple(_fmul(f, d, _s8_to_float(f, _byte(f, blk, 192 + 8 * n + 2 * k + h))) for h in (0, 1))
-    b = tuple(_fmul(f, sh, f32(-32.0)) for sh in s)
-    return Chunk(u, s, b)
+    return Chunk(u, s, None, offset=32)
 
 
 def unpack_q2_k(f, blk, c):
@@ -245,10 +251,8 @@ def unpack_q3_k(f, blk, c):
         high2 = _s(f, "and", _s(f, "lshr", _byte(f, blk, 96 + 8 + i % 4), 2 * (i // 4)), 3)
         sc6 = _sor(f, low4, _s(f, "shl", high2, 4))
         sc = f.op(f"sub i8 {sc6}, 32")
-        sh = _fmul(f, d, _s8_to_float(f, sc))
-        s.append(sh)
-        b.append(_fmul(f, sh, f32(-4.0)))
-    return Chunk(u, tuple(s), tuple(b))
+        s.append(_fmul(f, d, _s8_to_float(f, sc)))
+    return Chunk(u, tuple(s), None, offset=4)
 
 
 UNPACK = {
@@ -260,15 +264,16 @@ UNPACK = {
 
 # --- the u8 x s8 dot product per ISA ------------------------------------------------------------
 
-def udot(f: Fn, isa: str, u: str, a: str) -> str:
-    """<8 x i32>: lane i = sum of u[4i+k] * a[4i+k], k < 4 (u unsigned, a signed)."""
+def udot(f: Fn, isa: str, u: str, a: str, acc: str = "zeroinitializer") -> str:
+    """<8 x i32>: acc + (lane i = sum of u[4i+k] * a[4i+k], k < 4), u unsigned, a signed."""
     if isa == "vnni":
-        return f.op(f"call {V8I32} @llvm.x86.avx512.vpdpbusd.256({V8I32} zeroinitializer, "
+        return f.op(f"call {V8I32} @llvm.x86.avx512.vpdpbusd.256({V8I32} {acc}, "
                     f"{V32I8} {u}, {V32I8} {a})", "dot")
     if isa == "avx2":
         p16 = f.op(f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({V32I8} {u}, {V32I8} {a})")
-        return f.op(f"call {V8I32} @llvm.x86.avx2.pmadd.wd(<16 x i16> {p16}, "
-                    f"<16 x i16> {splat(16, 'i16', 1)})", "dot")
+        d = f.op(f"call {V8I32} @llvm.x86.avx2.pmadd.wd(<16 x i16> {p16}, "
+                 f"<16 x i16> {splat(16, 'i16', 1)})")
+        return d if acc == "zeroinitializer" else f.op(f"add {V8I32} {d}, {acc}", "dot")
     uw = f.op(f"zext {V32I8} {u} to <32 x i32>")
     aw = f.op(f"sext {V32I8} {a} to <32 x i32>")
     p = f.op(f"mul <32 x i32> {uw}, {aw}")
@@ -277,11 +282,15 @@ def udot(f: Fn, isa: str, u: str, a: str) -> str:
              for k in range(4)]
     s01 = f.op(f"add {V8I32} {parts[0]}, {parts[1]}")
     s23 = f.op(f"add {V8I32} {parts[2]}, {parts[3]}")
-    return f.op(f"add {V8I32} {s01}, {s23}", "dot")
+    d = f.op(f"add {V8I32} {s01}, {s23}", "dot")
+    return d if acc == "zeroinitializer" else f.op(f"add {V8I32} {d}, {acc}", "dot")
 
 
 DECLARATIONS = f"""
 declare {V8I32} @llvm.x86.avx512.vpdpbusd.256({V8I32}, {V32I8}, {V32I8})
+declare {V16I32} @llvm.x86.avx512.vpdpbusd.512({V16I32}, {V64I8}, {V64I8})
+declare float @llvm.vector.reduce.fadd.v16f32(float, {V16F})
+declare {V16F} @llvm.fma.v16f32({V16F}, {V16F}, {V16F})
 declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({V32I8}, {V32I8})
 declare {V8I32} @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)
 declare float @llvm.vector.reduce.fadd.v8f32(float, {V8F})
@@ -290,24 +299,121 @@ declare {V8F} @llvm.fma.v8f32({V8F}, {V8F}, {V8F})
 """
 
 
-def _half_splat(f: Fn, s0: str, s1: str, times: str) -> str:
-    """<8 x float> (s0*times x4, s1*times x4)."""
+def _bcast(f: Fn, x: str) -> str:
+    ins = f.op(f"insertelement {V8F} poison, float {x}, i32 0")
+    return f.op(f"shufflevector {V8F} {ins}, {V8F} poison, {mask([0] * 8)}")
+
+
+def _scale_vec(f: Fn, s0: str, s1: str) -> str:
+    """<8 x float> (s0 x4, s1 x4): lanes 0-3 of a dot product cover the first 16 values."""
     if s0 == s1:
-        v = f.op(f"fmul float {s0}, {times}")
-        ins = f.op(f"insertelement {V8F} poison, float {v}, i32 0")
-        return f.op(f"shufflevector {V8F} {ins}, {V8F} poison, {mask([0] * 8)}")
-    a = f.op(f"fmul float {s0}, {times}")
-    b = f.op(f"fmul float {s1}, {times}")
-    v0 = f.op(f"insertelement {V8F} poison, float {a}, i32 0")
-    v1 = f.op(f"insertelement {V8F} {v0}, float {b}, i32 1")
+        return _bcast(f, s0)
+    v0 = f.op(f"insertelement {V8F} poison, float {s0}, i32 0")
+    v1 = f.op(f"insertelement {V8F} {v0}, float {s1}, i32 1")
     return f.op(f"shufflevector {V8F} {v1}, {V8F} poison, {mask([0] * 4 + [1] * 4)}")
+
+
+def udot512(f: Fn, isa: str, u: str, a: str, acc: str = "zeroinitializer") -> str:
+    """<16 x i32> dot of <64 x i8> vectors (two chunks); one vpdpbusd on zmm with VNNI."""
+    if isa == "vnni":
+        return f.op(f"call {V16I32} @llvm.x86.avx512.vpdpbusd.512({V16I32} {acc}, "
+                    f"{V64I8} {u}, {V64I8} {a})", "dot")
+    halves = []
+    for h in (0, 1):
+        sel = mask(range(32 * h, 32 * h + 32))
+        uh = f.op(f"shufflevector {V64I8} {u}, {V64I8} poison, {sel}")
+        ah = f.op(f"shufflevector {V64I8} {a}, {V64I8} poison, {sel}")
+        acc_h = acc if acc == "zeroinitializer" else f.op(
+            f"shufflevector {V16I32} {acc}, {V16I32} poison, {mask(range(8 * h, 8 * h + 8))}")
+        halves.append(udot(f, isa, uh, ah, acc_h))
+    return f.op(f"shufflevector {V8I32} {halves[0]}, {V8I32} {halves[1]}, {mask(range(16))}", "dot")
+
+
+def _concat(f: Fn, ty: str, n: int, a: str, b: str) -> str:
+    return f.op(f"shufflevector <{n} x {ty}> {a}, <{n} x {ty}> {b}, {mask(range(2 * n))}")
+
+
+def _bcast16(f: Fn, x: str) -> str:
+    ins = f.op(f"insertelement {V16F} poison, float {x}, i32 0")
+    return f.op(f"shufflevector {V16F} {ins}, {V16F} poison, {mask([0] * 16)}")
+
+
+def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v, cur_s) -> None:
+    """Emit one loop iteration: `units` are lists of (block_delta, chunk) covering 32 (one
+    chunk, <8 x float> accumulators) or 64 consecutive values (two chunks, one zmm dot)."""
+    lay = LAYOUTS[qname]
+    nrow = len(blk_of(0))
+    for unit in units:
+        width = len(unit)
+        lanes = 8 * width
+        vf = f"<{lanes} x float>"
+        per_chunk = [[UNPACK[qname](f, blk, c) for blk in blk_of(db)] for db, c in unit]
+        rows = list(zip(*per_chunk))  # rows[i] = chunks of row i in this unit
+        db0, c0 = unit[0]
+        b0 = f.op(f"add i64 {b}, {db0}")
+        e = f.op(f"add i64 {f.op(f'mul i64 {b0}, {lay.block}')}, {32 * c0}", "e")
+        i32_ = f.op(f"lshr i64 {e}, 5")
+        i16_ = f.op(f"lshr i64 {e}, 4")
+        offset = rows[0][0].offset
+        # per row: unsigned values, sign source and scale vector for the whole unit
+        us, sgn, svs = [], [], []
+        for chs in rows:
+            if width == 1:
+                us.append(chs[0].u)
+                sgn.append(chs[0].signed_src)
+                svs.append(_scale_vec(f, chs[0].s[0], chs[0].s[1]))
+            else:
+                us.append(_concat(f, "i8", 32, chs[0].u, chs[1].u))
+                sgn.append(None if chs[0].signed_src is None
+                           else _concat(f, "i8", 32, chs[0].signed_src, chs[1].signed_src))
+                svs.append(_concat(f, "float", 8, _scale_vec(f, chs[0].s[0], chs[0].s[1]),
+                                   _scale_vec(f, chs[1].s[0], chs[1].s[1])))
+        vi8 = f"<{32 * width} x i8>"
+        vi32 = f"<{lanes} x i32>"
+        for j, (_tj, aq, ad, as_) in enumerate(toks):
+            a = f.load(vi8, f.gep(aq, e), 1, "act")
+            dap = f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i32_}")
+            if width == 1:
+                da = _bcast(f, f.load("float", dap, 4, "da"))
+            else:
+                d2 = f.load("<2 x float>", dap, 4, "da")
+                da = f.op(f"shufflevector <2 x float> {d2}, <2 x float> poison, {mask([0] * 8 + [1] * 8)}")
+            dot_fn = udot if width == 1 else udot512
+            start = "zeroinitializer"
+            if offset:
+                # -offset * (sums of a over each 4 lanes), shared by every row of the tile
+                corr = dot_fn(f, isa, splat(32 * width, "i8", offset), a)
+                start = f.op(f"sub {vi32} zeroinitializer, {corr}", "ncorr")
+            sums = None
+            if rows[0][0].b is not None:
+                sp = f.op(f"getelementptr inbounds float, ptr {as_}, i64 {i16_}")
+                sums = [f.load("float", f.gep(sp, 4 * k), 4, "sa") for k in range(2 * width)]
+            na = None
+            for i in range(nrow):
+                ai = a
+                if sgn[i] is not None:
+                    if na is None:
+                        na = f.op(f"sub {vi8} zeroinitializer, {a}")
+                    isneg = f.op(f"icmp slt {vi8} {sgn[i]}, zeroinitializer")
+                    ai = f.op(f"select <{32 * width} x i1> {isneg}, {vi8} {na}, {vi8} {a}")
+                dot = dot_fn(f, isa, us[i], ai, start)
+                df = f.op(f"sitofp {vi32} {dot} to {vf}")
+                sda = f.op(f"fmul {vf} {svs[i]}, {da}")
+                cur_v[i, j] = f.op(f"call {vf} @llvm.fma.v{lanes}f32({vf} {df}, {vf} {sda}, {vf} {cur_v[i, j]})")
+                if sums is not None:
+                    # sums already carry the activation scale: sa_h = da * sum_h(q)
+                    for k, ch in enumerate(rows[i]):
+                        acc = f.op(f"call float @llvm.fma.f32(float {ch.b[0]}, float {sums[2 * k]}, float {cur_s[i, j]})")
+                        cur_s[i, j] = f.op(f"call float @llvm.fma.f32(float {ch.b[1]}, float {sums[2 * k + 1]}, float {acc})")
 
 
 def tile_function(qname: str, isa: str, nrow: int, ntok: int) -> str:
     """`tile(w, row_bytes, n_blocks, aq, ad, as, n, t, out, out_stride, r)`:
     out[t+j, r+i] for i < nrow, j < ntok. Each block of each row is unpacked once for ntok
     tokens, and each activation block loaded once for nrow rows (independent accumulators also
-    hide the fma latency that a single running sum would expose)."""
+    hide the fma latency that a single running sum would expose). Values go 64 at a time (one
+    512-bit dot): two chunks of a K-quant block, or two consecutive 32-blocks, then a tail
+    loop takes an odd last 32-block."""
     lay = LAYOUTS[qname]
     chunks = lay.block // 32
     f = Fn()
@@ -319,64 +425,62 @@ def tile_function(qname: str, isa: str, nrow: int, ntok: int) -> str:
         ad = f.op(f"getelementptr inbounds float, ptr %ad, i64 {f.op(f'mul i64 {tj}, %nb32')}")
         as_ = f.op(f"getelementptr inbounds float, ptr %as, i64 {f.op(f'mul i64 {tj}, %nb16')}")
         toks.append((tj, aq, ad, as_))
-    f("br label %head")
-    f.put_label("head")
-    f("%b = phi i64 [0, %entry], [%b_next, %body]")
-    phi_at = len(f.lines)  # accumulator phis go here once the body has named the next values
-    f("%more = icmp ult i64 %b, %nblocks")
-    f("br i1 %more, label %body, label %done")
-    f.put_label("body")
-    accv = {(i, j): f"%accv_{i}_{j}" for i in range(nrow) for j in range(ntok)}
-    accs = {(i, j): f"%accs_{i}_{j}" for i in range(nrow) for j in range(ntok)}
-    cur_v, cur_s = dict(accv), dict(accs)
-    boff = f.op(f"mul i64 %b, {lay.size}")
-    blks = [f.gep(r, boff, "blk") for r in rows]
-    if PREFETCH_TILES:
-        # Rows are separate streams; ask for the bytes a few blocks ahead explicitly.
-        # Rows are contiguous, so the tile's rows form one stream: fetch the same blocks of the
-        # tile PREFETCH_TILES ahead.
-        dist = f.op(f"mul i64 %row_bytes, {PREFETCH_TILES * nrow}")
-        for blk in blks:
-            ahead = f.gep(blk, dist, "pf")
-            f(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
-    for c in range(chunks):
-        chs = [UNPACK[qname](f, blk, c) for blk in blks]
-        e = f.op(f"add i64 {f.op(f'mul i64 %b, {lay.block}')}, {32 * c}", "e")
-        i32_ = f.op(f"lshr i64 {e}, 5")
-        i16_ = f.op(f"lshr i64 {e}, 4")
-        for j, (_tj, aq, ad, as_) in enumerate(toks):
-            a = f.load(V32I8, f.gep(aq, e), 1, "act")
-            da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i32_}"), 4, "da")
-            sums = None
-            if chs[0].b is not None:
-                sp = f.op(f"getelementptr inbounds float, ptr {as_}, i64 {i16_}")
-                sums = (f.load("float", sp, 4, "sa"), f.load("float", f.gep(sp, 4), 4, "sa"))
-            for i, ch in enumerate(chs):
-                ai = a
-                if ch.signed_src is not None:
-                    na = f.op(f"sub {V32I8} zeroinitializer, {a}")
-                    isneg = f.op(f"icmp slt {V32I8} {ch.signed_src}, zeroinitializer")
-                    ai = f.op(f"select <32 x i1> {isneg}, {V32I8} {na}, {V32I8} {a}")
-                dot = udot(f, isa, ch.u, ai)
-                df = f.op(f"sitofp {V8I32} {dot} to {V8F}")
-                sv = _half_splat(f, ch.s[0], ch.s[1], da)
-                cur_v[i, j] = f.op(f"call {V8F} @llvm.fma.v8f32({V8F} {df}, {V8F} {sv}, {V8F} {cur_v[i, j]})")
-                if sums is not None:
-                    # sums already carry the activation scale: sa_h = da * sum_h(q)
-                    acc = f.op(f"call float @llvm.fma.f32(float {ch.b[0]}, float {sums[0]}, float {cur_s[i, j]})")
-                    cur_s[i, j] = f.op(f"call float @llvm.fma.f32(float {ch.b[1]}, float {sums[1]}, float {acc})")
-    phis = []
-    for key in accv:
-        phis.append(f"  {accv[key]} = phi {V8F} [zeroinitializer, %entry], [{cur_v[key]}, %body]")
-        phis.append(f"  {accs[key]} = phi float [0.0, %entry], [{cur_s[key]}, %body]")
-    f.lines[phi_at:phi_at] = phis
-    f("%b_next = add i64 %b, 1")
-    f("br label %head")
-    f.put_label("done")
-    for (i, j) in accv:
+    keys = [(i, j) for i in range(nrow) for j in range(ntok)]
+    if chunks > 1:
+        step, units = 1, [[(0, c), (0, c + 1)] for c in range(0, chunks, 2)]
+        main_end = "%nblocks"
+    else:
+        step, units = 2, [[(0, 0), (1, 0)]]
+        main_end = f.op("and i64 %nblocks, -2")
+    passes = [("m", "0", main_end, step, units, 16)]
+    if chunks == 1:
+        passes.append(("t", main_end, "%nblocks", 1, [[(0, 0)]], 8))
+    prev_label, prev_v, prev_s = "entry", None, {k: "0.0" for k in keys}
+    finals_v = []
+    for tag, b_start, b_end, bstep, unit_list, lanes in passes:
+        vf = f"<{lanes} x float>"
+        f(f"br label %{tag}_head")
+        f.put_label(f"{tag}_head")
+        b = f"%{tag}_b"
+        f(f"{b} = phi i64 [{b_start}, %{prev_label}], [%{tag}_b_next, %{tag}_body]")
+        phi_at = len(f.lines)  # accumulator phis go here once the body has named the next values
+        f(f"%{tag}_more = icmp ult i64 {b}, {b_end}")
+        f(f"br i1 %{tag}_more, label %{tag}_body, label %{tag}_done")
+        f.put_label(f"{tag}_body")
+        accv = {k: f"%{tag}_accv_{k[0]}_{k[1]}" for k in keys}
+        accs = {k: f"%{tag}_accs_{k[0]}_{k[1]}" for k in keys}
+        cur_v, cur_s = dict(accv), dict(accs)
+        boff = f.op(f"mul i64 {b}, {lay.size}")
+        blks = [f.gep(r, boff, "blk") for r in rows]
+        if PREFETCH_TILES and tag == "m":
+            # Rows are contiguous, so the tile's rows form one stream (too short for the
+            # hardware prefetcher per row): fetch the same blocks PREFETCH_TILES tiles ahead.
+            dist = f.op(f"mul i64 %row_bytes, {PREFETCH_TILES * nrow}")
+            for blk in blks:
+                for extra in range(0, lay.size * bstep, 64):
+                    ahead = f.gep(f.gep(blk, dist, "pf"), extra, "pf")
+                    f(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
+
+        def blk_of(db, blks=blks):
+            return blks if db == 0 else [f.gep(x, lay.size * db, "blk") for x in blks]
+
+        _emit_units(f, qname, isa, blk_of, b, unit_list, toks, cur_v, cur_s)
+        phis = []
+        for k in keys:
+            phis.append(f"  {accv[k]} = phi {vf} [zeroinitializer, %{prev_label}], [{cur_v[k]}, %{tag}_body]")
+            phis.append(f"  {accs[k]} = phi float [{prev_s[k]}, %{prev_label}], [{cur_s[k]}, %{tag}_body]")
+        f.lines[phi_at:phi_at] = phis
+        f(f"%{tag}_b_next = add i64 {b}, {bstep}")
+        f(f"br label %{tag}_head")
+        f.put_label(f"{tag}_done")
+        finals_v.append((accv, lanes))
+        prev_label, prev_s = f"{tag}_done", accs
+    for (i, j) in keys:
         tj = toks[j][0]
-        red = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, {V8F} {accv[i, j]})")
-        tot = f.op(f"fadd float {red}, {accs[i, j]}")
+        tot = prev_s[i, j]
+        for accv, lanes in finals_v:
+            red = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v{lanes}f32(float 0.0, <{lanes} x float> {accv[i, j]})")
+            tot = f.op(f"fadd float {red}, {tot}")
         idx = f.op(f"add i64 {f.op(f'mul i64 {tj}, %ostride')}, {f.op(f'add i64 %r, {i}')}")
         f(f"store float {tot}, ptr {f.op(f'getelementptr inbounds float, ptr %out, i64 {idx}')}, align 4")
     f("ret void")
