@@ -64,6 +64,10 @@ REPEAT_PROMPT = [{"role": "user", "content": (
     "Repeat this sentence exactly, but with 'cat' instead of 'fox':\n" + REWRITE_PARAGRAPH)}]
 FREE_PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
 
+# gemma-3-270m is a base model: the same tasks as plain text to continue.
+GEMMA_CODE_PROMPT = f"```python\n{REWRITE_CODE}```\n\nThe same code with total_price renamed to order_total:\n```python\n"
+GEMMA_FREE_PROMPT = "The history of the printing press"
+
 JSON_SAMPLE = {
     "name": "Ada Lovelace", "born": 1815, "languages": ["English", "French"],
     "address": {"city": "London", "street": "St James's Square", "number": 12},
@@ -165,13 +169,13 @@ def bench_json_mask(lm, label: str, n_decode: int = 8) -> dict:
                 decode_step_ms_median=round(step_ms, 2), overhead_pct=round(100 * mask_ms / step_ms, 2))
 
 
-def bench_speculative(lm, max_new: int, reps: int = 2) -> list[dict]:
+def bench_speculative(lm, cases, max_new: int, reps: int = 2) -> list[dict]:
     """Plain and speculative runs alternate `reps` times; the best tok/s of each is kept (the
-    machine is shared, so the fastest run is the one least disturbed by other processes)."""
+    machine is shared, so the fastest run is the one least disturbed by other processes). The
+    decode-pass counts are exact."""
     results = []
-    for name, messages in [("rewrite paragraph", REWRITE_PROMPT), ("repeat w/ 1 change", REPEAT_PROMPT),
-                           ("rewrite code", CODE_PROMPT), ("free-form story", FREE_PROMPT)]:
-        common = dict(messages=messages, overrides={"max_new_tokens": max_new, "do_sample": False})
+    for name, prompt in cases:
+        common = dict(**prompt, overrides={"max_new_tokens": max_new, "do_sample": False, "stop": ["```"]})
         plain_runs, spec_runs = [], []
         for _ in range(reps):
             plain_runs.append(run(lm, GenerationRequest(**common, speculative=False)))
@@ -190,6 +194,24 @@ def bench_speculative(lm, max_new: int, reps: int = 2) -> list[dict]:
     return results
 
 
+def bench_verify_cost(lm, label: str, sizes=(1, 2, 4, 8), reps: int = 9) -> dict:
+    """Time of one forward pass over T tokens (all logits for T > 1, as a verify pass computes)
+    relative to a single-token decode pass: what a draft row costs. Sizes interleave per rep."""
+    cache = lm.model.new_cache(512)
+    lm.model.forward(list(range(100, 228)), cache)
+    times = {t: [] for t in sizes}
+    for _ in range(reps):
+        for t in sizes:
+            start = cache.n_tokens
+            began = time.perf_counter()
+            lm.model.forward(list(range(300, 300 + t)), cache, all_logits=t > 1)
+            times[t].append(time.perf_counter() - began)
+            cache.truncate(start)
+    base = statistics.median(times[1])
+    return dict(model=label, decode_ms=round(base * 1e3, 1),
+                relative={t: round(statistics.median(v) / base, 2) for t, v in times.items()})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="reuse,json,spec", help="comma list of: reuse, json, spec")
@@ -205,7 +227,14 @@ def main(argv=None) -> int:
         gemma = load_model(gemma3_270m_path())
         out["json_mask"] = [bench_json_mask(smol, "SmolLM2-135M Q4_1"), bench_json_mask(gemma, "gemma-3-270m Q4_K_M")]
     if "spec" in parts:
-        out["speculative"] = bench_speculative(smol, args.tokens * 2)
+        chat_cases = [("rewrite paragraph", dict(messages=REWRITE_PROMPT)), ("repeat w/ 1 change", dict(messages=REPEAT_PROMPT)),
+                      ("rewrite code", dict(messages=CODE_PROMPT)), ("free-form story", dict(messages=FREE_PROMPT))]
+        out["speculative"] = [dict(model="SmolLM2", **r) for r in bench_speculative(smol, chat_cases, args.tokens * 2)]
+        out["verify_cost"] = [bench_verify_cost(smol, "SmolLM2")]
+        gemma = gemma if "json" in parts else load_model(gemma3_270m_path())
+        base_cases = [("code edit (base)", dict(prompt=GEMMA_CODE_PROMPT)), ("free text (base)", dict(prompt=GEMMA_FREE_PROMPT))]
+        out["speculative"] += [dict(model="gemma3", **r) for r in bench_speculative(gemma, base_cases, args.tokens)]
+        out["verify_cost"].append(bench_verify_cost(gemma, "gemma3"))
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -227,9 +256,12 @@ def main(argv=None) -> int:
     if "speculative" in out:
         print("\nSpeculative (prompt lookup), greedy:")
         for s in out["speculative"]:
-            print(f" {s['prompt']:<18} {s['tokens']:>4} tokens  plain {s['plain_tok_s']:>6} tok/s  spec "
+            print(f" {s['model']:<8} {s['prompt']:<18} {s['tokens']:>4} tokens  plain {s['plain_tok_s']:>6} tok/s  spec "
                   f"{s['spec_tok_s']:>6} tok/s  x{s['speedup']}  accepted {s['accepted']}/{s['drafted']} "
                   f"({s['acceptance']})  decode passes {s['plain_passes']} -> {s['spec_passes']}  identical={s['identical']}")
+        for v in out["verify_cost"]:
+            rel = ", ".join(f"T={t}: {r}x" for t, r in v["relative"].items())
+            print(f" forward pass cost on {v['model']} relative to one decode pass ({v['decode_ms']} ms): {rel}")
     return 0
 
 
