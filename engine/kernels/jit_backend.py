@@ -69,6 +69,7 @@ def shared_library(progress: ProgressFn | None = None) -> KernelLibrary:
 _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
 # Below this many floats an elementwise op runs on the calling thread (a pool hand-off costs more).
 _DIRECT_MAX = 1 << 16
+_QUANTIZE_DIRECT_TOKENS = 8
 
 
 def _f32_bits(x: float) -> int:
@@ -98,6 +99,7 @@ class JitBackend(ReferenceBackend):
         self.pool = ThreadPool(self.library, n_threads)
         self.n_threads = self.pool.n_threads
         self._quantize = self.library.address("quantize_q8")
+        self._quantize_direct = _KERNEL_FN(self._quantize)
         self._kernels = {q: self.library.address(f"mm_{q}") for q in quant_matmul.LAYOUTS}
         self._float_kernels = {k: self.library.address(f"mmf_{k}") for k in float_matmul.ELEM}
         self._direct = {name: _KERNEL_FN(self.library.address(name))
@@ -184,7 +186,10 @@ class JitBackend(ReferenceBackend):
             bufs = self._activations(w.cols, tokens)
             bufs.args[0] = self._ptr(x)
             bufs.args[1] = tokens
-            self.pool.run(self._quantize, bufs.args_ptr)
+            if tokens <= _QUANTIZE_DIRECT_TOKENS:
+                self._quantize_direct(bufs.args_ptr, 0, 1)  # a pool hand-off costs more
+            else:
+                self.pool.run(self._quantize, bufs.args_ptr)
             args[4] = tokens
             args[5] = bufs.args[3]
             args[6] = bufs.args[4]
