@@ -21,7 +21,7 @@ for arg in "$@"; do
   case "$arg" in
     --desktop) on_desktop=1 ;;
     --uninstall) uninstall=1 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     -*) echo "install-desktop-entry.sh: unknown option '$arg' (allowed: --desktop, --uninstall)" >&2; exit 2 ;;
     *) bundle_dir=$arg ;;
   esac

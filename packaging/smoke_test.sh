@@ -10,6 +10,7 @@
 #    with empty HOME/XDG dirs and no network (a new, empty network namespace, `unshare -n`),
 #    twice: with a cold JIT cache, then warm. Each run must exit 0 and print a non-empty reply.
 #    Also checks the JIT cache landed in the user cache dir and nothing was written to the bundle.
+#    Where Xvfb is installed, also starts the GUI on it (xcb) and waits for the main window.
 # 4. Prints the bundle size, the start-up times (process start to model ready) and the
 #    start-to-exit times of both runs.
 # --with-default-model builds the all-in-one bundle and runs it without --model instead.
@@ -23,7 +24,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-build) build=0 ;;
     --with-default-model) with_model=1; build_args+=(--with-default-model) ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "smoke_test.sh: unknown option '$arg' (allowed: --no-build, --with-default-model)" >&2; exit 2 ;;
   esac
 done
@@ -52,7 +53,9 @@ else
 fi
 
 work=$(mktemp -d /tmp/localchat-smoke.XXXXXX)
+gui_pids=()  # the GUI check's app and Xvfb, if still running
 cleanup() {
+  for pid in "${gui_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   chmod -R u+w "$work" 2>/dev/null || true
   rm -rf "$work"
 }
@@ -128,6 +131,50 @@ jit_objects=$(find "$work/cache" -path '*LocalChat*' -name '*.o' | wc -l)
 run_smoke warm
 warm_seconds=$last_seconds
 warm_startup=$last_startup
+
+# The real window on a real X server (xcb platform plugin, the GUI's imports), where Xvfb is
+# installed: the main window must appear within the timeout and the app must still be running.
+gui_check() {
+  if ! command -v Xvfb >/dev/null || ! command -v xwininfo >/dev/null; then
+    echo "smoke: GUI check skipped (needs Xvfb and xwininfo)"
+    return
+  fi
+  local display=":$((50 + RANDOM % 40))" xvfb_pid app_pid started shown=0
+  Xvfb "$display" -screen 0 1280x800x24 -nolisten tcp >/dev/null 2>&1 &
+  xvfb_pid=$!
+  gui_pids+=("$xvfb_pid")
+  for _ in $(seq 50); do
+    [ -e "/tmp/.X11-unix/X${display#:}" ] && break
+    sleep 0.1
+  done
+  started=$(now)
+  env -i PATH=/usr/bin:/bin HOME="$work/home" XDG_CACHE_HOME="$work/cache" \
+    XDG_DATA_HOME="$work/data" XDG_CONFIG_HOME="$work/config" XDG_RUNTIME_DIR="$work/runtime" \
+    DISPLAY="$display" LANG=C.UTF-8 \
+    "${wrap[@]}" "$bundle/localchat" "${model_args[@]}" >"$work/gui.stdout" 2>"$work/gui.stderr" &
+  app_pid=$!
+  gui_pids+=("$app_pid")
+  for _ in $(seq 120); do
+    kill -0 "$app_pid" 2>/dev/null || break
+    # Qt sets WM_CLASS to ("localchat", "LocalChat"); the main window is the 1280x800 one.
+    if xwininfo -display "$display" -root -tree 2>/dev/null | grep '"localchat" "LocalChat"' | grep -q '1280x800'; then
+      shown=1
+      break
+    fi
+    sleep 0.5
+  done
+  local alive=0
+  kill -0 "$app_pid" 2>/dev/null && alive=1
+  kill "$app_pid" "$xvfb_pid" 2>/dev/null || true
+  wait "$app_pid" "$xvfb_pid" 2>/dev/null || true
+  gui_pids=()
+  if [ "$shown" != 1 ] || [ "$alive" != 1 ]; then
+    cat "$work/gui.stderr" >&2
+    fail "the GUI did not show its main window under Xvfb (xcb)"
+  fi
+  echo "smoke: GUI check: main window shown on Xvfb (xcb) after $(elapsed "$started" "$(now)") s"
+}
+gui_check
 
 written=$(find "$bundle" -newer "$work/before-run" | head -5)
 [ -z "$written" ] || fail "the app wrote into its bundle: $written"
