@@ -46,9 +46,15 @@ def base_metadata(model: str) -> dict:
 @functools.lru_cache(maxsize=None)
 def tokenizer_for(name: str) -> Tokenizer:
     data = fixture(name)
+    metadata = {**base_metadata(data["model"]), **data["overrides"]}
+    if "token_type_patch" in data:  # some tokens made special (see tools/make_tokenizer_fixtures.py)
+        types = list(metadata["tokenizer.ggml.token_type"])
+        for text, token_type in data["token_type_patch"].items():
+            types[metadata["tokenizer.ggml.tokens"].index(text)] = token_type
+        return Tokenizer.from_metadata({**metadata, "tokenizer.ggml.token_type": types})
     if not data["overrides"]:  # the file as it is: shares the per-file cache with other tests
         return Tokenizer.from_gguf(base_gguf(data["model"]))
-    return Tokenizer.from_metadata({**base_metadata(data["model"]), **data["overrides"]})
+    return Tokenizer.from_metadata(metadata)
 
 
 def smollm2() -> Tokenizer:
@@ -61,7 +67,7 @@ def gemma3() -> Tokenizer:
 
 def test_fixtures_cover_both_models_and_the_variants():
     assert {"smollm2", "gemma3", "smollm2_pre_gpt2", "smollm2_pre_llama_bpe", "smollm2_pre_qwen2",
-            "smollm2_pre_default", "gemma3_space_prefix_eos"} <= set(FIXTURE_NAMES)  # fmt: skip
+            "smollm2_pre_default", "gemma3_space_prefix_eos", "smollm2_overlapping_specials"} <= set(FIXTURE_NAMES)  # fmt: skip
 
 
 # --- ids ----------------------------------------------------------------------------------------
@@ -116,6 +122,15 @@ def test_add_special_adds_bos_only_when_the_file_says_so():
     assert g.encode("", add_special=True) == [2] and g.encode("", add_special=False) == []
     s = smollm2()  # add_bos_token = false
     assert s.encode("hi", add_special=True) == s.encode("hi", add_special=False)
+
+
+def test_overlapping_special_texts_longest_first_like_llama_cpp():
+    # "he" (user-defined) and "ello" (control) overlap in "hello": llama.cpp cuts the longer one
+    # first, so "hello" is h + <ello>, where a leftmost-longest matcher would give <he> + llo.
+    tok = tokenizer_for("smollm2_overlapping_specials")
+    ids = tok.encode("hello", add_special=False)
+    assert [tok.tokens[i] for i in ids] == ["h", "ello"]
+    assert ids == fixture("smollm2_overlapping_specials")["cases"][0]["ids"]
 
 
 def test_longest_special_text_wins_like_llama_cpp():

@@ -32,10 +32,17 @@ import llama_cpp  # noqa: E402
 from gguf import GGUFValueType  # noqa: E402
 
 from engine.model_files import default_model_path, gemma3_270m_path  # noqa: E402
-from tests.tiny_models import write_tiny_model  # noqa: E402
+from tests.tiny_models import tokenizer_metadata, write_tiny_model  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 STR, BOOL = GGUFValueType.STRING, GGUFValueType.BOOL
+
+# Tokens turned into special tokens (text -> GGUF token type: 3 control, 4 user-defined) so that
+# special texts overlap: in "hello", llama.cpp takes the longer "ello" first (longest-first), where
+# a leftmost-longest matcher (HF's added tokens) would take "he". Stored in the fixture as
+# "token_type_patch"; the test applies it to the real token_type array.
+OVERLAP_PATCH = {"he": 4, "ello": 3, "ll": 4, "start": 4}
+OVERLAP_TEXTS = ["hello", "Hello hello", "shell", "hellohe", "<|im_start|>user\nhello<|im_end|>", "he ello ll"]
 
 # name -> (base model, metadata overrides {key: (value, type)})
 VARIANTS: dict[str, tuple[str, dict[str, tuple[object, GGUFValueType]]]] = {
@@ -238,6 +245,20 @@ def main() -> None:
             plain = {k: v for k, (v, _) in overrides.items()}
             data = {"source": source, "model": base, "overrides": plain, **fixture_for(Oracle(path), texts, seed=11)}
             write(name, data)
+        # Overlapping special texts, on SmolLM2's vocabulary.
+        token_types = list(tokenizer_metadata_value("smollm2", "tokenizer.ggml.token_type"))
+        tokens = tokenizer_metadata_value("smollm2", "tokenizer.ggml.tokens")
+        for text, token_type in OVERLAP_PATCH.items():
+            token_types[tokens.index(text)] = token_type
+        path = write_tiny_model(Path(tmp) / "overlap.gguf", "llama", tokenizer="smollm2",
+                                extra_metadata={"tokenizer.ggml.token_type": (token_types, GGUFValueType.ARRAY)})
+        data = {"source": source, "model": "smollm2", "overrides": {}, "token_type_patch": OVERLAP_PATCH,
+                **fixture_for(Oracle(path), OVERLAP_TEXTS + texts, seed=13)}  # fmt: skip
+        write("smollm2_overlapping_specials", data)
+
+
+def tokenizer_metadata_value(model: str, key: str):
+    return next(value for k, value, _, _ in tokenizer_metadata(model) if k == key)
 
 
 def write(name: str, data: dict) -> None:
