@@ -1,0 +1,41 @@
+"""The bench subcommand on a tiny model: the llama-bench shaped report and its JSON keys."""
+
+import json
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.__main__ import main
+from engine.bench import format_table, run_bench
+from tests.tiny_models import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "tiny_llama_q8.gguf"
+    write_tiny_model(path, "llama", qtype=Q.Q8_0)
+    return path
+
+
+def test_run_bench_reports_throughput_memory_and_start_up(tiny):
+    r = run_bench(tiny, n_prompt=8, n_gen=3, n_threads=2, repetitions=2, cold_compile=False)
+    assert r["backend"] in ("jit", "numpy")
+    assert len(r["prefill_runs"]) == len(r["decode_runs"]) == 2
+    assert min(r["prefill_runs"]) <= r["prefill_tok_s"] <= max(r["prefill_runs"])
+    assert r["decode_tok_s"] > 0 and r["kv_bytes"] > 0 and r["warm_start_s"] < 5
+    assert r["peak_rss_mb"] >= r["rss_generating_mb"] > 0
+    table = format_table(r)
+    assert "| pp8 |" in table and "| tg3 |" in table
+
+
+def test_cli_bench_json(tiny, capsys):
+    assert main(["bench", str(tiny), "-p", "4", "-n", "2", "-r", "1", "-t", "1", "--skip-cold", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    for key in ("prefill_tok_s", "decode_tok_s", "peak_rss_mb", "kv_bytes", "warm_start_s", "threads"):
+        assert key in r
+    assert r["threads"] == 1
+
+
+def test_cli_bench_rejects_zero_repetitions(tiny, capsys):
+    assert main(["bench", str(tiny), "-r", "0", "--skip-cold"]) == 2
+    assert "repetitions" in capsys.readouterr().err
