@@ -49,3 +49,26 @@ def test_unknown_symbol_is_a_typed_error(tmp_path):
     lib.add_modules([("add", ADD_ONE)])
     with pytest.raises(KernelCompileError, match="nope"):
         lib.address("nope")
+
+
+def test_backend_falls_back_to_numpy_with_a_warning(monkeypatch):
+    from engine.kernels import backend, jit_backend
+
+    def broken(progress=None):
+        raise KernelCompileError("kernel module 'mm_Q4_0_vnni' is invalid LLVM IR: test")
+
+    monkeypatch.setattr(jit_backend, "shared_library", broken)
+    with pytest.warns(RuntimeWarning, match="invalid LLVM IR"):
+        chosen = backend.get_backend(n_threads=1)
+    assert chosen.name == "numpy"
+
+
+def test_environment_switch_forces_numpy(monkeypatch):
+    from engine.kernels import backend
+
+    monkeypatch.setenv("LOCALCHAT_KERNELS", "numpy")
+    assert backend.get_backend().name == "numpy"
+    monkeypatch.delenv("LOCALCHAT_KERNELS")
+    jit = backend.get_backend(n_threads=1)
+    assert jit.name == "jit"
+    jit.close()
