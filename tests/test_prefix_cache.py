@@ -382,3 +382,24 @@ def test_gemma3_follow_up_with_reuse_equals_without(gemma3):
     reused = chat_turn(gemma3, dict(prompt=follow), cache)
     assert reused.usage.cached_tokens >= len(gemma3.tokenizer.encode(first)) - 1
     assert reused.token_ids == chat_turn(gemma3, dict(prompt=follow), None).token_ids
+
+
+@pytest.mark.slow
+def test_gemma3_reuse_past_the_sliding_window_is_exact(gemma3_path):
+    """A follow-up whose new tokens attend across the 512-position window of gemma3's local
+    layers: the reused rows are the ones the window reaches, so any misplaced row would show."""
+    from engine.loader import load_model
+
+    lm = load_model(gemma3_path, n_ctx=1024)
+    window = lm.config.sliding_window
+    assert window == 512
+    words = " ".join(f"item{i}" for i in range(180))
+    first = f"A list of inventory codes: {words}."
+    assert len(lm.tokenizer.encode(first)) > window + 8
+    cache = PrefixCache()
+    chat_turn(lm, dict(prompt=first), cache, max_new_tokens=2)
+    follow = first + " The last code in the list is"
+    reused = chat_turn(lm, dict(prompt=follow), cache, max_new_tokens=4)
+    fresh = chat_turn(lm, dict(prompt=follow), None, max_new_tokens=4)
+    assert reused.usage.cached_tokens > window
+    assert reused.token_ids == fresh.token_ids
