@@ -20,7 +20,7 @@ import numpy as np
 import ctypes
 
 from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
-from engine.kernels.compiler import HostCPU, KernelLibrary, host_cpu
+from engine.kernels.compiler import HostCPU, KernelLibrary
 from engine.kernels.reference import ReferenceBackend
 from engine.qtensor import QTensor
 from engine.threads import ThreadPool, pool_ir
@@ -112,7 +112,8 @@ class JitBackend(ReferenceBackend):
         self._inv_freq: dict[tuple[float, int, float], np.ndarray] = {}
         self._scratch = np.zeros(0, np.float32)
         self._acts: dict[int, _ActivationBuffers] = {}
-        self._weights: dict[int, tuple[QTensor, np.ndarray, int, int]] = {}
+        # id(weight) -> (weight, argument block, its address, kernel address, contiguous data)
+        self._weights: dict[int, tuple[QTensor, np.ndarray, int, int, np.ndarray]] = {}
         self._ptrs: dict[int, tuple[np.ndarray, int]] = {}
 
     def close(self) -> None:

@@ -2,26 +2,36 @@
 
 How it works (the llama.cpp recipe, written as explicit vector IR):
   * the activations are quantized once per call to int8 in blocks of 32 (`quantize_q8` in
-    activation_ir.py): int8 values, one float scale per 32, and the integer sum of every 16;
+    act_quant.py): int8 values, one float scale da per 32, and da * (sum of every 16 values);
   * every 32 weights of a block are unpacked to 32 *unsigned* bytes u (nibbles, 5/6-bit values,
-    |q| for Q8_0) so that weight = s * u + b, with the scale s and offset b constant over each
-    half of 16 (K-quants with 16-wide sub-blocks need the halves; the others repeat one value);
+    |q| for Q8_0, whose sign moves onto the activations) so that
+        weight = s_h * (u - offset) + b_h,
+    s_h and b_h constant over each half h of 16 values (K-quants with 16-wide sub-blocks need
+    the halves; the others repeat one value) and `offset` a per-format constant (8 for Q4_0,
+    16 for Q5_0, 32 for Q6_K, 4 for Q3_K);
   * dot(u, a) is one `vpdpbusd` (AVX512-VNNI), or `pmaddubsw`+`pmaddwd` (AVX2), or widening
-    multiplies (generic) into <8 x i32>, lanes 0-3 covering the first 16 elements;
-  * sum_i w_i x_i = da * (sum_h s_h * dot_h(u, a) + sum_h b_h * sum_h(a)), accumulated in float.
-  * prefill processes a tile of TILE tokens per weight row: each block is unpacked once and used
-    TILE times, and the row stays in L1 while the tokens' activations stream from L2.
+    multiplies (generic); two chunks go through one 512-bit instruction (<16 x i32>, lanes 0-3
+    covering the first 16 values, 4-7 the next 16, ...). The constant offset is folded into
+    the integer accumulator, which starts at -offset * sum(a) (computed once per token and
+    shared by the tile's rows); the per-row mins b_h cost two scalar fmas;
+  * sum_i w_i x_i = sum over chunks of da * (s . dot(u, a) + b . sums(a)), in float;
+  * tiles of ROWS weight rows x TILE tokens: each block is unpacked once for TILE tokens and each
+    activation chunk loaded once for ROWS rows; rows stay in L1 while activations stream from L2;
+  * the rows of a tile are contiguous in memory, one stream, which the hardware prefetcher
+    follows badly in short row-sized pieces: a software prefetch PREFETCH_TILES tiles ahead
+    took the 262144 x 640 Q8_0 output mat-vec from 28 to 16 ms of CPU time.
 
-Rows are split across the pool threads. A kernel's argument block holds i64 slots:
+Rows are split across the pool's work chunks. A kernel's argument block holds i64 slots:
   0 w, 1 row_bytes, 2 n_rows, 3 n_blocks (per row), 4 n_tokens, 5 aq (int8 [T, n]),
-  6 ad (f32 [T, n/32]), 7 as (f32 [T, n/16], scale * sum of 16 int8), 8 out (f32), 9 n (= cols), 10 out_stride (floats)
+  6 ad (f32 [T, n/32]), 7 as (f32 [T, n/16], scale * sum of 16 int8), 8 out (f32),
+  9 n (= cols), 10 out_stride (floats)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.kernels.ir import Fn, f32, mask, splat, thread_range
+from engine.kernels.ir import Fn, mask, splat, thread_range
 
 TILE = 4  # tokens per weight-row pass in prefill
 ROWS = 4  # weight rows per pass (decode and prefill)
@@ -331,11 +341,6 @@ def udot512(f: Fn, isa: str, u: str, a: str, acc: str = "zeroinitializer") -> st
 
 def _concat(f: Fn, ty: str, n: int, a: str, b: str) -> str:
     return f.op(f"shufflevector <{n} x {ty}> {a}, <{n} x {ty}> {b}, {mask(range(2 * n))}")
-
-
-def _bcast16(f: Fn, x: str) -> str:
-    ins = f.op(f"insertelement {V16F} poison, float {x}, i32 0")
-    return f.op(f"shufflevector {V16F} {ins}, {V16F} poison, {mask([0] * 16)}")
 
 
 def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v, cur_s) -> None:
