@@ -688,7 +688,8 @@ def _vocab_dict(tokens: list[str]) -> dict[str, int]:
 def _spm_merges(tokens: list[str], attrs: list[int], scores: list[float], vocab: dict[str, int]):
     """Every way to build a piece from two pieces, best piece score first. llama.cpp merges the
     adjacent pair whose concatenation is the highest-scoring vocabulary entry, which is exactly
-    BPE with these ranks."""
+    BPE with these ranks. (The hot loop of loading a SentencePiece model: ~1.5M lookups for
+    Gemma's 262k pieces, ~1.2 s; a sort of flat tuples measured faster than per-token lists.)"""
     ranked = []
     for token_id, text in enumerate(tokens):
         if len(text) < 2 or attrs[token_id] & _PARTITIONED:
@@ -752,19 +753,4 @@ def _build_bpe(tokens, attrs, merges, pre: PreTokenizer, bos_id, eos_id, add_bos
     return hf
 
 
-def describe(tokenizer: Tokenizer) -> dict[str, Any]:
-    """A JSON-friendly summary (for `python -m engine info`)."""
-    return {
-        "model": tokenizer.model,
-        "pre": tokenizer.pre,
-        "vocab_size": tokenizer.vocab_size,
-        "bos_id": tokenizer.bos_id,
-        "eos_id": tokenizer.eos_id,
-        "eog_ids": sorted(tokenizer.eog_ids),
-        "add_bos": tokenizer.add_bos,
-        "add_eos": tokenizer.add_eos,
-        "add_space_prefix": tokenizer.add_space_prefix,
-    }
-
-
-__all__ = ["Tokenizer", "PRE_TOKENIZERS", "SUPPORTED_MODELS", "describe"]
+__all__ = ["Tokenizer", "PRE_TOKENIZERS", "SUPPORTED_MODELS", "clean_spaces"]
