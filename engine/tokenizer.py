@@ -235,17 +235,14 @@ class Tokenizer:
         ids: list[int] = []
         if add_special and self.add_bos:
             ids.append(self.bos_id)
-        fragments = self._partition(text)
-        raw = [f for f in fragments if isinstance(f, str)]
-        if raw:
-            encoded = iter(self.hf.encode_batch(raw, add_special_tokens=False))
-            for fragment in fragments:
-                if isinstance(fragment, str):
-                    ids.extend(next(encoded).ids)
-                else:
-                    ids.append(fragment)
-        else:
-            ids.extend(fragments)
+        # One encode call per piece, not encode_batch: batch mode starts HF's thread pool, which
+        # competes with the engine's own threads and warns/deadlocks if the process forks later.
+        encode = self.hf.encode
+        for fragment in self._partition(text):
+            if isinstance(fragment, str):
+                ids.extend(encode(fragment, add_special_tokens=False).ids)
+            else:
+                ids.append(fragment)
         if add_special and self.add_eos:
             ids.append(self.eos_id)
         return ids
