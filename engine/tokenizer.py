@@ -13,17 +13,29 @@ what the model was converted and tested against. We reproduce it in three parts:
      merged piece* (highest first, leftmost on ties), starting from UTF-8 characters, with
      spaces escaped as "▁" and `<0xXX>` byte pieces for characters that are not in the vocab.
      That is a BPE whose merge ranks are the scores: we derive the merge list from the
-     vocabulary (every split of a piece into two pieces, ranked by the piece's score) and use
-     HF's BPE with byte fallback and no pre-tokenizer (llama.cpp does not pre-split SPM text).
+     vocabulary (every split of a piece into two pieces, ranked by the piece's score; equal
+     scores, which real SentencePiece vocabularies do not have, rank by id) and use HF's BPE
+     with byte fallback and no pre-tokenizer (llama.cpp does not pre-split SPM text). Deriving
+     Gemma 3's ~514k merges costs ~2 s of CPU at load, so `from_gguf` caches per file.
    - `gpt2` (byte-level BPE) vocabularies: the file's merges, and the pre-tokenizer regexes
      llama.cpp uses for the `tokenizer.ggml.pre` name (see `PRE_TOKENIZERS`).
 3. BOS/EOS per `tokenizer.ggml.add_bos_token` / `add_eos_token` (llama.cpp's defaults when
    absent: SPM adds BOS, BPE adds it only for the llama3 family).
 
+End-of-generation ids are llama.cpp's set: eos, eot, eom, tokens it recognises by text
+(<|im_end|>, <|eot_id|>, <end_of_turn>, <|endoftext|>, </s>, ...) and the FIM pad / repo /
+file-separator tokens. SmolLM2: {0 <|endoftext|>, 2 <|im_end|>, 4 <reponame>}; Gemma 3:
+{1 <eos>, 106 <end_of_turn>, 212 </s>}.
+
+`.hf` is a complete standalone HF tokenizer (added tokens, normalizer, BOS post-processor,
+decoder) for components that need one (llguidance in JSON mode); it gives the same ids except
+where two special texts overlap (HF takes the leftmost, llama.cpp the longest).
+
 Unknown `tokenizer.ggml.pre` names are refused with a TokenizerError listing the supported ones,
 as llama.cpp itself does: a silently wrong pre-tokenizer gives plausible-looking but different
 ids, which degrades every answer without any visible error. A missing `pre` (very old files)
-uses llama.cpp's "default" rules, with a warning, again as llama.cpp does.
+uses llama.cpp's "default" rules, with a warning, again as llama.cpp does. ("gpt2" is accepted
+as a spelling of llama.cpp's "gpt-2".)
 
 Decoding follows llama.cpp's `llama_detokenize(remove_special=False, unparse_special=False)`:
 control and unknown tokens render as nothing, user-defined tokens as their text, byte pieces as
