@@ -95,10 +95,44 @@ class _GenerationBlock(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body, lineno=lineno)
 
 
+# Resource limits for one render. A real template writes a few KB and loops over the messages;
+# these only stop a hostile one from hanging or filling memory (the sandbox itself only caps a
+# single range() at 100k items).
+MAX_OUTPUT_CHARS = 4_000_000
+MAX_RANGE_ITEMS = 1_000_000  # summed over every range() call of one render
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset({"*", "**"})
+
     def unsafe_undefined(self, obj: Any, attribute: str):
         # jinja's default returns an Undefined that renders as "", hiding the attempt.
         raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is not allowed")
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, count in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * count > MAX_OUTPUT_CHARS:
+                    raise SecurityError(f"repeating a sequence {count} times exceeds the {MAX_OUTPUT_CHARS}-item limit")
+        if operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
+            raise SecurityError(f"exponent {right} is too large")
+        return super().call_binop(context, operator, left, right)
+
+
+def _budgeted_range():
+    """A range() for one render whose items, over all calls, stay under MAX_RANGE_ITEMS, so
+    nested loops cannot spin for hours."""
+    used = 0
+
+    def range_(*args: int) -> range:
+        nonlocal used
+        items = range(*args)
+        used += len(items)
+        if used > MAX_RANGE_ITEMS:
+            raise SecurityError(f"the template asked for more than {MAX_RANGE_ITEMS} loop items")
+        return items
+
+    return range_
 
 
 def _environment() -> jinja2.Environment:
@@ -170,11 +204,12 @@ class ChatTemplate:
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
             **extra,
+            "range": _budgeted_range(),
             "messages": [dict(m) for m in messages],
             "add_generation_prompt": bool(add_generation_prompt),
         }
         try:
-            text = self._template.render(**variables)
+            text = self._render_bounded(variables)
         except _TemplateRaised as exc:
             raise ChatTemplateError(f"the chat template {self.name!r} refused the conversation: {exc}") from None
         except SecurityError as exc:
@@ -188,6 +223,15 @@ class ChatTemplate:
         if self._strip_leading_bos and text.startswith(self.bos_token):
             text = text[len(self.bos_token) :]
         return text
+
+    def _render_bounded(self, variables: dict[str, Any]) -> str:
+        parts, size = [], 0
+        for chunk in self._template.generate(**variables):
+            size += len(chunk)
+            if size > MAX_OUTPUT_CHARS:
+                raise SecurityError(f"the rendered prompt exceeds {MAX_OUTPUT_CHARS} characters")
+            parts.append(chunk)
+        return "".join(parts)
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, is_fallback={self.is_fallback})"

@@ -192,6 +192,29 @@ def test_immutable_sandbox_refuses_mutating_inputs():
         render("{% set _ = messages.append({'role': 'x'}) %}")
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ 'a' * 100000000 }}",  # memory
+        "{{ [1] * 100000000 }}",
+        "{{ 10 ** 100000000 }}",  # CPU in big-integer arithmetic
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",  # time
+        "{% for i in range(100000) %}{{ 'x' * 99 }}{% endfor %}",  # output size
+    ],
+)
+def test_hostile_templates_hit_resource_limits_quickly(source):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ChatTemplateError, match="unsafe operation"):
+        render(source)
+    assert time.perf_counter() - start < 10  # refused, not run to completion (minutes / GBs)
+
+
+def test_ordinary_ranges_and_repetition_still_work():
+    assert render("{% for i in range(3) %}{{ i }}{% endfor %}{{ '-' * 3 }}{{ 2 ** 10 }}") == "012---1024"
+
+
 def test_raise_exception_surfaces_template_message():
     with pytest.raises(ChatTemplateError, match="Only user and assistant roles are supported!"):
         render("{% if messages[0]['role'] != 'assistant' %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}")
