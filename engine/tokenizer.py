@@ -50,7 +50,7 @@ import logging
 import os
 import re
 import threading
-from collections import OrderedDict
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -215,22 +215,20 @@ class Tokenizer:
     # --- construction ------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, gguf_file) -> Tokenizer:
-        """Build from an engine.gguf.GGUFFile (anything with a `.metadata` dict). The same file
-        opened again reuses the tokenizer: building a 262k-token SentencePiece vocabulary takes
-        seconds (deriving ~500k merges), and the app reloads models when settings change."""
+        """Build from an engine.gguf.GGUFFile (anything with a `.metadata` dict). While a
+        tokenizer for the same file is alive (e.g. the app reloading a model with new settings)
+        it is reused: building a 262k-token SentencePiece vocabulary takes seconds (deriving
+        ~500k merges) and ~145 MB, so it is shared, but never kept alive by the cache itself."""
         key = _file_identity(gguf_file)
         if key is not None:
             with _CACHE_LOCK:
                 cached = _CACHE.get(key)
-                if cached is not None:
-                    _CACHE.move_to_end(key)
-                    return cached
+            if cached is not None:
+                return cached
         tokenizer = cls.from_metadata(gguf_file.metadata)
         if key is not None:
             with _CACHE_LOCK:
                 _CACHE[key] = tokenizer
-                while len(_CACHE) > _CACHE_SIZE:
-                    _CACHE.popitem(last=False)
         return tokenizer
 
     @classmethod
@@ -483,9 +481,8 @@ def clean_spaces_cut(text: bytes) -> int:
     return 0
 
 
-# Tokenizers of recently opened files, keyed by (path, size, mtime): a tokenizer is immutable.
-_CACHE: OrderedDict[tuple, Tokenizer] = OrderedDict()
-_CACHE_SIZE = 2
+# Live tokenizers by file (path, size, mtime); a tokenizer is immutable, so sharing is safe.
+_CACHE: weakref.WeakValueDictionary[tuple, Tokenizer] = weakref.WeakValueDictionary()
 _CACHE_LOCK = threading.Lock()
 
 

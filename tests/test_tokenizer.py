@@ -242,3 +242,17 @@ def test_missing_or_broken_vocabulary_is_a_typed_error():
 def test_encode_needs_str():
     with pytest.raises(TypeError, match="takes a str"):
         smollm2().encode(b"bytes")
+
+
+def test_same_file_shares_one_tokenizer_while_it_is_alive(tiny_model_factory):
+    import gc
+    import weakref
+
+    path = tiny_model_factory("llama", tokenizer="smollm2")  # real vocabulary, tiny weights
+    first = Tokenizer.from_gguf(open_gguf(path))
+    assert Tokenizer.from_gguf(open_gguf(path)) is first
+    assert first.encode("Hello world", add_special=False) == [19556, 905]
+    alive = weakref.ref(first)
+    del first
+    gc.collect()
+    assert alive() is None  # the cache never keeps a tokenizer (and its ~100 MB) alive by itself
