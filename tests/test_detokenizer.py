@@ -35,6 +35,13 @@ def _tokenizer(name: str) -> Tokenizer:
     return Tokenizer.from_gguf(gguf)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_tokenizers():
+    """Gemma-sized tokenizers are ~145 MB each: hold them for this module only."""
+    yield
+    _tokenizer.cache_clear()
+
+
 def stream(tok: Tokenizer, ids, **kwargs) -> list[str]:
     detok = StreamingDetokenizer(tok, **kwargs)
     chunks = []

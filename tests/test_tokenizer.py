@@ -57,6 +57,14 @@ def tokenizer_for(name: str) -> Tokenizer:
     return Tokenizer.from_metadata(metadata)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_tokenizers():
+    """Gemma-sized tokenizers are ~145 MB each: hold them for this module only."""
+    yield
+    tokenizer_for.cache_clear()
+    base_gguf.cache_clear()
+
+
 def smollm2() -> Tokenizer:
     return tokenizer_for("smollm2")
 
