@@ -322,10 +322,11 @@ class Tokenizer:
                 for ch in special:
                     node = node.setdefault(ch, {})
                 node.setdefault(end_key, rank)  # identical texts: the first (lowest id) wins
-            self.__dict__["_trie"] = (trie, end_key)
             starts = "".join(sorted(self._special_first_chars))
+            # Publish the regex before the trie: another thread may see the trie and use both.
             self.__dict__["_special_start_re"] = re.compile("[" + re.escape(starts) + "]")
-        return self.__dict__["_trie"]
+            self.__dict__["_trie"] = trie = (trie, end_key)
+        return trie
         for special, special_id in self._specials:
             if special not in text:
                 continue
