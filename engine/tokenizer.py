@@ -701,6 +701,8 @@ def _spm_merges(tokens: list[str], attrs: list[int], scores: list[float], vocab:
     for token_id, text in enumerate(tokens):
         if len(text) < 2 or attrs[token_id] & _PARTITIONED:
             continue  # special text never reaches the merger: the partition removed it
+        if vocab[text] != token_id:
+            continue  # a duplicated text: llama.cpp looks it up to the last id, and so do we
         score = scores[token_id]
         for k in range(1, len(text)):
             left, right = text[:k], text[k:]
