@@ -264,3 +264,11 @@ def test_same_file_shares_one_tokenizer_while_it_is_alive(tiny_model_factory):
     del first
     gc.collect()
     assert alive() is None  # the cache never keeps a tokenizer (and its ~100 MB) alive by itself
+
+
+def test_out_of_range_special_id_in_the_file_is_ignored_with_a_warning(caplog):
+    # llama.cpp warns and disables such an id; the vocabulary stays usable.
+    tok = Tokenizer.from_metadata(_metadata(**{"tokenizer.ggml.eos_token_id": 10**6}))
+    assert tok.eos_id is None and "outside the vocabulary" in caplog.text
+    assert tok.eog_ids == frozenset({0, 2, 4})  # still found by their text
+    assert tok.encode("Hello world", add_special=True) == [19556, 905]
