@@ -16,7 +16,8 @@ what the model was converted and tested against. We reproduce it in three parts:
      vocabulary (every split of a piece into two pieces, ranked by the piece's score; equal
      scores, which real SentencePiece vocabularies do not have, rank by id) and use HF's BPE
      with byte fallback and no pre-tokenizer (llama.cpp does not pre-split SPM text). Deriving
-     Gemma 3's ~514k merges costs ~2 s of CPU at load, so `from_gguf` caches per file.
+     Gemma 3's ~514k merges costs ~1.2 s of CPU, so they are cached on disk
+     (MERGES_CACHE_DIR, ~9 MB for Gemma) and `from_gguf` shares a live tokenizer per file.
    - `gpt2` (byte-level BPE) vocabularies: the file's merges, and the pre-tokenizer regexes
      llama.cpp uses for the `tokenizer.ggml.pre` name (see `PRE_TOKENIZERS`).
 3. BOS/EOS per `tokenizer.ggml.add_bos_token` / `add_eos_token` (llama.cpp's defaults when
@@ -46,14 +47,18 @@ not smollm, qwen2 or SPM), its HF-style clean-up (" ," -> ",", " 's" -> "'s", ..
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 import threading
 import weakref
+from array import array
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import platformdirs
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -204,7 +209,7 @@ class Tokenizer:
         self.add_space_prefix = add_space_prefix
         self.clean_spaces = clean_spaces
         self.vocab_size = len(tokens)
-        self._special_pieces = [self._render(i) for i in range(len(tokens))]
+        self._special_pieces = self._render_all()
         # User-visible text hides control and unknown tokens (token_to_piece with special=False).
         self._pieces = [b"" if a & _HIDDEN else p for a, p in zip(attrs, self._special_pieces)]
         # (text, id), longest UTF-8 text first; ties keep id order (llama.cpp leaves them unspecified).
@@ -406,6 +411,14 @@ class Tokenizer:
         if not (isinstance(token_id, int) or hasattr(token_id, "__index__")) or not 0 <= token_id < self.vocab_size:
             raise TokenizerError(f"token id {token_id!r} is out of range: the vocabulary has ids 0..{self.vocab_size - 1}")
 
+    def _render_all(self) -> list[bytes]:
+        """_render for every id; the common case (normal pieces) in one comprehension."""
+        if self.model == "llama":
+            fast = [t.replace(SPACE_ESCAPE, " ").encode("utf-8") for t in self.tokens]
+        else:
+            fast = [_byte_level_decode(t) for t in self.tokens]
+        return [p if a == ATTR_NORMAL else self._render(i) for i, (a, p) in enumerate(zip(self.attrs, fast))]
+
     def _render(self, token_id: int) -> bytes:
         """llama.cpp's token_to_piece(special=True) for one id (before the first-token space strip)."""
         attr = self.attrs[token_id]
@@ -590,15 +603,16 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
     if add_eos and eos_id is None:
         raise TokenizerError("tokenizer.ggml.add_eos_token is set but the file has no valid eos_token_id")
 
-    eot_id, eog_ids = _end_of_generation(metadata, tokens, attrs, eos_id, n)
+    vocab = _vocab_dict(tokens)
+    eot_id, eog_ids = _end_of_generation(metadata, tokens, attrs, eos_id, n, vocab)
 
     if model == "llama":
-        hf = _build_spm(tokens, attrs, scores, add_space_prefix, metadata, bos_id, eos_id, add_bos, add_eos)
+        hf = _build_spm(tokens, vocab, attrs, scores, add_space_prefix, metadata, bos_id, eos_id, add_bos, add_eos)
     else:
         merges = metadata.get("tokenizer.ggml.merges")
         if not isinstance(merges, (list, tuple)):
             raise TokenizerError("a gpt2 tokenizer needs tokenizer.ggml.merges, which is missing")
-        hf = _build_bpe(tokens, attrs, list(merges), pre, bos_id, eos_id, add_bos, add_eos)
+        hf = _build_bpe(tokens, vocab, attrs, list(merges), pre, bos_id, eos_id, add_bos, add_eos)
 
     return Tokenizer(
         model=model, tokens=tokens, attrs=attrs, hf=hf, bos_id=bos_id, eos_id=eos_id, eot_id=eot_id,
@@ -607,11 +621,10 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
     )  # fmt: skip
 
 
-def _end_of_generation(metadata, tokens, attrs, eos_id, n) -> tuple[int | None, frozenset[int]]:
+def _end_of_generation(metadata, tokens, attrs, eos_id, n, text_to_id) -> tuple[int | None, frozenset[int]]:
     """llama.cpp's end-of-generation set: eos/eot/eom ids from the file, tokens recognised by text
     (<|im_end|>, <end_of_turn>, </s>, ...) and the FIM pad/repo/file-separator tokens. Tokens it
     recognises by text are forced to control type (hidden in text), as llama.cpp does."""
-    text_to_id = {t: i for i, t in enumerate(tokens)}  # later ids win, as in llama.cpp
 
     def by_key_or_text(key: str, texts: Iterable[str]) -> int | None:
         token_id = _meta_id(metadata, key, n)
@@ -689,7 +702,7 @@ def _post_processor(tokens, bos_id, eos_id, add_bos, add_eos):
 
 
 def _vocab_dict(tokens: list[str]) -> dict[str, int]:
-    return {t: i for i, t in enumerate(tokens)}
+    return {t: i for i, t in enumerate(tokens)}  # later ids win, as in llama.cpp
 
 
 def _spm_merges(tokens: list[str], attrs: list[int], scores: list[float], vocab: dict[str, int]):
@@ -712,15 +725,79 @@ def _spm_merges(tokens: list[str], attrs: list[int], scores: list[float], vocab:
     return [(left, right) for _, _, _, left, right in ranked]
 
 
-def _build_spm(tokens, attrs, scores, add_space_prefix, metadata, bos_id, eos_id, add_bos, add_eos) -> HFTokenizer:
-    vocab = _vocab_dict(tokens)
-    merges = _spm_merges(tokens, attrs, scores, vocab)
+# Derived SentencePiece merges are kept on disk, keyed by a hash of everything they depend on:
+# deriving Gemma 3's takes ~1.2 s of CPU, reading them back ~0.15 s, and that was most of the
+# model's load time. Set to None to disable (tests point it at a temporary directory).
+MERGES_CACHE_DIR: Path | None = Path(platformdirs.user_cache_dir("LocalChat")) / "tokenizers"
+_MERGES_FORMAT = b"spm-merges-v2"
+_SEP = "\0"  # between pieces in the cache file; a vocabulary with NUL in a piece is not cached
+
+
+def _spm_merges_cache_path(tokens: list[str], attrs: list[int], scores: list[float]) -> Path | None:
+    if MERGES_CACHE_DIR is None:
+        return None
+    h = hashlib.sha256(_MERGES_FORMAT)
+    h.update(_SEP.join(tokens).encode("utf-8", "surrogatepass"))
+    h.update(array("d", scores).tobytes())
+    h.update(bytes(1 if a & _PARTITIONED else 0 for a in attrs))
+    return MERGES_CACHE_DIR / f"{h.hexdigest()[:40]}.merges"
+
+
+def _read_cached_merges(path: Path | None) -> list[tuple[str, str]] | None:
+    """Merges from the cache file, or None if it is missing or damaged (its header holds the
+    merge count and a sha256 of the rest; the BPE constructor then checks every piece is in the
+    vocabulary). Whatever fails is derived again and the file replaced."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable tokenizer cache file %s: %s", path, exc)
+        return None
+    header, _, payload = text.partition("\n")
+    count, _, digest = header.partition(" ")
+    pieces = payload.split(_SEP) if payload else []
+    if digest != hashlib.sha256(payload.encode("utf-8")).hexdigest() or count != str(len(pieces) // 2):
+        log.warning("ignoring damaged tokenizer cache file %s", path)
+        return None
+    it = iter(pieces)
+    return list(zip(it, it))
+
+
+def _write_cached_merges(path: Path | None, merges: list[tuple[str, str]]) -> None:
+    if path is None or any(_SEP in left or _SEP in right for left, right in merges):
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        payload = _SEP.join(piece for pair in merges for piece in pair)
+        header = f"{len(merges)} {hashlib.sha256(payload.encode('utf-8')).hexdigest()}"
+        tmp.write_text(header + "\n" + payload, encoding="utf-8")
+        os.replace(tmp, path)  # atomic: a concurrent reader sees no file or the whole file
+    except OSError as exc:
+        log.info("cannot write the tokenizer cache (%s); merges will be derived again next time", exc)
+
+
+def _build_spm(tokens, vocab, attrs, scores, add_space_prefix, metadata, bos_id, eos_id, add_bos, add_eos) -> HFTokenizer:
     unk_id = _meta_id(metadata, "tokenizer.ggml.unknown_token_id", len(tokens))
     unk = tokens[unk_id] if unk_id is not None else None
-    try:
-        bpe = models.BPE(vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True, fuse_unk=False)
-    except Exception as exc:  # the Rust side reports inconsistent vocab/merges as a plain Exception
-        raise TokenizerError(f"cannot build the SentencePiece tokenizer: {exc}") from exc
+    cache_path = _spm_merges_cache_path(tokens, attrs, scores)
+    bpe = None
+    cached = _read_cached_merges(cache_path)
+    if cached is not None:
+        try:
+            bpe = models.BPE(vocab=vocab, merges=cached, unk_token=unk, byte_fallback=True, fuse_unk=False)
+        except Exception:  # the Rust side reports pieces missing from the vocab as a plain Exception
+            log.warning("ignoring inconsistent tokenizer cache file %s", cache_path)
+    if bpe is None:
+        merges = _spm_merges(tokens, attrs, scores, vocab)
+        try:
+            bpe = models.BPE(vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True, fuse_unk=False)
+        except Exception as exc:
+            raise TokenizerError(f"cannot build the SentencePiece tokenizer: {exc}") from exc
+        _write_cached_merges(cache_path, merges)
     hf = HFTokenizer(bpe)
     steps = [normalizers.Prepend(SPACE_ESCAPE)] if add_space_prefix else []
     hf.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE_ESCAPE)])
@@ -735,8 +812,7 @@ def _build_spm(tokens, attrs, scores, add_space_prefix, metadata, bos_id, eos_id
     return hf
 
 
-def _build_bpe(tokens, attrs, merges, pre: PreTokenizer, bos_id, eos_id, add_bos, add_eos) -> HFTokenizer:
-    vocab = _vocab_dict(tokens)
+def _build_bpe(tokens, vocab, attrs, merges, pre: PreTokenizer, bos_id, eos_id, add_bos, add_eos) -> HFTokenizer:
     pairs = []
     for merge in merges:
         # llama.cpp splits "a b" at the first space after the first character.

@@ -272,3 +272,72 @@ def test_out_of_range_special_id_in_the_file_is_ignored_with_a_warning(caplog):
     assert tok.eos_id is None and "outside the vocabulary" in caplog.text
     assert tok.eog_ids == frozenset({0, 2, 4})  # still found by their text
     assert tok.encode("Hello world", add_special=True) == [19556, 905]
+
+
+# --- SentencePiece merge order and the on-disk merges cache, on a small hand-made vocabulary ----
+def _tiny_spm(pieces: dict[str, float]) -> dict:
+    """SPM metadata: <unk> <s> </s>, the 256 byte pieces, then `pieces` (text -> score)."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list(pieces)
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": [0.0, 0.0, 0.0] + [0.0] * 256 + list(pieces.values()),
+        "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256 + [1] * len(pieces),
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.add_space_prefix": False,
+    }
+
+
+def _pieces(tok, text):
+    return [tok.tokens[i] for i in tok.encode(text, add_special=False)]
+
+
+def test_spm_merges_follow_piece_scores_not_ids(tmp_path, monkeypatch):
+    import engine.tokenizer as module
+
+    monkeypatch.setattr(module, "MERGES_CACHE_DIR", tmp_path)
+    # llama.cpp merges the adjacent pair whose result scores highest: "bc" (-0.5) beats "ab" (-1).
+    tok = Tokenizer.from_metadata(_tiny_spm({"a": -3.0, "b": -3.0, "c": -3.0, "ab": -1.0, "bc": -0.5}))
+    assert _pieces(tok, "abc") == ["a", "bc"]
+    tok = Tokenizer.from_metadata(_tiny_spm({"a": -3.0, "b": -3.0, "c": -3.0, "ab": -0.5, "bc": -1.0}))
+    assert _pieces(tok, "abc") == ["ab", "c"]
+    # characters outside the vocabulary fall back to their UTF-8 bytes
+    assert _pieces(tok, "aé") == ["a", "<0xC3>", "<0xA9>"]
+    assert tok.encode("ab", add_special=True) == [1, tok.token_id("ab")]
+
+
+def test_spm_merges_disk_cache_is_used_and_survives_damage(tmp_path, monkeypatch):
+    import engine.tokenizer as module
+
+    metadata = _tiny_spm({"▁": -1.0, "a": -2.0, "b": -2.0, "ab": -0.5, "▁ab": -0.2, "ba": -0.7})
+    monkeypatch.setattr(module, "MERGES_CACHE_DIR", None)
+    expected = Tokenizer.from_metadata(metadata).encode("ab ab ba bab", add_special=False)
+
+    monkeypatch.setattr(module, "MERGES_CACHE_DIR", tmp_path / "cache")
+    assert Tokenizer.from_metadata(metadata).encode("ab ab ba bab", add_special=False) == expected
+    (cache_file,) = (tmp_path / "cache").iterdir()
+
+    # Warm: the merges come from the file (deriving them would fail here).
+    derive = module._spm_merges
+    monkeypatch.setattr(module, "_spm_merges", lambda *a: pytest.fail("merges derived despite the cache"))
+    assert Tokenizer.from_metadata(metadata).encode("ab ab ba bab", add_special=False) == expected
+    monkeypatch.setattr(module, "_spm_merges", derive)
+
+    # Damaged files (truncated, pieces not in the vocabulary, not UTF-8) are derived again and replaced.
+    good = cache_file.read_bytes()
+    import hashlib
+
+    unknown_pieces = "zz\0qq"  # a well-formed file whose pieces are not in this vocabulary
+    well_formed = f"1 {hashlib.sha256(unknown_pieces.encode()).hexdigest()}\n{unknown_pieces}".encode()
+    for damage in (good[: len(good) // 2 - 1], "x\0y".encode(), b"\xff\xfe", well_formed):
+        cache_file.write_bytes(damage)
+        assert Tokenizer.from_metadata(metadata).encode("ab ab ba bab", add_special=False) == expected
+        assert cache_file.read_bytes() == good
+
+    # A cache directory that cannot be written is not an error.
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setattr(module, "MERGES_CACHE_DIR", blocker / "cache")
+    assert Tokenizer.from_metadata(metadata).encode("ab ab ba bab", add_special=False) == expected
