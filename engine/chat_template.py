@@ -165,7 +165,7 @@ class ChatTemplate:
         self.eos_token = eos_token
         self._strip_leading_bos = strip_leading_bos and bool(bos_token)
         # A broken template does not stop the model from loading (raw prompts still work): the
-        # error is kept and raised by render(), and shown by `info`.
+        # error is kept in `.error` (for `info` and the app to show) and raised by render().
         self.error: ChatTemplateError | None = None
         self._template = None
         try:
