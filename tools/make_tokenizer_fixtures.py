@@ -12,7 +12,10 @@ Vocabularies covered:
   llama-bpe, qwen2 and default on SmolLM2's vocabulary, and add_space_prefix / add_eos on Gemma's.
   The tests rebuild each variant from the same overrides.
 
-Run: .venv/bin/python tools/make_tokenizer_fixtures.py   (about a minute)
+Run: .venv/bin/python tools/make_tokenizer_fixtures.py   (about half a minute)
+     .venv/bin/python tools/make_tokenizer_fixtures.py --check 2000 [SEED]
+        compares engine/tokenizer.py with llama.cpp on 2000 random multilingual texts per
+        vocabulary and writes nothing (exit status 1 on any mismatch).
 """
 
 from __future__ import annotations
@@ -267,5 +270,59 @@ def write(name: str, data: dict) -> None:
     print(f"wrote {out.relative_to(ROOT)} ({out.stat().st_size // 1024} KiB, {len(data['cases'])} texts)")
 
 
+# --- --check N: compare engine/tokenizer.py with llama.cpp on N random texts, write nothing ---
+_CHECK_RANGES = [
+    (0x20, 0x7E), (0x09, 0x0D), (0xA0, 0x24F), (0x300, 0x36F), (0x370, 0x3FF), (0x400, 0x4FF),
+    (0x590, 0x6FF), (0x900, 0x97F), (0xE00, 0xE7F), (0x1100, 0x11FF), (0x2000, 0x206F),
+    (0x2100, 0x214F), (0x2E80, 0x2FDF), (0x3000, 0x30FF), (0x4E00, 0x4EFF), (0xAC00, 0xAD00),
+    (0xFE00, 0xFE0F), (0xFF00, 0xFFEF), (0x1F300, 0x1F6FF), (0x1F900, 0x1F9FF), (0x1D400, 0x1D7FF),
+    (0xE0000, 0xE007F), (0x10000, 0x1007F),
+]  # fmt: skip
+
+
+def check_texts(n: int, seed: int) -> list[str]:
+    """Random texts mixing code points from many scripts/categories with the fuzz pieces."""
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(n):
+        out = []
+        for _ in range(rng.randint(1, 40)):
+            if rng.random() < 0.35:
+                out.append(rng.choice(_FUZZ_PIECES))
+            else:
+                lo, hi = rng.choice(_CHECK_RANGES)
+                out.append(chr(rng.randint(lo, hi)))
+        texts.append("".join(out))
+    return texts
+
+
+def check(n: int, seed: int) -> int:
+    from engine.gguf import open_gguf
+    from engine.tokenizer import Tokenizer
+
+    texts = check_texts(n, seed)
+    bases = {"smollm2": default_model_path(), "gemma3": gemma3_270m_path()}
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        configs = [(name, name, {}) for name in bases] + [(n_, b, o) for n_, (b, o) in VARIANTS.items()]
+        for name, base, overrides in configs:
+            metadata = open_gguf(bases[base]).metadata
+            if overrides:
+                arch = "llama" if base == "smollm2" else "gemma3"
+                path = write_tiny_model(Path(tmp) / f"{name}.gguf", arch, tokenizer=base, extra_metadata=overrides)
+                tok = Tokenizer.from_metadata({**metadata, **{k: v for k, (v, _) in overrides.items()}})
+            else:
+                path, tok = bases[base], Tokenizer.from_metadata(metadata)
+            oracle = Oracle(path)
+            bad = [t for t in texts if tok.encode(t) != oracle.tokenize(t, True)]
+            bad_decode = [t for t in texts if tok.decode_bytes(ids := oracle.tokenize(t, True)) != oracle.detokenize(ids)]
+            failures += len(bad) + len(bad_decode)
+            print(f"{name}: {len(bad)} encode and {len(bad_decode)} decode mismatches in {len(texts)} texts"
+                  + (f", e.g. {bad[:2] or bad_decode[:2]!r}" if bad or bad_decode else ""))  # fmt: skip
+    return failures
+
+
 if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--check":
+        sys.exit(1 if check(int(sys.argv[2]), seed=int(sys.argv[3]) if len(sys.argv) > 3 else 0) else 0)
     main()
