@@ -6,8 +6,11 @@ The quantized mat-mul path picks the dot-product instruction set from the host C
 AVX512-VNNI `vpdpbusd`, else AVX2 `pmaddubsw`, else generic widening multiplies.
 
 Per-call Python work is kept to a few slot writes into cached int64 argument blocks: array
-addresses are cached per array object (reading `arr.ctypes.data` costs ~3 us), weight argument
-blocks per weight, activation-quantization buffers per input width.
+addresses are cached per array object (reading `arr.ctypes.data` costs ~1.5-3 us), weight
+argument blocks per weight, activation-quantization buffers per input width.
+
+One backend runs one op at a time (its argument blocks and pool are shared by its ops): call it
+from one thread at a time, as the generation worker does. Separate backends are independent.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 import ctypes
+import functools
 
 from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
 from engine.kernels.compiler import HostCPU, KernelLibrary
@@ -72,6 +76,7 @@ _DIRECT_MAX = 1 << 16
 _QUANTIZE_DIRECT_TOKENS = 8
 
 
+@functools.lru_cache(maxsize=64)  # a model uses a handful of eps / scale values, every layer
 def _f32_bits(x: float) -> int:
     return int(np.float32(x).view(np.int32))
 
