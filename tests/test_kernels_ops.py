@@ -80,3 +80,18 @@ def test_attention(jit, tokens, p0, n_head, n_kv, hd, window, softcap):
     out = np.full((tokens, n_head * hd), np.nan, np.float32)
     jit.attention(q, k, v, out=out, **kw)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_wrong_output_shapes_are_refused_not_overrun(jit):
+    from engine.qtensor import QTensor
+    from gguf import GGMLQuantizationType as Q
+
+    w = QTensor("w", Q.F32, (8, 16), np.ones((8, 16), np.float32))
+    with pytest.raises(ValueError, match="out has shape"):
+        jit.linear(w, np.ones((2, 16), np.float32), out=np.zeros((2, 4), np.float32))
+    q = np.ones((1, 2, 16), np.float32)
+    k = np.ones((4, 1, 16), np.float16)
+    with pytest.raises(ValueError, match="out has shape"):
+        jit.attention(q, k, k, p0=0, scale=1.0, out=np.zeros((1, 8), np.float32))
+    with pytest.raises(ValueError, match="do not fit"):
+        jit.attention(q, k, k, p0=4, scale=1.0)

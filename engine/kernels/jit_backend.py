@@ -184,6 +184,8 @@ class JitBackend(ReferenceBackend):
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)
         tokens = x.shape[0]
+        if out is not None and out.shape != (tokens, w.rows):
+            raise ValueError(f"linear {w.name}: out has shape {out.shape}, expected {(tokens, w.rows)}")
         target = out
         if out is None or not out.flags.c_contiguous or out.dtype != np.float32:
             out = np.empty((tokens, w.rows), np.float32)
@@ -283,6 +285,11 @@ class JitBackend(ReferenceBackend):
                   out: np.ndarray | None = None) -> np.ndarray:
         tokens, n_head, head_dim = q.shape
         capacity, n_kv, _ = k_cache.shape
+        if out is not None and out.shape != (tokens, n_head * head_dim):
+            raise ValueError(f"attention: out has shape {out.shape}, expected {(tokens, n_head * head_dim)}")
+        if p0 + tokens > capacity or k_cache.shape != v_cache.shape:
+            raise ValueError(f"attention: {p0 + tokens} positions do not fit caches of shape "
+                             f"{k_cache.shape} / {v_cache.shape}")
         target = out
         if out is None or not self._usable(out):
             out = np.empty((tokens, n_head * head_dim), np.float32)
