@@ -393,6 +393,8 @@ def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v,
             if rows[0][0].b is not None:
                 sp = f.op(f"getelementptr inbounds float, ptr {as_}, i64 {i16_}")
                 sums = [f.load("float", f.gep(sp, 4 * k), 4, "sa") for k in range(2 * width)]
+                # per-32 sums, shared by the tile's rows (formats with one min per 32 values)
+                sums32 = [f.op(f"fadd float {sums[2 * k]}, {sums[2 * k + 1]}") for k in range(width)]
             na = None
             for i in range(nrow):
                 ai = a
@@ -408,6 +410,9 @@ def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v,
                 if sums is not None:
                     # sums already carry the activation scale: sa_h = da * sum_h(q)
                     for k, ch in enumerate(rows[i]):
+                        if ch.b[0] == ch.b[1]:  # one offset per 32 values: one fma
+                            cur_s[i, j] = f.op(f"call float @llvm.fma.f32(float {ch.b[0]}, float {sums32[k]}, float {cur_s[i, j]})")
+                            continue
                         acc = f.op(f"call float @llvm.fma.f32(float {ch.b[0]}, float {sums[2 * k]}, float {cur_s[i, j]})")
                         cur_s[i, j] = f.op(f"call float @llvm.fma.f32(float {ch.b[1]}, float {sums[2 * k + 1]}, float {acc})")
 
