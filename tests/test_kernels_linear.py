@@ -4,7 +4,7 @@ Oracle: gguf-py's dequantizer (not ours) times x in float64. Quantized weights r
 activations, exactly like llama.cpp, so they are checked two ways: tightly against x rounded
 through a hand-written numpy int8 block quantizer, and loosely against the float input.
 Shapes include row counts that are not a multiple of the 4-row tile, token counts that are not
-a multiple of the 4-token tile, and (float types) row lengths that are not a multiple of 16.
+a multiple of the 8-token tile, and (float types) row lengths that are not a multiple of 16.
 """
 
 import numpy as np

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from engine.kernels.ir import Fn, mask, splat, thread_range
 
-TILE = 4  # tokens per weight-row pass in prefill
+TILE = 8  # tokens per weight-row pass in prefill (4 x 8 tiles: best of 4x4, 2x8, 4x6, 4x8)
 ROWS = 4  # weight rows per pass (decode and prefill)
 PREFETCH_TILES = 2  # software prefetch distance in row tiles (rows are one contiguous stream)
 
