@@ -1,6 +1,6 @@
 """IR for causal multi-head attention straight over the float16 KV cache (decode and prefill).
 
-One work item = one (query token, head) pair; items are split across the pool threads.
+One work item = one (query token, head) pair; items are dealt round-robin to the pool's chunks.
 For each item, over the keys it may see (causal, optional sliding window, GQA kv head
 h // (n_head / n_kv)):
   1. scores s_j = (q . k_j) * scale (16 lanes at a time, f16 widened in registers), optional
@@ -17,7 +17,7 @@ Argument slots: 0 q (T, H, hd) f32, 1 k cache, 2 v cache, 3 out (T, H*hd) f32, 4
 from __future__ import annotations
 
 from engine.kernels.elementwise import _float_arg, _mask, _mload, _mstore, _splat_f
-from engine.kernels.ir import Fn, thread_range
+from engine.kernels.ir import Fn
 from engine.kernels.vmath import VEXP16
 
 V16F = "<16 x float>"
@@ -35,13 +35,16 @@ def attention_ir() -> str:
     group = f.op(f"udiv i64 {nh}, {nkv}")
     has_cap = f.op(f"fcmp ogt float {softcap}, 0.0")
     items = f.op(f"mul i64 {ntok}, {nh}")
-    i0, i1 = thread_range(f, items, "%tid", "%nth")
+    # Items are dealt round-robin (chunk c takes items c, c+n, ...): a causal query's work grows
+    # with its position, so contiguous ranges would leave the last chunk with the most keys.
+    i0 = f.op("sext i32 %tid to i64")
+    step = f.op("sext i32 %nth to i64")
     tid64 = f.op("sext i32 %tid to i64")
     sc = f.op(f"getelementptr inbounds float, ptr {scratch}, i64 {f.op(f'mul i64 {sstride}, {tid64}')}")
     f("br label %item_h")
     f.put_label("item_h")
     f(f"%it = phi i64 [{i0}, %entry], [%it_next, %p3_end]")
-    f(f"%it_more = icmp ult i64 %it, {i1}")
+    f(f"%it_more = icmp ult i64 %it, {items}")
     f("br i1 %it_more, label %item_b, label %exit")
     f.put_label("item_b")
     t = f.op(f"udiv i64 %it, {nh}")
@@ -153,7 +156,7 @@ def attention_ir() -> str:
     f("%k_next = add i64 %k, 1")
     f("br label %p3_h")
     f.put_label("p3_end")
-    f("%it_next = add i64 %it, 1")
+    f(f"%it_next = add i64 %it, {step}")
     f("br label %item_h")
     f.put_label("exit")
     f("ret void")
