@@ -7,17 +7,9 @@ generated from Python so one template covers every quant type and every ISA path
 from __future__ import annotations
 
 
-def vec(n: int, elem: str) -> str:
-    return f"<{n} x {elem}>"
-
-
 def splat(n: int, elem: str, value) -> str:
     """A constant vector with every lane = value."""
     return "<" + ", ".join(f"{elem} {value}" for _ in range(n)) + ">"
-
-
-def const_vec(elem: str, values) -> str:
-    return "<" + ", ".join(f"{elem} {v}" for v in values) + ">"
 
 
 def mask(indices) -> str:
