@@ -72,3 +72,14 @@ def test_environment_switch_forces_numpy(monkeypatch):
     jit = backend.get_backend(n_threads=1)
     assert jit.name == "jit"
     jit.close()
+
+
+def test_a_rebuilt_module_replaces_its_stale_cache_entry(tmp_path):
+    KernelLibrary(cache_dir=tmp_path).add_modules([("add", ADD_ONE)])
+    changed = ADD_ONE.replace("add i64 %x, 1", "add i64 %x, 2")
+    lib = KernelLibrary(cache_dir=tmp_path)
+    lib.add_modules([("add", changed), ("keep", ADD_ONE.replace("@add_one", "@other"))])
+    assert _call_add_one(lib, 40) == 42
+    names = sorted(p.name for p in tmp_path.glob("*.o"))
+    assert len(names) == 2 and names[0].startswith("add-") and names[1].startswith("keep-")
+    assert names[0] == f"add-{lib.cache_key(changed)}.o"

@@ -145,11 +145,11 @@ class KernelLibrary:
         data = self._tm_for_emit.emit_object(module)
         self.stats.compiled += 1
         self.stats.names.append(name)
-        self._store(path, data)
+        self._store(name, path, data)
         return data
 
     @staticmethod
-    def _store(path: Path, data: bytes) -> None:
+    def _store(name: str, path: Path, data: bytes) -> None:
         # Write-then-rename so a concurrent launch never reads half an object file.
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +157,14 @@ class KernelLibrary:
             tmp.write_bytes(data)
             os.replace(tmp, path)
         except OSError:
-            pass  # a read-only cache only costs the next launch a recompile
+            return  # a read-only cache only costs the next launch a recompile
+        # Older builds of the same module (previous kernel or LLVM versions) are dead weight.
+        for stale in path.parent.glob(f"{name}-*.o"):
+            if stale != path:
+                try:
+                    stale.unlink()
+                except OSError:
+                    pass
 
     def address(self, symbol: str) -> int:
         addr = self._addresses.get(symbol)
