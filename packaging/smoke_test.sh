@@ -29,7 +29,7 @@ for arg in "$@"; do
   esac
 done
 
-prompt=${LOCALCHAT_SMOKE_PROMPT:-"What is the capital of France?"}
+prompt=${LOCALCHAT_SMOKE_PROMPT:-"What is 2 + 2?"}
 run_timeout=${LOCALCHAT_SMOKE_TIMEOUT:-600}
 
 fail() { echo "SMOKE FAIL: $*" >&2; exit 1; }
