@@ -2,13 +2,18 @@
 
     QT_QPA_PLATFORM=offscreen python -m app.stall_probe [--seconds 3] [--rate TOKENS_PER_S]
     QT_QPA_PLATFORM=offscreen python -m app.stall_probe --real 128   # the real engine instead
+    QT_QPA_PLATFORM=offscreen python -m app.stall_probe --real 16 --history 1500   # long chat
 
 A flood engine on the worker thread yields TokenSampled + TextDelta pairs as fast as Python can
 for `--seconds` (no model, no sleep: hundreds of times faster than a real model). A QTimer
 heartbeat every HEARTBEAT_MS records the gap between its ticks; the worst gap minus the interval
 is the longest time the window could not react to input. Reported separately: while streaming,
 and the one-off work when the reply finishes (final markdown render, database commit).
-Prints one JSON line.
+Around send, three numbers: `send_call_ms` is the GUI thread's own work inside send() (widgets,
+rows); `send_stall_ms` the heartbeat gap that contains it; `prefill_stall_ms` the worst gap after
+send() returned until the first token reached the GUI, i.e. while the worker thread renders,
+tokenizes and prefills the prompt (`--history N` puts ~N tokens of earlier turns in the chat so
+that prefill is long). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -68,7 +73,21 @@ class FloodEngine:
         yield Finished(FINISH_STOP, usage, text="")
 
 
-def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0) -> dict:
+def _history_turns(n_tokens: int) -> list[tuple[str, str]]:
+    """Earlier (role, text) turns of roughly n_tokens tokens (~5 characters a token)."""
+    sentence = ("The keeper climbed the spiral stairs at dusk, trimmed the wick, wound the clockwork "
+                "and watched the beam sweep across the grey water towards the reef. ")
+    turns, chars, i = [], 0, 0
+    while chars < 5 * n_tokens:
+        user = f"Question {i}: what happened on night {i} at the lighthouse?"
+        answer = f"On night {i}: " + sentence * 3
+        turns += [("user", user), ("assistant", answer)]
+        chars += len(user) + len(answer)
+        i += 1
+    return turns
+
+
+def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0, history: int = 0) -> dict:
     from PySide6.QtCore import QElapsedTimer, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -100,31 +119,49 @@ def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0) -> dict:
         time.sleep(0.001)
     if real_tokens:
         window.session.set_preset_value("max_new_tokens", real_tokens)
+    if history:
+        cid = store.create_conversation("stall probe history")
+        for role, text in _history_turns(history):
+            store.add_message(cid, role, text)
+        window.session.open_conversation(cid)
+    for _ in range(20):  # let the opened chat lay out before the clock starts
+        app.processEvents()
+        time.sleep(0.005)
 
     gaps: list[float] = []  # heartbeat gaps while streaming
+    prefill_gaps: list[float] = []  # after send() returned, until the first token arrived
     finish_gaps: list[float] = []  # the gap that contains the finish work, and after
     done = []
+    first_token: list[float] = []  # perf_counter when the first tokens reached the session
     clock = QElapsedTimer()
     heartbeat = QTimer()
     heartbeat.setInterval(HEARTBEAT_MS)
 
     def beat():
-        (finish_gaps if done else gaps).append(clock.nsecsElapsed() / 1e6)
+        gap = clock.nsecsElapsed() / 1e6
         clock.restart()
+        (finish_gaps if done else gaps if first_token else prefill_gaps).append(gap)
+
+    def on_tokens(_tokens):
+        if not first_token:
+            first_token.append(time.perf_counter())
 
     heartbeat.timeout.connect(beat)
+    window.session.replyTokens.connect(on_tokens)
     window.session.replyFinished.connect(done.append)
-    started = time.perf_counter()
+    window.input.setPlainText("Tell me a long story about a lighthouse keeper." if real_tokens else "flood")
     clock.start()
     heartbeat.start()
-    window.input.setPlainText("Tell me a long story about a lighthouse keeper." if real_tokens else "flood")
+    started = time.perf_counter()
     window.send()
+    send_call = time.perf_counter() - started
     while not done or len(finish_gaps) < 2:
         app.processEvents()
         time.sleep(0.0005)  # idle like a real event loop would, instead of spinning
     elapsed = time.perf_counter() - started
     heartbeat.stop()
-    send_gap = gaps.pop(0)  # the tick that contains send(): widgets created, rows inserted
+    # The tick that contains send() (widgets created, rows inserted) is the first one after it.
+    send_gap = (prefill_gaps or gaps).pop(0)
     gaps.sort()
     n_tokens = done[0].usage["completion_tokens"]
     result = {
@@ -135,7 +172,12 @@ def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0) -> dict:
         "tokens_per_s": round(n_tokens / elapsed),
         "frames_drawn": window.chat_view.frames_drawn,
         "heartbeats": len(gaps),
+        "prompt_tokens": done[0].usage.get("prompt_tokens"),
+        "ttft_ms": round((first_token[0] - started) * 1000) if first_token else None,
+        "send_call_ms": round(send_call * 1000, 1),
         "send_stall_ms": round(send_gap - HEARTBEAT_MS, 1),
+        "prefill_stall_ms": round(max(prefill_gaps) - HEARTBEAT_MS, 1) if prefill_gaps else None,
+        "prefill_heartbeats": len(prefill_gaps),
         "max_stall_streaming_ms": round(max(gaps) - HEARTBEAT_MS, 1) if gaps else None,
         "p99_gap_streaming_ms": round(gaps[int(len(gaps) * 0.99)], 1) if gaps else None,
         "finish_stall_ms": round(max(finish_gaps) - HEARTBEAT_MS, 1),
@@ -154,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="tokens per second (default 0: as fast as possible)")
     parser.add_argument("--real", type=int, default=0, metavar="N",
                         help="instead of the flood: N tokens from the real engine + default model")
+    parser.add_argument("--history", type=int, default=0, metavar="TOKENS",
+                        help="earlier turns of about TOKENS tokens in the chat (a long prefill)")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.seconds, args.rate, args.real)))
+    print(json.dumps(measure(args.seconds, args.rate, args.real, args.history)))
     return 0
 
 
