@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
@@ -24,6 +25,14 @@ from engine.events import Finished
 # At most ~100 drains a second: far above a real model's token rate (so no visible delay), and
 # far below what would starve timers, painting and input.
 MIN_DRAIN_INTERVAL_S = 0.010
+
+# The worker runs Python between kernel calls (request planning, tokenizing, sampling, events).
+# While it does, each GIL acquisition on the GUI thread (every Python slot, override, timer tick)
+# waits up to the interpreter's switch interval, and one frame needs many of them: at the default
+# 5 ms, a worker busy in Python for 300 ms stalled the GUI for 80-180 ms; at 1 ms, 3-19 ms
+# (app.stall_probe with a spinning bridge).
+# Process-wide; it costs a little only while two threads want the GIL at once.
+GIL_SWITCH_INTERVAL_S = 0.001
 
 
 class EngineController(QObject):
@@ -44,6 +53,8 @@ class EngineController(QObject):
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None):
         super().__init__(parent)
+        if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
+            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.bridge = bridge
         self.model: ModelInfo | None = None
         self.loading = False

@@ -105,7 +105,29 @@ class RealEngine:
             # shorter context gets the engine's default window for it instead of a refusal.
             lm = load_model(path, n_ctx=None, n_threads=n_threads or None, progress=progress)
         self._prefix_cache = PrefixCache(self.PREFIX_CACHE_BYTES)  # entries of the old model go
+        self._warm_up(lm)
         return lm
+
+    @staticmethod
+    def _warm_up(lm) -> None:
+        """Generate one token from a one-token prompt, so the first request does not pay the
+        one-off Python work: importing the generation modules and building every weight's
+        kernel argument block (measured: ~30 ms planning + ~110 ms first forward cold, vs
+        ~2 ms + ~25 ms warm). That work holds the GIL, and while the worker holds it every
+        GIL acquisition on the GUI thread waits; here it happens during the load, not after
+        the user pressed Send. Numerics are untouched: a throwaway KV cache, no prefix cache.
+        A preset problem is reported by the first real request, with its full message."""
+        from engine.errors import EngineError
+        from engine.generate import GenerationRequest, generate
+
+        bos = getattr(lm.tokenizer, "bos_id", None)
+        request = GenerationRequest(prompt_ids=[0 if bos is None else int(bos)],
+                                    overrides={"max_new_tokens": 1}, top_logprobs=5)
+        try:
+            for _ in generate(lm, request):
+                pass
+        except EngineError:
+            pass
 
     def unload(self, lm) -> None:
         """Stop the model's native kernel threads now, not at interpreter teardown (threads still
