@@ -37,10 +37,18 @@ def resolve_model_path(name: str) -> Path:
     return model_files.default_model_path() if name == "default" else model_files.gemma3_270m_path()
 
 
+def _report_kernel_compile(stage: str, fraction: float) -> None:
+    """Only a first launch (or a new CPU / engine version) compiles; say so on stderr, since it
+    takes seconds, and keep stdout for the command's output."""
+    if stage.startswith("kernels: compiling"):
+        print(f"first launch: {stage} ({fraction:.0%})", file=sys.stderr, flush=True)
+
+
 def _load(args):
     from engine.loader import load_model
 
-    return load_model(resolve_model_path(args.model), n_ctx=args.n_ctx, n_threads=args.threads)
+    return load_model(resolve_model_path(args.model), n_ctx=args.n_ctx, n_threads=args.threads,
+                      progress=_report_kernel_compile)
 
 
 # --- info ----------------------------------------------------------------------------------------

@@ -24,12 +24,14 @@ def test_compiles_then_loads_from_cache(tmp_path):
     first.add_modules([("add", ADD_ONE)], progress=lambda s, f: progress.append((s, f)))
     assert _call_add_one(first, 41) == 42
     assert (first.stats.compiled, first.stats.loaded) == (1, 0)
-    assert progress == [("kernels: add", 1.0)]
+    assert progress == [("kernels: compiling add", 1.0)]
     assert len(list(tmp_path.glob("add-*.o"))) == 1
 
+    progress.clear()
     second = KernelLibrary(cache_dir=tmp_path)
-    second.add_modules([("add", ADD_ONE)])
+    second.add_modules([("add", ADD_ONE)], progress=lambda s, f: progress.append((s, f)))
     assert (second.stats.compiled, second.stats.loaded) == (0, 1)
+    assert progress == [("kernels: loading cached add", 1.0)]
     assert _call_add_one(second, -1) == 0
 
 

@@ -114,10 +114,13 @@ class KernelLibrary:
         start = time.perf_counter()
         total = len(modules)
         for i, (name, ir_text) in enumerate(modules):
+            compiled_before = self.stats.compiled
             obj = self._object_code(name, ir_text)
             self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             if progress is not None:
-                progress(f"kernels: {name}", (i + 1) / total)
+                # Say which: a first launch compiles (seconds), later launches load the cache.
+                verb = "compiling" if self.stats.compiled > compiled_before else "loading cached"
+                progress(f"kernels: {verb} {name}", (i + 1) / total)
         self._engine.finalize_object()
         self.stats.seconds += time.perf_counter() - start
 
