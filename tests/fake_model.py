@@ -188,3 +188,43 @@ def use_fake_detokenizer(monkeypatch) -> None:
     import engine.generate
 
     monkeypatch.setattr(engine.generate, "new_detokenizer", FakeDetokenizer)
+
+
+# --- a real model behind token ids as text ------------------------------------------------------
+class IdTokenizer:
+    """Enough tokenizer for prompt_ids requests on a real model: every id reads as "<id>"; id 0
+    ends generation. Lets loop-level tests (prefix reuse, speculation) compare token streams of a
+    real forward pass without depending on a vocabulary."""
+
+    bos_id = None
+    eos_id = 0
+    eog_ids = frozenset({0})
+    vocab_size = 49152
+
+    def decode(self, ids) -> str:
+        return "".join(f"<{int(i)}>" for i in ids if int(i) not in self.eog_ids)
+
+    def piece(self, token: int) -> str:
+        return f"<{int(token)}>"
+
+
+class IdDetokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def add(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def flush(self) -> str:
+        return ""
+
+
+def id_token_lm(model, n_ctx: int, monkeypatch):
+    """The LoadedModel surface over `model` (a real or wrapped forward pass) with IdTokenizer."""
+    from types import SimpleNamespace
+
+    import engine.generate
+
+    monkeypatch.setattr(engine.generate, "new_detokenizer", IdDetokenizer)
+    return SimpleNamespace(model=model, config=model.config, tokenizer=IdTokenizer(), chat_template=None,
+                           n_ctx=n_ctx, path=None, gguf=SimpleNamespace(metadata={}))

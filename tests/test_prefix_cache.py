@@ -186,32 +186,7 @@ def test_invalid_budget_is_refused():
 from engine.cancel import CancelToken  # noqa: E402
 from engine.events import Finished  # noqa: E402
 from engine.generate import GenerationRequest, generate  # noqa: E402
-
-
-class IdTokenizer:
-    """Enough tokenizer for prompt_ids requests: every id reads as "<id>"; id 0 ends generation."""
-
-    bos_id = None
-    eos_id = 0
-    eog_ids = frozenset({0})
-    vocab_size = 49152
-
-    def decode(self, ids) -> str:
-        return "".join(f"<{int(i)}>" for i in ids if int(i) not in self.eog_ids)
-
-    def piece(self, token: int) -> str:
-        return f"<{int(token)}>"
-
-
-class IdDetokenizer:
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def add(self, token: int) -> str:
-        return self.tokenizer.decode([token])
-
-    def flush(self) -> str:
-        return ""
+from fake_model import id_token_lm  # noqa: E402
 
 
 class CountingModel:
@@ -234,11 +209,7 @@ class CountingModel:
 
 @pytest.fixture
 def loop_lm(lm, monkeypatch):
-    import engine.generate
-
-    monkeypatch.setattr(engine.generate, "new_detokenizer", IdDetokenizer)
-    return SimpleNamespace(model=CountingModel(lm.model), config=lm.model.config, tokenizer=IdTokenizer(),
-                           chat_template=None, n_ctx=N_CTX, path=None, gguf=SimpleNamespace(metadata={}))
+    return id_token_lm(CountingModel(lm.model), N_CTX, monkeypatch)
 
 
 def finish(lm, prompt, cache=None, cancel=None, **overrides) -> Finished:

@@ -115,40 +115,13 @@ from engine.generate import GenerationRequest, generate  # noqa: E402
 from engine.gguf import open_gguf  # noqa: E402
 from engine.kernels.reference import ReferenceBackend  # noqa: E402
 from engine.models import build_model  # noqa: E402
-
-
-class IdTokenizer:
-    bos_id = None
-    eos_id = 0
-    eog_ids = frozenset({0})
-    vocab_size = 49152
-
-    def decode(self, ids) -> str:
-        return "".join(f"<{int(i)}>" for i in ids if int(i) not in self.eog_ids)
-
-    def piece(self, token: int) -> str:
-        return f"<{int(token)}>"
-
-
-class IdDetokenizer:
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def add(self, token: int) -> str:
-        return self.tokenizer.decode([token])
-
-    def flush(self) -> str:
-        return ""
+from fake_model import id_token_lm  # noqa: E402
 
 
 @pytest.fixture(params=["llama", "gemma3"])
 def tiny_lm(request, tiny_model_factory, monkeypatch):
-    import engine.generate
-
-    monkeypatch.setattr(engine.generate, "new_detokenizer", IdDetokenizer)
     model = build_model(open_gguf(tiny_model_factory(request.param)), backend=ReferenceBackend())
-    return SimpleNamespace(model=model, config=model.config, tokenizer=IdTokenizer(), chat_template=None,
-                           n_ctx=128, path=None, gguf=SimpleNamespace(metadata={}))
+    return id_token_lm(model, 128, monkeypatch)
 
 
 def finish(lm, prompt, speculative, **overrides) -> Finished:
