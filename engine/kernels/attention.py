@@ -16,11 +16,10 @@ Argument slots: 0 q (T, H, hd) f32, 1 k cache, 2 v cache, 3 out (T, H*hd) f32, 4
 
 from __future__ import annotations
 
-from engine.kernels.elementwise import _float_arg, _mask, _mload, _mstore, _splat_f
 from engine.kernels.ir import Fn
+from engine.kernels.vec16 import MASKED_F32_DECLS, V16F, float_arg, masked_load16, masked_store16, mask16, splat16
 from engine.kernels.vmath import VEXP16
 
-V16F = "<16 x float>"
 V16H = "<16 x half>"
 
 
@@ -28,8 +27,8 @@ def attention_ir() -> str:
     f = Fn()
     q, kc, vc, out = (f.arg("%args", i, "ptr") for i in (0, 1, 2, 3))
     ntok, nh, nkv, hd, p0, window = (f.arg("%args", i) for i in (4, 5, 6, 7, 8, 9))
-    scale = _float_arg(f, 10)
-    softcap = _float_arg(f, 11)
+    scale = float_arg(f, 10)
+    softcap = float_arg(f, 11)
     scratch = f.arg("%args", 12, "ptr")
     sstride = f.arg("%args", 13)
     group = f.op(f"udiv i64 {nh}, {nkv}")
@@ -100,7 +99,7 @@ def attention_ir() -> str:
     f("br label %p1_h")
     # --- pass 2: exp and sum ---
     f.put_label("p2_pre")
-    mxv = _splat_f(f, "%mx")
+    mxv = splat16(f, "%mx")
     f("br label %p2_h")
     f.put_label("p2_h")
     f("%e = phi i64 [0, %p2_pre], [%e_next, %p2_b]")
@@ -108,11 +107,11 @@ def attention_ir() -> str:
     f(f"%e_more = icmp ult i64 %e, {nkeys}")
     f("br i1 %e_more, label %p2_b, label %p3_pre")
     f.put_label("p2_b")
-    m = _mask(f, "%e", nkeys)
-    sv = _mload(f, sc, "%e", m)
+    m = mask16(f, "%e", nkeys)
+    sv = masked_load16(f, sc, "%e", m)
     ev = f.op(f"call {V16F} @vexp16({V16F} {f.op(f'fsub {V16F} {sv}, {mxv}')})")
     ev = f.op(f"select <16 x i1> {m}, {V16F} {ev}, {V16F} zeroinitializer")
-    _mstore(f, ev, sc, "%e", m)
+    masked_store16(f, ev, sc, "%e", m)
     f(f"%sum_next = fadd {V16F} %sum, {ev}")
     f("%e_next = add i64 %e, 16")
     f("br label %p2_h")
@@ -137,7 +136,7 @@ def attention_ir() -> str:
     f("br i1 %k_more, label %p3_b, label %p3_end")
     f.put_label("p3_b")
     p = f.load("float", f.op(f"getelementptr inbounds float, ptr {sc}, i64 {f.op(f'sub i64 %k, {lo}')}"), 4)
-    pv = _splat_f(f, f.op(f"fmul float {p}, {inv}"))
+    pv = splat16(f, f.op(f"fmul float {p}, {inv}"))
     vrow_at = f.op(f"mul i64 %k, {kv_stride}")
     vrow = f.op(f"getelementptr inbounds half, ptr {vc}, i64 {f.op(f'add i64 {vrow_at}, {kv_off}')}")
     f("br label %d3_h")
@@ -166,9 +165,7 @@ def attention_ir() -> str:
 def module_ir() -> str:
     return "\n".join([
         VEXP16,
-        f"declare {V16F} @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, {V16F})",
-        f"declare void @llvm.masked.store.v16f32.p0({V16F}, ptr, i32, <16 x i1>)",
-        f"declare float @llvm.vector.reduce.fadd.v16f32(float, {V16F})",
+        MASKED_F32_DECLS,
         "declare float @llvm.maxnum.f32(float, float)",
         "declare float @llvm.tanh.f32(float)",
         attention_ir(),

@@ -15,48 +15,15 @@ Argument slots:
 from __future__ import annotations
 
 from engine.kernels.ir import Fn, f32, thread_range
+from engine.kernels.vec16 import MASKED_F32_DECLS, V16F, float_arg, masked_load16, masked_store16, mask16, splat16
 from engine.kernels.vmath import VEXP16
-
-V16F = "<16 x float>"
-LANES = "<i64 0, i64 1, i64 2, i64 3, i64 4, i64 5, i64 6, i64 7, i64 8, i64 9, i64 10, i64 11, i64 12, i64 13, i64 14, i64 15>"
-
-
-def _mask(f: Fn, i: str, n: str) -> str:
-    """<16 x i1>: lane k is i + k < n."""
-    iv = f.op(f"insertelement <16 x i64> poison, i64 {i}, i32 0")
-    iv = f.op(f"shufflevector <16 x i64> {iv}, <16 x i64> poison, <16 x i32> zeroinitializer")
-    idx = f.op(f"add <16 x i64> {iv}, {LANES}")
-    nv = f.op(f"insertelement <16 x i64> poison, i64 {n}, i32 0")
-    nv = f.op(f"shufflevector <16 x i64> {nv}, <16 x i64> poison, <16 x i32> zeroinitializer")
-    return f.op(f"icmp ult <16 x i64> {idx}, {nv}", "m")
-
-
-def _mload(f: Fn, base: str, i: str, m: str) -> str:
-    p = f.op(f"getelementptr inbounds float, ptr {base}, i64 {i}")
-    return f.op(f"call {V16F} @llvm.masked.load.v16f32.p0(ptr {p}, i32 4, <16 x i1> {m}, {V16F} zeroinitializer)")
-
-
-def _mstore(f: Fn, v: str, base: str, i: str, m: str) -> None:
-    p = f.op(f"getelementptr inbounds float, ptr {base}, i64 {i}")
-    f(f"call void @llvm.masked.store.v16f32.p0({V16F} {v}, ptr {p}, i32 4, <16 x i1> {m})")
-
-
-def _splat_f(f: Fn, s: str) -> str:
-    v = f.op(f"insertelement {V16F} poison, float {s}, i32 0")
-    return f.op(f"shufflevector {V16F} {v}, {V16F} poison, <16 x i32> zeroinitializer")
-
-
-def _float_arg(f: Fn, slot: int) -> str:
-    raw = f.arg("%args", slot)
-    return f.op(f"bitcast i32 {f.op(f'trunc i64 {raw} to i32')} to float")
-
 
 def rmsnorm_ir() -> str:
     f = Fn()
     x, out, w = (f.arg("%args", i, "ptr") for i in (0, 1, 2))
     rows = f.arg("%args", 3)
     d = f.arg("%args", 4)
-    eps = _float_arg(f, 5)
+    eps = float_arg(f, 5)
     r0, r1 = thread_range(f, rows, "%tid", "%nth")
     df = f.op(f"uitofp i64 {d} to float")
     f("br label %rh")
@@ -75,8 +42,8 @@ def rmsnorm_ir() -> str:
     f(f"%smore = icmp ult i64 %i, {d}")
     f("br i1 %smore, label %sb, label %sdone")
     f.put_label("sb")
-    m = _mask(f, "%i", d)
-    xv = _mload(f, xr, "%i", m)
+    m = mask16(f, "%i", d)
+    xv = masked_load16(f, xr, "%i", m)
     f(f"%ss_next = call {V16F} @llvm.fma.v16f32({V16F} {xv}, {V16F} {xv}, {V16F} %ss)")
     f("%i_next = add i64 %i, 16")
     f("br label %sh")
@@ -85,18 +52,18 @@ def rmsnorm_ir() -> str:
     mean = f.op(f"fdiv float {tot}, {df}")
     root = f.op(f"call float @llvm.sqrt.f32(float {f.op(f'fadd float {mean}, {eps}')})")
     inv = f.op(f"fdiv float 1.0, {root}")
-    invv = _splat_f(f, inv)
+    invv = splat16(f, inv)
     f("br label %nh")
     f.put_label("nh")
     f("%j = phi i64 [0, %sdone], [%j_next, %nb]")
     f(f"%jmore = icmp ult i64 %j, {d}")
     f("br i1 %jmore, label %nb, label %nb_end")
     f.put_label("nb")
-    m2 = _mask(f, "%j", d)
-    xv2 = _mload(f, xr, "%j", m2)
-    wv = _mload(f, w, "%j", m2)
+    m2 = mask16(f, "%j", d)
+    xv2 = masked_load16(f, xr, "%j", m2)
+    wv = masked_load16(f, w, "%j", m2)
     y = f.op(f"fmul {V16F} {f.op(f'fmul {V16F} {xv2}, {invv}')}, {wv}")
-    _mstore(f, y, orow, "%j", m2)
+    masked_store16(f, y, orow, "%j", m2)
     f("%j_next = add i64 %j, 16")
     f("br label %nh")
     f.put_label("nb_end")
@@ -119,9 +86,9 @@ def glu_ir(kind: str) -> str:
     f(f"%more = icmp ult i64 %i, {c1}")
     f("br i1 %more, label %b, label %exit")
     f.put_label("b")
-    m = _mask(f, "%i", c1)
-    g = _mload(f, gate, "%i", m)
-    u = _mload(f, up, "%i", m)
+    m = mask16(f, "%i", c1)
+    g = masked_load16(f, gate, "%i", m)
+    u = masked_load16(f, up, "%i", m)
     if kind == "swiglu":
         e = f.op(f"call {V16F} @vexp16({V16F} {f.op(f'fneg {V16F} {g}')})")
         den = f.op(f"fadd {V16F} {e}, splat (float 1.0)")
@@ -136,7 +103,7 @@ def glu_ir(kind: str) -> str:
         th = f.op(f"fsub {V16F} splat (float 1.0), {f.op(f'fdiv {V16F} splat (float 2.0), {e1}')}")
         half_g = f.op(f"fmul {V16F} {g}, splat (float 0.5)")
         act = f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {half_g}, {V16F} {th}, {V16F} {half_g})")
-    _mstore(f, f.op(f"fmul {V16F} {act}, {u}"), out, "%i", m)
+    masked_store16(f, f.op(f"fmul {V16F} {act}, {u}"), out, "%i", m)
     f("%i_next = add i64 %i, 16")
     f("br label %h")
     f.put_label("exit")
@@ -203,9 +170,7 @@ def rope_ir() -> str:
 def module_ir() -> str:
     return "\n".join([
         VEXP16,
-        f"declare {V16F} @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, {V16F})",
-        f"declare void @llvm.masked.store.v16f32.p0({V16F}, ptr, i32, <16 x i1>)",
-        f"declare float @llvm.vector.reduce.fadd.v16f32(float, {V16F})",
+        MASKED_F32_DECLS,
         "declare float @llvm.sqrt.f32(float)",
         "declare double @llvm.cos.f64(double)",
         "declare double @llvm.sin.f64(double)",
