@@ -216,6 +216,12 @@ class Tokenizer:
         partitioned = [i for i, a in enumerate(attrs) if a & _PARTITIONED]
         self._specials = sorted(((tokens[i], i) for i in partitioned), key=lambda t: -len(t[0].encode()))
         self._special_first_chars = frozenset(text[0] for text, _ in self._specials)
+        # Ids of recently encoded fragments (text between special tokens: in a chat, one message
+        # each). A chat re-sends the whole conversation every turn and it is tokenized more than
+        # once per turn (context fitting, then the request), so without this every message is
+        # re-tokenized every time, holding the GIL. Exact: fragments are tokenized independently.
+        self._fragment_ids: dict[str, tuple[int, ...]] = {}
+        self._fragment_lock = threading.Lock()
 
     # --- construction ------------------------------------------------------------------------
     @classmethod
@@ -252,14 +258,31 @@ class Tokenizer:
             ids.append(self.bos_id)
         # One encode call per piece, not encode_batch: batch mode starts HF's thread pool, which
         # competes with the engine's own threads and warns/deadlocks if the process forks later.
-        encode = self.hf.encode
         for fragment in self._partition(text):
             if isinstance(fragment, str):
-                ids.extend(encode(fragment, add_special_tokens=False).ids)
+                ids.extend(self._encode_fragment(fragment))
             else:
                 ids.append(fragment)
         if add_special and self.add_eos:
             ids.append(self.eos_id)
+        return ids
+
+    _FRAGMENT_CACHE_ENTRIES = 2048
+    _FRAGMENT_CACHE_MIN_CHARS = 32  # shorter ones are cheaper to encode than to remember
+
+    def _encode_fragment(self, fragment: str) -> tuple[int, ...] | list[int]:
+        if len(fragment) < self._FRAGMENT_CACHE_MIN_CHARS:
+            return self.hf.encode(fragment, add_special_tokens=False).ids
+        with self._fragment_lock:
+            cached = self._fragment_ids.pop(fragment, None)
+            if cached is not None:
+                self._fragment_ids[fragment] = cached  # re-insert: most recently used last
+                return cached
+        ids = tuple(self.hf.encode(fragment, add_special_tokens=False).ids)
+        with self._fragment_lock:
+            self._fragment_ids[fragment] = ids
+            while len(self._fragment_ids) > self._FRAGMENT_CACHE_ENTRIES:
+                del self._fragment_ids[next(iter(self._fragment_ids))]  # least recently used
         return ids
 
     def _partition(self, text: str) -> list[str | int]:

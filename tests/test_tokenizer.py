@@ -341,3 +341,24 @@ def test_spm_merges_disk_cache_is_used_and_survives_damage(tmp_path, monkeypatch
     blocker.write_text("not a directory")
     monkeypatch.setattr(module, "MERGES_CACHE_DIR", blocker / "cache")
     assert Tokenizer.from_metadata(metadata).encode("ab ab ba bab", add_special=False) == expected
+
+
+def test_fragment_cache_gives_the_same_ids_and_stays_bounded(monkeypatch):
+    """Re-encoding a growing chat reuses per-message ids; the result must equal a fresh encode
+    of the whole text by the HF tokenizer piece by piece (the uncached path), and the cache must
+    respect its bound."""
+    name = FIXTURE_NAMES[0]
+    tok = tokenizer_for(name)
+    monkeypatch.setattr(Tokenizer, "_FRAGMENT_CACHE_ENTRIES", 8)
+    texts = [case["text"] for case in fixture(name)["cases"] if len(case["text"]) >= 32]
+    assert len(texts) >= 3
+    for n in range(1, 3 * len(texts)):
+        chunk = texts[: 1 + n % len(texts)]
+        text = "".join(chunk)
+        uncached = [tok.bos_id] if tok.add_bos else []
+        for fragment in tok._partition(text):
+            uncached += tok.hf.encode(fragment, add_special_tokens=False).ids if isinstance(fragment, str) else [fragment]
+        if tok.add_eos:
+            uncached.append(tok.eos_id)
+        assert tok.encode(text) == uncached
+        assert len(tok._fragment_ids) <= 8
