@@ -24,12 +24,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="localchat", description="LocalChat desktop app")
     parser.add_argument("model_path", nargs="?", help="GGUF model to open")
     parser.add_argument("--model", dest="model_option", help="GGUF model to open")
-    parser.add_argument("--smoke", metavar="PROMPT", help="headless smoke test: print a short reply")
-    parser.add_argument("--data-dir", type=Path, help="directory for chats.sqlite3 and settings.json")
-    parser.add_argument("--demo-screenshot", type=Path, metavar="DIR",
-                        help="play a scripted conversation and save screenshots into DIR")
-    parser.add_argument("--demo-engine", choices=("real", "fake"), default="real",
-                        help="engine for --demo-screenshot (fake needs the tests/ folder)")
+    parser.add_argument(
+        "--smoke", metavar="PROMPT", help="headless smoke test: print a short reply"
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, help="directory for chats.sqlite3 and settings.json"
+    )
+    parser.add_argument(
+        "--demo-screenshot",
+        type=Path,
+        metavar="DIR",
+        help="play a scripted conversation and save screenshots into DIR",
+    )
+    parser.add_argument(
+        "--demo-engine",
+        choices=("real", "fake"),
+        default="real",
+        help="engine for --demo-screenshot (fake needs the tests/ folder)",
+    )
     args = parser.parse_args(argv)
     args.model = args.model_option or args.model_path
     return args
@@ -73,11 +85,13 @@ def run_smoke(prompt: str, model: str | None) -> int:
         app.quit()
 
     def on_loaded(_info) -> None:
-        controller.generate(ChatRequest(
-            messages=({"role": "user", "content": prompt},),
-            overrides={"do_sample": False, "max_new_tokens": SMOKE_MAX_TOKENS},
-            top_logprobs=0,
-        ))
+        controller.generate(
+            ChatRequest(
+                messages=({"role": "user", "content": prompt},),
+                overrides={"do_sample": False, "max_new_tokens": SMOKE_MAX_TOKENS},
+                top_logprobs=0,
+            )
+        )
 
     def on_finished(finished) -> None:
         if finished.finish_reason == "error":
@@ -86,8 +100,11 @@ def run_smoke(prompt: str, model: str | None) -> int:
         text = finished.text or "".join(pieces)
         print(text)
         u = finished.usage
-        print(f"[smoke] finish={finished.finish_reason} tokens={u.completion_tokens} "
-              f"ttft_ms={u.ttft_ms:.0f} decode_tok_s={u.decode_tok_s:.1f}", file=sys.stderr)
+        print(
+            f"[smoke] finish={finished.finish_reason} tokens={u.completion_tokens} "
+            f"ttft_ms={u.ttft_ms:.0f} decode_tok_s={u.decode_tok_s:.1f}",
+            file=sys.stderr,
+        )
         outcome["code"] = 0 if text.strip() else 1
         app.quit()
 

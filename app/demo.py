@@ -17,13 +17,16 @@ from pathlib import Path
 
 DEMO_SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 20}, "country": {"type": "string", "maxLength": 20}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "country": {"type": "string", "maxLength": 20},
+    },
     "required": ["city", "country"],
     "additionalProperties": False,
 }
 FAKE_REPLIES = [
-    "Here is a small Python function:\n\n```python\ndef greet(name):\n    return f\"Hello, {name}!\"\n```\n\n"
-    "Call it as `greet(\"Ada\")` to get **Hello, Ada!**",
+    'Here is a small Python function:\n\n```python\ndef greet(name):\n    return f"Hello, {name}!"\n```\n\n'
+    'Call it as `greet("Ada")` to get **Hello, Ada!**',
     "The capital of France is **Paris**.",
     '{"city": "Paris", "country": "France"}',
     "Once upon a time, on a rocky island far from the shore, there lived an old lighthouse keeper "
@@ -51,8 +54,11 @@ def _engine(kind: str):
         sys.path.insert(0, str(repo))
         from tests.app_fakes import FakeEngine
 
-        return FakeEngine(replies=FAKE_REPLIES, token_delay_s=0.06,
-                          load_stages=(("reading model file", 0.1), ("compiling kernels", 0.5)))
+        return FakeEngine(
+            replies=FAKE_REPLIES,
+            token_delay_s=0.06,
+            load_stages=(("reading model file", 0.1), ("compiling kernels", 0.5)),
+        )
     from app.engine_bridge import RealEngine
 
     return RealEngine()
@@ -94,8 +100,14 @@ def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None)
         window.input.setPlainText(text)
         window.send()
         if capture_streaming:
-            _wait(app, lambda: (window.chat_view.streaming_widget is not None
-                                and len(window.chat_view.streaming_widget.text) > 25), 60)
+            _wait(
+                app,
+                lambda: (
+                    window.chat_view.streaming_widget is not None
+                    and len(window.chat_view.streaming_widget.text) > 25
+                ),
+                60,
+            )
             shot(capture_streaming)
         if not _wait(app, lambda: not window.session.busy, 300):
             raise SystemExit("demo: the reply did not finish in 5 minutes")
@@ -150,8 +162,14 @@ def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None)
     window.session.new_conversation()
     window.input.setPlainText("Tell me a long story about a lighthouse keeper.")
     window.send()
-    _wait(app, lambda: (window.chat_view.streaming_widget is not None
-                        and len(window.chat_view.streaming_widget.text) > 60), 120)
+    _wait(
+        app,
+        lambda: (
+            window.chat_view.streaming_widget is not None
+            and len(window.chat_view.streaming_widget.text) > 60
+        ),
+        120,
+    )
     window.cancel()
     _wait(app, lambda: not window.session.busy, 60)
     shot("08-cancelled")

@@ -9,9 +9,10 @@ engine event dataclasses.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 from engine.cancel import CancelToken
 
@@ -57,8 +58,10 @@ class ContextTrimmed:
     @property
     def message(self) -> str:
         turns = "turn" if self.dropped_turns == 1 else "turns"
-        return (f"The {self.dropped_turns} oldest {turns} of this chat were left out so the prompt "
-                f"({self.prompt_tokens:,} tokens) and the reply fit the {self.context_limit:,}-token context.")
+        return (
+            f"The {self.dropped_turns} oldest {turns} of this chat were left out so the prompt "
+            f"({self.prompt_tokens:,} tokens) and the reply fit the {self.context_limit:,}-token context."
+        )
 
 
 ProgressCallback = Callable[[str, float], None]
@@ -67,16 +70,21 @@ DEFAULT_REPLY_RESERVE = 512
 
 
 class EngineBridge(Protocol):
-    def load(self, path: str, *, n_ctx: int | None, n_threads: int | None,
-             progress: ProgressCallback) -> object: ...
+    def load(
+        self, path: str, *, n_ctx: int | None, n_threads: int | None, progress: ProgressCallback
+    ) -> object: ...
 
     def describe(self, lm: object) -> ModelInfo: ...
 
     def unload(self, lm: object) -> None: ...
 
-    def resolve_preset(self, lm: object, saved: dict | None, overrides: dict | None) -> PresetView: ...
+    def resolve_preset(
+        self, lm: object, saved: dict | None, overrides: dict | None
+    ) -> PresetView: ...
 
-    def generate(self, lm: object, request: ChatRequest, cancel: CancelToken) -> Iterator[object]: ...
+    def generate(
+        self, lm: object, request: ChatRequest, cancel: CancelToken
+    ) -> Iterator[object]: ...
 
 
 class RealEngine:
@@ -91,13 +99,14 @@ class RealEngine:
         self._prefix_cache = None
 
     def load(self, path, *, n_ctx, n_threads, progress):
+        from engine.errors import ConfigValidationError
         from engine.loader import load_model
         from engine.prefix_cache import PrefixCache
 
-        from engine.errors import ConfigValidationError
-
         try:
-            lm = load_model(path, n_ctx=n_ctx or None, n_threads=n_threads or None, progress=progress)
+            lm = load_model(
+                path, n_ctx=n_ctx or None, n_threads=n_threads or None, progress=progress
+            )
         except ConfigValidationError as exc:
             if exc.field != "n_ctx":
                 raise
@@ -121,8 +130,11 @@ class RealEngine:
         from engine.generate import GenerationRequest, generate
 
         bos = getattr(lm.tokenizer, "bos_id", None)
-        request = GenerationRequest(prompt_ids=[0 if bos is None else int(bos)],
-                                    overrides={"max_new_tokens": 1}, top_logprobs=5)
+        request = GenerationRequest(
+            prompt_ids=[0 if bos is None else int(bos)],
+            overrides={"max_new_tokens": 1},
+            top_logprobs=5,
+        )
         try:
             for _ in generate(lm, request):
                 pass
@@ -179,8 +191,9 @@ class RealEngine:
 
         messages = [dict(m) for m in request.messages]
         try:
-            preset = resolve_preset(lm, saved=request.saved_preset or None,
-                                    overrides=dict(request.overrides) or None)
+            preset = resolve_preset(
+                lm, saved=request.saved_preset or None, overrides=dict(request.overrides) or None
+            )
         except EngineError:
             return messages, None  # generate() raises the same error with its full message
         reserve = preset.values.get("max_new_tokens")
@@ -191,5 +204,6 @@ class RealEngine:
         fit = fit_conversation(lm, messages, reserve_tokens=int(reserve), policy="drop_oldest")
         if not fit.dropped:
             return messages, None
-        return fit.messages, ContextTrimmed(fit.dropped_turns, len(fit.dropped), fit.prompt_tokens,
-                                            fit.context_limit)
+        return fit.messages, ContextTrimmed(
+            fit.dropped_turns, len(fit.dropped), fit.prompt_tokens, fit.context_limit
+        )

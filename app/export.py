@@ -60,7 +60,9 @@ def render_export(path: Path, conversation: Conversation, messages: list[StoredM
     return to_markdown(conversation, messages)
 
 
-async def write_export(path: Path, conversation: Conversation, messages: list[StoredMessage]) -> Path:
+async def write_export(
+    path: Path, conversation: Conversation, messages: list[StoredMessage]
+) -> Path:
     text = render_export(path, conversation, messages)
     await asyncio.to_thread(Path(path).write_text, text, encoding="utf-8")
     return Path(path)

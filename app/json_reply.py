@@ -20,7 +20,9 @@ def render_json_reply(text: str, *, streaming: bool = False) -> JsonReplyView:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         return JsonReplyView(
-            False, _fenced(text), f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            False,
+            _fenced(text),
+            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
         )
     kind = {dict: "object", list: "array", str: "string"}.get(type(value), "value")
     pretty = json.dumps(value, indent=2, ensure_ascii=False)

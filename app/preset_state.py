@@ -7,7 +7,7 @@ ConfigValidationError message is returned and nothing changes.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from app.engine_bridge import PresetView
 from engine.errors import EngineError

@@ -21,14 +21,23 @@ def token_record(token: TokenSampled) -> dict:
     """A sampled token as stored for the token inspector (dataclasses.asdict is ~10x slower,
     which matters for replies of thousands of tokens)."""
     return {
-        "index": token.index, "token_id": token.token_id, "text": token.text, "logprob": token.logprob,
+        "index": token.index,
+        "token_id": token.token_id,
+        "text": token.text,
+        "logprob": token.logprob,
         "top": [{"token_id": a.token_id, "text": a.text, "logprob": a.logprob} for a in token.top],
     }
 
 
 class ReplyRecorder:
-    def __init__(self, store: Store, message_id: int, *, save_interval_s: float = SAVE_INTERVAL_S,
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        store: Store,
+        message_id: int,
+        *,
+        save_interval_s: float = SAVE_INTERVAL_S,
+        clock=time.monotonic,
+    ):
         self.store, self.message_id = store, message_id
         self.text, self.reasoning = "", ""
         self.tokens: list[TokenSampled] = []
@@ -73,8 +82,12 @@ class ReplyRecorder:
         reasoning = finished.reasoning or self.reasoning
         self.text, self.reasoning = text, reasoning
         self.store.finish_reply(
-            self.message_id, content=text, reasoning=reasoning, status=status,
-            finish_reason=finished.finish_reason, usage=asdict(finished.usage),
+            self.message_id,
+            content=text,
+            reasoning=reasoning,
+            status=status,
+            finish_reason=finished.finish_reason,
+            usage=asdict(finished.usage),
             tokens=[token_record(t) for t in self.tokens],
         )
         self.closed = True
@@ -83,8 +96,12 @@ class ReplyRecorder:
     def fail(self, message: str) -> None:
         """The request was refused or crashed: keep whatever streamed, marked as an error."""
         self.store.finish_reply(
-            self.message_id, content=self.text, reasoning=self.reasoning, status=STATUS_ERROR,
-            finish_reason=FINISH_ERROR, usage={"error": message},
+            self.message_id,
+            content=self.text,
+            reasoning=self.reasoning,
+            status=STATUS_ERROR,
+            finish_reason=FINISH_ERROR,
+            usage={"error": message},
             tokens=[token_record(t) for t in self.tokens],
         )
         self.closed = True

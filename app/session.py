@@ -39,8 +39,14 @@ class ChatSession(QObject):
     presetChanged = Signal(object)  # PresetView
     presetProblem = Signal(str)  # the model's preset could not be resolved (message for the user)
 
-    def __init__(self, controller: EngineController, store: Store, settings: Settings,
-                 settings_file: SettingsFile, parent: QObject | None = None):
+    def __init__(
+        self,
+        controller: EngineController,
+        store: Store,
+        settings: Settings,
+        settings_file: SettingsFile,
+        parent: QObject | None = None,
+    ):
         super().__init__(parent)
         self.controller, self.store = controller, store
         self.settings, self.settings_file = settings, settings_file
@@ -146,8 +152,11 @@ class ChatSession(QObject):
         reply = self.store.message(message_id)
         if reply is None or reply.role != "assistant" or self.busy or self.controller.model is None:
             return False
-        earlier_users = [m for m in self.store.messages(reply.conversation_id)
-                         if m.role == "user" and m.position < reply.position]
+        earlier_users = [
+            m
+            for m in self.store.messages(reply.conversation_id)
+            if m.role == "user" and m.position < reply.position
+        ]
         if not earlier_users:
             return False
         return self._regenerate_after(earlier_users[-1])
@@ -175,7 +184,11 @@ class ChatSession(QObject):
         if conv.system_prompt.strip():
             messages.append({"role": "system", "content": conv.system_prompt.strip()})
         for m in self.store.messages(conversation_id):
-            if m.role in ("user", "assistant") and m.status != "streaming" and (m.content or m.role == "user"):
+            if (
+                m.role in ("user", "assistant")
+                and m.status != "streaming"
+                and (m.content or m.role == "user")
+            ):
                 messages.append({"role": m.role, "content": m.content})
         presets = self.presets
         return ChatRequest(
@@ -201,8 +214,11 @@ class ChatSession(QObject):
     def _estimate_prompt_tokens(self, cid: int, request: ChatRequest) -> int:
         """For the live context bar until the engine reports the exact count: the last reply's
         exact context use plus ~4 characters per token for what was added since (+ template)."""
-        replies = [m for m in self.store.messages(cid) if m.role == "assistant" and m.usage
-                   and "context_used" in m.usage]
+        replies = [
+            m
+            for m in self.store.messages(cid)
+            if m.role == "assistant" and m.usage and "context_used" in m.usage
+        ]
         if replies:
             last = replies[-1]
             added = request.messages[-1]["content"] if request.messages else ""
@@ -335,4 +351,3 @@ class ChatSession(QObject):
 def _title_from(text: str, limit: int = 48) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
-

@@ -45,13 +45,26 @@ class FloodEngine:
         pass
 
     def describe(self, lm):
-        return ModelInfo(path=str(lm), name="flood", architecture="none", n_ctx=1 << 20, template="none")
+        return ModelInfo(
+            path=str(lm), name="flood", architecture="none", n_ctx=1 << 20, template="none"
+        )
 
     def resolve_preset(self, lm, saved, overrides):
         return PresetView({"temperature": 0.0}, {"temperature": "default"})
 
     def generate(self, lm, request, cancel):
-        words = ["The", " **quick**", " brown", " fox", " `jumps`", " over", " the", " lazy", " dog.", "\n\n"]
+        words = [
+            "The",
+            " **quick**",
+            " brown",
+            " fox",
+            " `jumps`",
+            " over",
+            " the",
+            " lazy",
+            " dog.",
+            "\n\n",
+        ]
         start = time.perf_counter()
         deadline = start + self.seconds
         n = 0
@@ -69,14 +82,18 @@ class FloodEngine:
                 if lag > 0:
                     time.sleep(lag)
         elapsed = time.perf_counter() - start
-        usage = Usage(1, n, None, 0.0, elapsed * 1000, 0.0, 0.0, n / max(elapsed, 1e-9), 1 + n, 1 << 20)
+        usage = Usage(
+            1, n, None, 0.0, elapsed * 1000, 0.0, 0.0, n / max(elapsed, 1e-9), 1 + n, 1 << 20
+        )
         yield Finished(FINISH_STOP, usage, text="")
 
 
 def _history_turns(n_tokens: int) -> list[tuple[str, str]]:
     """Earlier (role, text) turns of roughly n_tokens tokens (~5 characters a token)."""
-    sentence = ("The keeper climbed the spiral stairs at dusk, trimmed the wick, wound the clockwork "
-                "and watched the beam sweep across the grey water towards the reef. ")
+    sentence = (
+        "The keeper climbed the spiral stairs at dusk, trimmed the wick, wound the clockwork "
+        "and watched the beam sweep across the grey water towards the reef. "
+    )
     turns, chars, i = [], 0, 0
     while chars < 5 * n_tokens:
         user = f"Question {i}: what happened on night {i} at the lighthouse?"
@@ -149,7 +166,9 @@ def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0, history: in
     heartbeat.timeout.connect(beat)
     window.session.replyTokens.connect(on_tokens)
     window.session.replyFinished.connect(done.append)
-    window.input.setPlainText("Tell me a long story about a lighthouse keeper." if real_tokens else "flood")
+    window.input.setPlainText(
+        "Tell me a long story about a lighthouse keeper." if real_tokens else "flood"
+    )
     clock.start()
     heartbeat.start()
     started = time.perf_counter()
@@ -190,14 +209,27 @@ def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0, history: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--rate", type=float, default=0.0,
-                        help="tokens per second (default 0: as fast as possible)")
-    parser.add_argument("--real", type=int, default=0, metavar="N",
-                        help="instead of the flood: N tokens from the real engine + default model")
-    parser.add_argument("--history", type=int, default=0, metavar="TOKENS",
-                        help="earlier turns of about TOKENS tokens in the chat (a long prefill)")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="tokens per second (default 0: as fast as possible)"
+    )
+    parser.add_argument(
+        "--real",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the flood: N tokens from the real engine + default model",
+    )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="earlier turns of about TOKENS tokens in the chat (a long prefill)",
+    )
     args = parser.parse_args(argv)
     print(json.dumps(measure(args.seconds, args.rate, args.real, args.history)))
     return 0

@@ -158,8 +158,12 @@ class Store:
 
     def _migrate_1_to_2(self) -> None:
         with self._transaction():
-            self._db.execute("ALTER TABLE conversations ADD COLUMN system_prompt TEXT NOT NULL DEFAULT ''")
-            self._db.execute("ALTER TABLE conversations ADD COLUMN updated_at REAL NOT NULL DEFAULT 0")
+            self._db.execute(
+                "ALTER TABLE conversations ADD COLUMN system_prompt TEXT NOT NULL DEFAULT ''"
+            )
+            self._db.execute(
+                "ALTER TABLE conversations ADD COLUMN updated_at REAL NOT NULL DEFAULT 0"
+            )
             self._db.execute("UPDATE conversations SET updated_at = created_at")
             for column in (
                 "position INTEGER NOT NULL DEFAULT 0",
@@ -298,7 +302,8 @@ class Store:
 
     def save_partial(self, message_id: int, content: str, reasoning: str = "") -> None:
         self._db.execute(
-            "UPDATE messages SET content=?, reasoning=? WHERE id=?", (content, reasoning, message_id)
+            "UPDATE messages SET content=?, reasoning=? WHERE id=?",
+            (content, reasoning, message_id),
         )
 
     def finish_reply(
@@ -332,7 +337,8 @@ class Store:
     def delete_messages_from(self, conversation_id: int, position: int) -> None:
         """Delete the message at `position` and everything after it (regenerate / edit)."""
         self._db.execute(
-            "DELETE FROM messages WHERE conversation_id=? AND position>=?", (conversation_id, position)
+            "DELETE FROM messages WHERE conversation_id=? AND position>=?",
+            (conversation_id, position),
         )
 
 

@@ -13,12 +13,20 @@ def _dark_palette() -> QPalette:
     p = QPalette()
     base, window, text = QColor(30, 32, 36), QColor(40, 43, 48), QColor(225, 228, 232)
     for role, color in (
-        (QPalette.Window, window), (QPalette.WindowText, text), (QPalette.Base, base),
-        (QPalette.AlternateBase, QColor(48, 52, 60)), (QPalette.Text, text),
-        (QPalette.Button, window), (QPalette.ButtonText, text), (QPalette.ToolTipBase, base),
-        (QPalette.ToolTipText, text), (QPalette.Highlight, QColor(47, 128, 237)),
-        (QPalette.HighlightedText, QColor(255, 255, 255)), (QPalette.Link, QColor(120, 170, 255)),
-        (QPalette.PlaceholderText, QColor(150, 155, 162)), (QPalette.Mid, QColor(70, 74, 80)),
+        (QPalette.Window, window),
+        (QPalette.WindowText, text),
+        (QPalette.Base, base),
+        (QPalette.AlternateBase, QColor(48, 52, 60)),
+        (QPalette.Text, text),
+        (QPalette.Button, window),
+        (QPalette.ButtonText, text),
+        (QPalette.ToolTipBase, base),
+        (QPalette.ToolTipText, text),
+        (QPalette.Highlight, QColor(47, 128, 237)),
+        (QPalette.HighlightedText, QColor(255, 255, 255)),
+        (QPalette.Link, QColor(120, 170, 255)),
+        (QPalette.PlaceholderText, QColor(150, 155, 162)),
+        (QPalette.Mid, QColor(70, 74, 80)),
         (QPalette.Midlight, QColor(60, 64, 70)),
     ):
         p.setColor(role, color)

@@ -77,7 +77,9 @@ class EventChannel:
         with self._lock:
             was_empty = not self._items
             last = self._items[-1] if self._items else None
-            if not (isinstance(last, EventBatch) and last.request_id == request_id and last.add(event)):
+            if not (
+                isinstance(last, EventBatch) and last.request_id == request_id and last.add(event)
+            ):
                 batch = EventBatch(request_id)
                 self._items.append(batch if batch.add(event) else (request_id, event))
             return was_empty
@@ -105,11 +107,15 @@ class EngineWorker(QObject):
     def load(self, path: str, n_ctx: int, n_threads: int) -> None:
         try:
             lm = self._bridge.load(
-                path, n_ctx=n_ctx or None, n_threads=n_threads or None,
-                progress=lambda stage, fraction: self.loadProgress.emit(str(stage), float(fraction)),
+                path,
+                n_ctx=n_ctx or None,
+                n_threads=n_threads or None,
+                progress=lambda stage, fraction: self.loadProgress.emit(
+                    str(stage), float(fraction)
+                ),
             )
             info = self._bridge.describe(lm)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a dialog, never a crash
+        except Exception as exc:
             self.loadFailed.emit(path, _user_message(exc))
             return
         previous, self.lm = self.lm, lm
@@ -128,8 +134,10 @@ class EngineWorker(QObject):
                 self._put(request_id, event)
                 finished = isinstance(event, Finished)
             if not finished:
-                self._put(request_id, RequestFailed("The engine stopped without finishing the reply."))
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a dialog, never a crash
+                self._put(
+                    request_id, RequestFailed("The engine stopped without finishing the reply.")
+                )
+        except Exception as exc:
             self._put(request_id, RequestFailed(_user_message(exc)))
 
     def release(self) -> None:

@@ -27,12 +27,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.constrained import make_json_constraint  # noqa: E402
-from engine.events import Finished  # noqa: E402
-from engine.generate import GenerationRequest, generate  # noqa: E402
-from engine.loader import load_model  # noqa: E402
-from engine.model_files import default_model_path, gemma3_270m_path  # noqa: E402
-from engine.prefix_cache import PrefixCache  # noqa: E402
+from engine.constrained import make_json_constraint
+from engine.events import Finished
+from engine.generate import GenerationRequest, generate
+from engine.loader import load_model
+from engine.model_files import default_model_path, gemma3_270m_path
+from engine.prefix_cache import PrefixCache
 
 CHAT_TURNS = [
     "Hi! Can you tell me what a prime number is?",
@@ -47,9 +47,15 @@ REWRITE_PARAGRAPH = (
     "farmer wakes up. It then runs back into the forest, where it spends the rest of the day "
     "sleeping under an old oak tree, waiting for the sun to go down."
 )
-REWRITE_PROMPT = [{"role": "user", "content": (
-    "Rewrite the following paragraph exactly, but replace 'fox' with 'cat'. Output only the "
-    "rewritten paragraph.\n\n" + REWRITE_PARAGRAPH)}]
+REWRITE_PROMPT = [
+    {
+        "role": "user",
+        "content": (
+            "Rewrite the following paragraph exactly, but replace 'fox' with 'cat'. Output only the "
+            "rewritten paragraph.\n\n" + REWRITE_PARAGRAPH
+        ),
+    }
+]
 REWRITE_CODE = (
     "def total_price(items):\n"
     "    total = 0\n"
@@ -57,22 +63,39 @@ REWRITE_CODE = (
     "        total += item.price * item.quantity\n"
     "    return total\n"
 )
-CODE_PROMPT = [{"role": "user", "content": (
-    "Rename the function total_price to order_total in this code and output the whole code:\n\n"
-    + REWRITE_CODE)}]
-REPEAT_PROMPT = [{"role": "user", "content": (
-    "Repeat this sentence exactly, but with 'cat' instead of 'fox':\n" + REWRITE_PARAGRAPH)}]
-FREE_PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
+CODE_PROMPT = [
+    {
+        "role": "user",
+        "content": (
+            "Rename the function total_price to order_total in this code and output the whole code:\n\n"
+            + REWRITE_CODE
+        ),
+    }
+]
+REPEAT_PROMPT = [
+    {
+        "role": "user",
+        "content": (
+            "Repeat this sentence exactly, but with 'cat' instead of 'fox':\n" + REWRITE_PARAGRAPH
+        ),
+    }
+]
+FREE_PROMPT = [
+    {"role": "user", "content": "Write a short story about a robot who learns to paint."}
+]
 
 # gemma-3-270m is a base model: the same tasks as plain text to continue.
 GEMMA_CODE_PROMPT = f"```python\n{REWRITE_CODE}```\n\nThe same code with total_price renamed to order_total:\n```python\n"
 GEMMA_FREE_PROMPT = "The history of the printing press"
 
 JSON_SAMPLE = {
-    "name": "Ada Lovelace", "born": 1815, "languages": ["English", "French"],
+    "name": "Ada Lovelace",
+    "born": 1815,
+    "languages": ["English", "French"],
     "address": {"city": "London", "street": "St James's Square", "number": 12},
     "notes": "First published algorithm; worked with Charles Babbage on the Analytical Engine.",
-    "active": False, "score": 97.5,
+    "active": False,
+    "score": 97.5,
 }
 
 
@@ -111,28 +134,58 @@ def bench_reuse(lm, max_new: int) -> dict:
     rows = []
     for turn, user in enumerate(CHAT_TURNS, 1):
         messages.append({"role": "user", "content": user})
-        with_cache = run(lm, GenerationRequest(messages=list(messages), prefix_cache=cache,
-                                               overrides={"max_new_tokens": max_new, "do_sample": False},
-                                               speculative=False))
-        without = run(lm, GenerationRequest(messages=list(messages),
-                                            overrides={"max_new_tokens": max_new, "do_sample": False},
-                                            speculative=False))
+        with_cache = run(
+            lm,
+            GenerationRequest(
+                messages=list(messages),
+                prefix_cache=cache,
+                overrides={"max_new_tokens": max_new, "do_sample": False},
+                speculative=False,
+            ),
+        )
+        without = run(
+            lm,
+            GenerationRequest(
+                messages=list(messages),
+                overrides={"max_new_tokens": max_new, "do_sample": False},
+                speculative=False,
+            ),
+        )
         assert with_cache.token_ids == without.token_ids, f"turn {turn}: reuse changed the output"
         u, v = with_cache.usage, without.usage
-        rows.append(dict(turn=turn, prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
-                         prefilled=u.prompt_tokens - u.cached_tokens,
-                         prefill_ms_reuse=round(u.prefill_ms, 1), prefill_ms_full=round(v.prefill_ms, 1)))
+        rows.append(
+            dict(
+                turn=turn,
+                prompt_tokens=u.prompt_tokens,
+                cached_tokens=u.cached_tokens,
+                prefilled=u.prompt_tokens - u.cached_tokens,
+                prefill_ms_reuse=round(u.prefill_ms, 1),
+                prefill_ms_full=round(v.prefill_ms, 1),
+            )
+        )
         messages.append({"role": "assistant", "content": with_cache.text})
-    regen = run(lm, GenerationRequest(messages=messages[:-1], prefix_cache=cache,
-                                      overrides={"max_new_tokens": max_new, "do_sample": False},
-                                      speculative=False))
+    regen = run(
+        lm,
+        GenerationRequest(
+            messages=messages[:-1],
+            prefix_cache=cache,
+            overrides={"max_new_tokens": max_new, "do_sample": False},
+            speculative=False,
+        ),
+    )
     total = sum(r["prompt_tokens"] for r in rows)
     saved = sum(r["cached_tokens"] for r in rows)
-    return dict(turns=rows, prompt_tokens_total=total, reused_total=saved,
-                saved_fraction=round(saved / total, 3),
-                regenerate_last_turn=dict(prompt_tokens=regen.usage.prompt_tokens,
-                                          cached_tokens=regen.usage.cached_tokens,
-                                          prefill_ms=round(regen.usage.prefill_ms, 2)))
+    return dict(
+        turns=rows,
+        prompt_tokens_total=total,
+        reused_total=saved,
+        saved_fraction=round(saved / total, 3),
+        regenerate_last_turn=dict(
+            prompt_tokens=regen.usage.prompt_tokens,
+            cached_tokens=regen.usage.cached_tokens,
+            prefill_ms=round(regen.usage.prefill_ms, 2),
+        ),
+    )
 
 
 def bench_json_mask(lm, label: str, n_decode: int = 8) -> dict:
@@ -164,9 +217,16 @@ def bench_json_mask(lm, label: str, n_decode: int = 8) -> dict:
         decode.append(time.perf_counter() - t)
     mask_ms = statistics.median(per_token) * 1e3
     step_ms = statistics.median(decode) * 1e3
-    return dict(model=label, vocab=vocab, trie_build_s=round(setup_s, 2), doc_tokens=len(doc_ids),
-                mask_ms_median=round(mask_ms, 3), mask_ms_p90=round(float(np.percentile(per_token, 90)) * 1e3, 3),
-                decode_step_ms_median=round(step_ms, 2), overhead_pct=round(100 * mask_ms / step_ms, 2))
+    return dict(
+        model=label,
+        vocab=vocab,
+        trie_build_s=round(setup_s, 2),
+        doc_tokens=len(doc_ids),
+        mask_ms_median=round(mask_ms, 3),
+        mask_ms_p90=round(float(np.percentile(per_token, 90)) * 1e3, 3),
+        decode_step_ms_median=round(step_ms, 2),
+        overhead_pct=round(100 * mask_ms / step_ms, 2),
+    )
 
 
 def bench_speculative(lm, cases, max_new: int, reps: int = 2) -> list[dict]:
@@ -175,7 +235,9 @@ def bench_speculative(lm, cases, max_new: int, reps: int = 2) -> list[dict]:
     decode-pass counts are exact."""
     results = []
     for name, prompt in cases:
-        common = dict(**prompt, overrides={"max_new_tokens": max_new, "do_sample": False, "stop": ["```"]})
+        common = dict(
+            **prompt, overrides={"max_new_tokens": max_new, "do_sample": False, "stop": ["```"]}
+        )
         plain_runs, spec_runs = [], []
         for _ in range(reps):
             plain_runs.append(run(lm, GenerationRequest(**common, speculative=False)))
@@ -185,12 +247,21 @@ def bench_speculative(lm, cases, max_new: int, reps: int = 2) -> list[dict]:
         _, plain_passes = count_forward_passes(lm, GenerationRequest(**common, speculative=False))
         _, spec_passes = count_forward_passes(lm, GenerationRequest(**common, speculative=True))
         u, p = spec.usage, plain.usage
-        results.append(dict(plain_passes=plain_passes, spec_passes=spec_passes,
-            prompt=name, tokens=u.completion_tokens, identical=all(d.token_ids == plain.token_ids for d in plain_runs + spec_runs),
-            plain_tok_s=round(p.decode_tok_s, 1), spec_tok_s=round(u.decode_tok_s, 1),
-            speedup=round(u.decode_tok_s / p.decode_tok_s, 2) if p.decode_tok_s else None,
-            drafted=u.draft_tokens_proposed, accepted=u.draft_tokens_accepted,
-            acceptance=round(u.acceptance_rate, 3) if u.acceptance_rate is not None else None))
+        results.append(
+            dict(
+                plain_passes=plain_passes,
+                spec_passes=spec_passes,
+                prompt=name,
+                tokens=u.completion_tokens,
+                identical=all(d.token_ids == plain.token_ids for d in plain_runs + spec_runs),
+                plain_tok_s=round(p.decode_tok_s, 1),
+                spec_tok_s=round(u.decode_tok_s, 1),
+                speedup=round(u.decode_tok_s / p.decode_tok_s, 2) if p.decode_tok_s else None,
+                drafted=u.draft_tokens_proposed,
+                accepted=u.draft_tokens_accepted,
+                acceptance=round(u.acceptance_rate, 3) if u.acceptance_rate is not None else None,
+            )
+        )
     return results
 
 
@@ -208,8 +279,11 @@ def bench_verify_cost(lm, label: str, sizes=(1, 2, 4, 8), reps: int = 9) -> dict
             times[t].append(time.perf_counter() - began)
             cache.truncate(start)
     base = statistics.median(times[1])
-    return dict(model=label, decode_ms=round(base * 1e3, 1),
-                relative={t: round(statistics.median(v) / base, 2) for t, v in times.items()})
+    return dict(
+        model=label,
+        decode_ms=round(base * 1e3, 1),
+        relative={t: round(statistics.median(v) / base, 2) for t, v in times.items()},
+    )
 
 
 def main(argv=None) -> int:
@@ -225,15 +299,29 @@ def main(argv=None) -> int:
         out["reuse"] = bench_reuse(smol, args.tokens)
     if "json" in parts:
         gemma = load_model(gemma3_270m_path())
-        out["json_mask"] = [bench_json_mask(smol, "SmolLM2-135M Q4_1"), bench_json_mask(gemma, "gemma-3-270m Q4_K_M")]
+        out["json_mask"] = [
+            bench_json_mask(smol, "SmolLM2-135M Q4_1"),
+            bench_json_mask(gemma, "gemma-3-270m Q4_K_M"),
+        ]
     if "spec" in parts:
-        chat_cases = [("rewrite paragraph", dict(messages=REWRITE_PROMPT)), ("repeat w/ 1 change", dict(messages=REPEAT_PROMPT)),
-                      ("rewrite code", dict(messages=CODE_PROMPT)), ("free-form story", dict(messages=FREE_PROMPT))]
-        out["speculative"] = [dict(model="SmolLM2", **r) for r in bench_speculative(smol, chat_cases, args.tokens * 2)]
+        chat_cases = [
+            ("rewrite paragraph", dict(messages=REWRITE_PROMPT)),
+            ("repeat w/ 1 change", dict(messages=REPEAT_PROMPT)),
+            ("rewrite code", dict(messages=CODE_PROMPT)),
+            ("free-form story", dict(messages=FREE_PROMPT)),
+        ]
+        out["speculative"] = [
+            dict(model="SmolLM2", **r) for r in bench_speculative(smol, chat_cases, args.tokens * 2)
+        ]
         out["verify_cost"] = [bench_verify_cost(smol, "SmolLM2")]
         gemma = gemma if "json" in parts else load_model(gemma3_270m_path())
-        base_cases = [("code edit (base)", dict(prompt=GEMMA_CODE_PROMPT)), ("free text (base)", dict(prompt=GEMMA_FREE_PROMPT))]
-        out["speculative"] += [dict(model="gemma3", **r) for r in bench_speculative(gemma, base_cases, args.tokens)]
+        base_cases = [
+            ("code edit (base)", dict(prompt=GEMMA_CODE_PROMPT)),
+            ("free text (base)", dict(prompt=GEMMA_FREE_PROMPT)),
+        ]
+        out["speculative"] += [
+            dict(model="gemma3", **r) for r in bench_speculative(gemma, base_cases, args.tokens)
+        ]
         out["verify_cost"].append(bench_verify_cost(gemma, "gemma3"))
     if args.json:
         print(json.dumps(out, indent=2))
@@ -244,24 +332,36 @@ def main(argv=None) -> int:
         print("\n5-turn chat, greedy, one PrefixCache (outputs identical with and without it):")
         print(" turn  prompt  reused  prefilled  prefill ms (reuse / full)")
         for t in r["turns"]:
-            print(f" {t['turn']:>4}  {t['prompt_tokens']:>6}  {t['cached_tokens']:>6}  {t['prefilled']:>9}"
-                  f"  {t['prefill_ms_reuse']:>8} / {t['prefill_ms_full']}")
-        print(f" reused {r['reused_total']} of {r['prompt_tokens_total']} prompt tokens ({100 * r['saved_fraction']:.1f}%)")
+            print(
+                f" {t['turn']:>4}  {t['prompt_tokens']:>6}  {t['cached_tokens']:>6}  {t['prefilled']:>9}"
+                f"  {t['prefill_ms_reuse']:>8} / {t['prefill_ms_full']}"
+            )
+        print(
+            f" reused {r['reused_total']} of {r['prompt_tokens_total']} prompt tokens ({100 * r['saved_fraction']:.1f}%)"
+        )
         g = r["regenerate_last_turn"]
-        print(f" regenerate last turn: {g['cached_tokens']} of {g['prompt_tokens']} reused, prefill {g['prefill_ms']} ms")
+        print(
+            f" regenerate last turn: {g['cached_tokens']} of {g['prompt_tokens']} reused, prefill {g['prefill_ms']} ms"
+        )
     for m in out.get("json_mask", []):
-        print(f"\nJSON mask on {m['model']} (vocab {m['vocab']}): median {m['mask_ms_median']} ms/token "
-              f"(p90 {m['mask_ms_p90']}), decode step {m['decode_step_ms_median']} ms -> {m['overhead_pct']}% "
-              f"overhead; token trie built once in {m['trie_build_s']} s")
+        print(
+            f"\nJSON mask on {m['model']} (vocab {m['vocab']}): median {m['mask_ms_median']} ms/token "
+            f"(p90 {m['mask_ms_p90']}), decode step {m['decode_step_ms_median']} ms -> {m['overhead_pct']}% "
+            f"overhead; token trie built once in {m['trie_build_s']} s"
+        )
     if "speculative" in out:
         print("\nSpeculative (prompt lookup), greedy:")
         for s in out["speculative"]:
-            print(f" {s['model']:<8} {s['prompt']:<18} {s['tokens']:>4} tokens  plain {s['plain_tok_s']:>6} tok/s  spec "
-                  f"{s['spec_tok_s']:>6} tok/s  x{s['speedup']}  accepted {s['accepted']}/{s['drafted']} "
-                  f"({s['acceptance']})  decode passes {s['plain_passes']} -> {s['spec_passes']}  identical={s['identical']}")
+            print(
+                f" {s['model']:<8} {s['prompt']:<18} {s['tokens']:>4} tokens  plain {s['plain_tok_s']:>6} tok/s  spec "
+                f"{s['spec_tok_s']:>6} tok/s  x{s['speedup']}  accepted {s['accepted']}/{s['drafted']} "
+                f"({s['acceptance']})  decode passes {s['plain_passes']} -> {s['spec_passes']}  identical={s['identical']}"
+            )
         for v in out["verify_cost"]:
             rel = ", ".join(f"T={t}: {r}x" for t, r in v["relative"].items())
-            print(f" forward pass cost on {v['model']} relative to one decode pass ({v['decode_ms']} ms): {rel}")
+            print(
+                f" forward pass cost on {v['model']} relative to one decode pass ({v['decode_ms']} ms): {rel}"
+            )
     return 0
 
 

@@ -22,18 +22,28 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.generate import GenerationRequest, generate  # noqa: E402
-from engine.generation_config import GenerationConfig  # noqa: E402
-from engine.kv_cache import KVCache  # noqa: E402
-from engine.sampling import make_sampler  # noqa: E402
+from engine.generate import GenerationRequest, generate
+from engine.generation_config import GenerationConfig
+from engine.kv_cache import KVCache
+from engine.sampling import make_sampler
 
 PRESETS = {
     "greedy": {"do_sample": False},
-    "top_k40_p0.95_min_p0.05_T0.8": {"do_sample": True, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8},
+    "top_k40_p0.95_min_p0.05_T0.8": {
+        "do_sample": True,
+        "top_k": 40,
+        "top_p": 0.95,
+        "min_p": 0.05,
+        "temperature": 0.8,
+    },
     "top_k0_top_p0.9": {"do_sample": True, "top_k": 0, "top_p": 0.9},
     "top_k0_min_p0.05": {"do_sample": True, "top_k": 0, "min_p": 0.05},
-    "penalties_rep1.1_pres0.5_freq0.5": {"do_sample": False, "repetition_penalty": 1.1, "presence_penalty": 0.5,
-                                         "frequency_penalty": 0.5},
+    "penalties_rep1.1_pres0.5_freq0.5": {
+        "do_sample": False,
+        "repetition_penalty": 1.1,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+    },
 }
 
 
@@ -94,9 +104,12 @@ class FakeLoaded:
 
 
 def time_loop(lm, overrides: dict, n_tokens: int, top_logprobs: int) -> float:
-    request = GenerationRequest(prompt_ids=[0, 1, 2, 3], overrides={**overrides, "max_new_tokens": n_tokens, "seed": 1,
-                                                                    "stop": ["\x00\x01"]},
-                                top_logprobs=top_logprobs, speculative=False)
+    request = GenerationRequest(
+        prompt_ids=[0, 1, 2, 3],
+        overrides={**overrides, "max_new_tokens": n_tokens, "seed": 1, "stop": ["\x00\x01"]},
+        top_logprobs=top_logprobs,
+        speculative=False,
+    )
     started = time.perf_counter()
     count = sum(1 for _ in generate(lm, request))
     elapsed = time.perf_counter() - started
@@ -121,24 +134,30 @@ def main() -> None:
 
     import engine.generate
 
-    engine.generate.new_detokenizer = PieceDetokenizer  # the fake vocabulary has no real detokenizer
+    engine.generate.new_detokenizer = (
+        PieceDetokenizer  # the fake vocabulary has no real detokenizer
+    )
     lm = FakeLoaded(args.vocab, n_ctx=args.tokens + 16)
     rows = []
     for name, overrides in PRESETS.items():
-        rows.append({
-            "preset": name,
-            "sampler_ms": round(time_sampler(lm.model.logits, overrides, args.tokens), 3),
-            "loop_ms_per_token": round(time_loop(lm, overrides, args.tokens, 0), 3),
-            "loop_ms_per_token_top5": round(time_loop(lm, overrides, args.tokens, 5), 3),
-        })
+        rows.append(
+            {
+                "preset": name,
+                "sampler_ms": round(time_sampler(lm.model.logits, overrides, args.tokens), 3),
+                "loop_ms_per_token": round(time_loop(lm, overrides, args.tokens, 0), 3),
+                "loop_ms_per_token_top5": round(time_loop(lm, overrides, args.tokens, 5), 3),
+            }
+        )
     if args.json:
         print(json.dumps({"vocab": args.vocab, "tokens": args.tokens, "rows": rows}, indent=2))
         return
     print(f"vocab {args.vocab}, {args.tokens} tokens per run (forward pass = one logits copy)")
     print(f"{'preset':40} {'sampler ms':>10} {'loop ms/tok':>12} {'+top5 ms/tok':>13}")
     for row in rows:
-        print(f"{row['preset']:40} {row['sampler_ms']:>10.3f} {row['loop_ms_per_token']:>12.3f} "
-              f"{row['loop_ms_per_token_top5']:>13.3f}")
+        print(
+            f"{row['preset']:40} {row['sampler_ms']:>10.3f} {row['loop_ms_per_token']:>12.3f} "
+            f"{row['loop_ms_per_token_top5']:>13.3f}"
+        )
 
 
 if __name__ == "__main__":

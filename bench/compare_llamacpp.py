@@ -27,18 +27,25 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.__main__ import resolve_model_path  # noqa: E402
-from engine.bench import time_decode, time_prefill  # noqa: E402
-from engine.loader import load_model  # noqa: E402
+from engine.__main__ import resolve_model_path
+from engine.bench import time_decode, time_prefill
+from engine.loader import load_model
 
 
 class LlamaCppSide:
     def __init__(self, path: Path, n_ctx: int, n_threads: int, n_batch: int):
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads,
-                         n_threads_batch=n_threads, n_batch=n_batch, n_ubatch=n_batch,
-                         logits_all=False, verbose=False)
+        self.llm = Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            n_batch=n_batch,
+            n_ubatch=n_batch,
+            logits_all=False,
+            verbose=False,
+        )
 
     def prefill(self, prompt: list[int]) -> float:
         self.llm.reset()  # n_tokens = 0: eval() drops the old KV entries itself
@@ -83,27 +90,48 @@ def main(argv=None) -> int:
         if r:
             for k, v in sample.items():
                 runs[k].append(v)
-        print(f"round {r}{' (warm-up)' if not r else ''}: " +
-              "  ".join(f"{k} {v:7.1f}" for k, v in sample.items()), flush=True)
+        print(
+            f"round {r}{' (warm-up)' if not r else ''}: "
+            + "  ".join(f"{k} {v:7.1f}" for k, v in sample.items()),
+            flush=True,
+        )
 
     med = {k: statistics.median(v) for k, v in runs.items()}
     # Paired per-round ratios: both sides of a round saw the same machine load, so their ratio
     # is steadier than the ratio of medians when other processes come and go.
-    pp_ratios = [o / t for o, t in zip(runs["ours_pp"], runs["llama_pp"])]
-    tg_ratios = [o / t for o, t in zip(runs["ours_tg"], runs["llama_tg"])]
+    pp_ratios = [o / t for o, t in zip(runs["ours_pp"], runs["llama_pp"], strict=True)]
+    tg_ratios = [o / t for o, t in zip(runs["ours_tg"], runs["llama_tg"], strict=True)]
     print()
-    print(f"model {path.name}, threads {args.threads}, pp{args.n_prompt} / tg{args.n_gen}, "
-          f"{args.rounds} rounds, medians (tok/s); load average {os.getloadavg()[0]:.1f}")
-    print("| test | ours | llama.cpp | ratio of medians | median of paired ratios |\n|---|---|---|---|---|")
-    print(f"| pp{args.n_prompt} | {med['ours_pp']:.1f} | {med['llama_pp']:.1f} | "
-          f"{med['ours_pp'] / med['llama_pp']:.2f}x | {statistics.median(pp_ratios):.2f}x |")
-    print(f"| tg{args.n_gen} | {med['ours_tg']:.1f} | {med['llama_tg']:.1f} | "
-          f"{med['ours_tg'] / med['llama_tg']:.2f}x | {statistics.median(tg_ratios):.2f}x |")
-    print(json.dumps({"model": path.name, "threads": args.threads, "runs": runs, "medians": med,
-                      "prefill_ratio": med["ours_pp"] / med["llama_pp"],
-                      "decode_ratio": med["ours_tg"] / med["llama_tg"],
-                      "prefill_paired_ratios": pp_ratios, "decode_paired_ratios": tg_ratios,
-                      "loadavg": os.getloadavg()[0]}))
+    print(
+        f"model {path.name}, threads {args.threads}, pp{args.n_prompt} / tg{args.n_gen}, "
+        f"{args.rounds} rounds, medians (tok/s); load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "| test | ours | llama.cpp | ratio of medians | median of paired ratios |\n|---|---|---|---|---|"
+    )
+    print(
+        f"| pp{args.n_prompt} | {med['ours_pp']:.1f} | {med['llama_pp']:.1f} | "
+        f"{med['ours_pp'] / med['llama_pp']:.2f}x | {statistics.median(pp_ratios):.2f}x |"
+    )
+    print(
+        f"| tg{args.n_gen} | {med['ours_tg']:.1f} | {med['llama_tg']:.1f} | "
+        f"{med['ours_tg'] / med['llama_tg']:.2f}x | {statistics.median(tg_ratios):.2f}x |"
+    )
+    print(
+        json.dumps(
+            {
+                "model": path.name,
+                "threads": args.threads,
+                "runs": runs,
+                "medians": med,
+                "prefill_ratio": med["ours_pp"] / med["llama_pp"],
+                "decode_ratio": med["ours_tg"] / med["llama_tg"],
+                "prefill_paired_ratios": pp_ratios,
+                "decode_paired_ratios": tg_ratios,
+                "loadavg": os.getloadavg()[0],
+            }
+        )
+    )
     return 0
 
 

@@ -54,8 +54,10 @@ def main() -> None:
             ref_ids = np.asarray(case["topk_ids"][i])
             errors.append(np.abs(logits[pos][ref_ids] - np.asarray(case["topk_logits"][i])))
     err = np.concatenate(errors)
-    print(f"{which} {mode}: max abs logit error {err.max():.4f}, mean {err.mean():.4f} "
-          f"over {err.size} top-k logits")
+    print(
+        f"{which} {mode}: max abs logit error {err.max():.4f}, mean {err.mean():.4f} "
+        f"over {err.size} top-k logits"
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,12 @@ def _report_kernel_compile(stage: str, fraction: float) -> None:
 def _load(args):
     from engine.loader import load_model
 
-    return load_model(resolve_model_path(args.model), n_ctx=args.n_ctx, n_threads=args.threads,
-                      progress=_report_kernel_compile)
+    return load_model(
+        resolve_model_path(args.model),
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        progress=_report_kernel_compile,
+    )
 
 
 # --- info ----------------------------------------------------------------------------------------
@@ -76,7 +80,9 @@ def model_info(path: Path) -> dict:
         "gguf_version": gguf_file.version,
         "architecture": gguf_file.arch,
         "parameters": gguf_file.parameter_count(),
-        "quant_mix": {name: {"tensors": n, "bytes": b} for name, (n, b) in gguf_file.quant_mix().items()},
+        "quant_mix": {
+            name: {"tensors": n, "bytes": b} for name, (n, b) in gguf_file.quant_mix().items()
+        },
         "file_type": metadata.get("general.file_type"),
         "context_length": config.context_length,
         "default_n_ctx": min(config.context_length, DEFAULT_MAX_CONTEXT),
@@ -112,11 +118,18 @@ def cmd_info(args) -> int:
         if key in ("quant_mix", "tokenizer", "chat_template", "preset"):
             continue
         print(f"{key:16} {value}")
-    print("quant mix       ", ", ".join(f"{k}: {v['tensors']} tensors, {v['bytes'] / 2**20:.1f} MiB"
-                                       for k, v in info["quant_mix"].items()))
+    print(
+        "quant mix       ",
+        ", ".join(
+            f"{k}: {v['tensors']} tensors, {v['bytes'] / 2**20:.1f} MiB"
+            for k, v in info["quant_mix"].items()
+        ),
+    )
     tok = info["tokenizer"]
-    print(f"tokenizer        {tok['model']} (pre {tok['pre']}), bos {tok['bos_id']}, eos {tok['eos_id']}, "
-          f"end-of-generation {list(zip(tok['eog_ids'], tok['eog_pieces']))}")
+    print(
+        f"tokenizer        {tok['model']} (pre {tok['pre']}), bos {tok['bos_id']}, eos {tok['eos_id']}, "
+        f"end-of-generation {list(zip(tok['eog_ids'], tok['eog_pieces'], strict=True))}"
+    )
     template = info["chat_template"]
     print(f"chat template    {template['name']}{' (fallback)' if template['is_fallback'] else ''}")
     print("preset:")
@@ -139,7 +152,7 @@ def cmd_tokenize(args) -> int:
     if args.json:
         print(json.dumps({"ids": ids, "pieces": pieces}, ensure_ascii=False))
     else:
-        for i, piece in zip(ids, pieces):
+        for i, piece in zip(ids, pieces, strict=True):
             print(f"{i:>8}  {piece!r}")
     return 0
 
@@ -159,7 +172,11 @@ def sampling_overrides(args) -> dict:
         "seed": "seed",
         "max_tokens": "max_new_tokens",
     }
-    overrides = {field: getattr(args, flag) for flag, field in mapping.items() if getattr(args, flag) is not None}
+    overrides = {
+        field: getattr(args, flag)
+        for flag, field in mapping.items()
+        if getattr(args, flag) is not None
+    }
     if args.stop:
         overrides["stop"] = list(args.stop)
     if args.temperature is not None:
@@ -176,14 +193,20 @@ def json_mode_arguments(args) -> tuple[str, str | None]:
     mode = args.json_mode
     if args.json_schema is None:
         if mode == "schema":
-            raise ConfigValidationError("--json-mode", mode, "used together with --json-schema FILE")
+            raise ConfigValidationError(
+                "--json-mode", mode, "used together with --json-schema FILE"
+            )
         return mode or "off", None
     if mode not in (None, "schema"):
-        raise ConfigValidationError("--json-mode", mode, "'schema' (or left out) when --json-schema is given")
+        raise ConfigValidationError(
+            "--json-mode", mode, "'schema' (or left out) when --json-schema is given"
+        )
     try:
         schema = Path(args.json_schema).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigValidationError("--json-schema", args.json_schema, f"a readable UTF-8 JSON schema file ({exc})") from None
+        raise ConfigValidationError(
+            "--json-schema", args.json_schema, f"a readable UTF-8 JSON schema file ({exc})"
+        ) from None
     return "schema", schema
 
 
@@ -194,7 +217,7 @@ def cmd_generate(args) -> int:
 
     lm = _load(args)
     if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})
         request = GenerationRequest(messages=messages)
     else:
@@ -227,9 +250,12 @@ def cmd_generate(args) -> int:
     else:
         sys.stdout.write("\n")
         usage = done.usage
-        print(f"[{done.finish_reason}] {usage.prompt_tokens} prompt tokens ({usage.prompt_tok_s:.1f} tok/s), "
-              f"{usage.completion_tokens} generated ({usage.decode_tok_s:.1f} tok/s), "
-              f"ttft {usage.ttft_ms:.0f} ms", file=sys.stderr)
+        print(
+            f"[{done.finish_reason}] {usage.prompt_tokens} prompt tokens ({usage.prompt_tok_s:.1f} tok/s), "
+            f"{usage.completion_tokens} generated ({usage.decode_tok_s:.1f} tok/s), "
+            f"ttft {usage.ttft_ms:.0f} ms",
+            file=sys.stderr,
+        )
     if done.finish_reason == "error":
         print(f"error: {done.error}", file=sys.stderr)
         return 1
@@ -260,18 +286,24 @@ def score_positions(lm, ids: list[int], top: int) -> list[dict]:
     if not ids:
         raise ConfigValidationError("text", "", "text that tokenizes to at least one token")
     if len(ids) > lm.n_ctx:
-        raise ContextOverflowError(f"The text is {len(ids)} tokens, more than the context window of {lm.n_ctx}")
+        raise ContextOverflowError(
+            f"The text is {len(ids)} tokens, more than the context window of {lm.n_ctx}"
+        )
     cache = lm.model.new_cache(len(ids))
     chunk = max(1, min(256, SCORE_LOGITS_BUDGET // max(1, int(lm.config.n_vocab))))
     positions = []
     for start in range(0, len(ids), chunk):
-        rows = lm.model.forward(ids[start:start + chunk], cache, all_logits=True)
+        rows = lm.model.forward(ids[start : start + chunk], cache, all_logits=True)
         for offset, row in enumerate(np.atleast_2d(rows)):
             log_z = log_normalizer(row)
-            positions.append({
-                "token_id": int(ids[start + offset]),
-                "top": [{"id": int(i), "logprob": float(row[i]) - log_z} for i in top_ids(row, top)],
-            })
+            positions.append(
+                {
+                    "token_id": int(ids[start + offset]),
+                    "top": [
+                        {"id": int(i), "logprob": float(row[i]) - log_z} for i in top_ids(row, top)
+                    ],
+                }
+            )
     return positions
 
 
@@ -285,14 +317,20 @@ def cmd_score(args) -> int:
         print(json.dumps({"positions": positions}))
     else:
         for pos in positions:
-            alternatives = "  ".join(f"{lm.tokenizer.piece(a['id'])!r}:{a['logprob']:.3f}" for a in pos["top"])
-            print(f"{pos['token_id']:>8} {lm.tokenizer.piece(pos['token_id'])!r:16} -> {alternatives}")
+            alternatives = "  ".join(
+                f"{lm.tokenizer.piece(a['id'])!r}:{a['logprob']:.3f}" for a in pos["top"]
+            )
+            print(
+                f"{pos['token_id']:>8} {lm.tokenizer.piece(pos['token_id'])!r:16} -> {alternatives}"
+            )
     return 0
 
 
 # --- argument parsing ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description="LocalChat inference engine")
+    parser = argparse.ArgumentParser(
+        prog="python -m engine", description="LocalChat inference engine"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def model_command(name, help_text, loads_model=False):
@@ -300,21 +338,36 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("model", help="GGUF path, or 'default' (SmolLM2-135M-Instruct) or 'gemma3'")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if loads_model:
-            p.add_argument("--n-ctx", type=int, default=None, help="context window (default: min(model's, 4096))")
-            p.add_argument("--threads", type=int, default=None, help="worker threads for the kernels")
+            p.add_argument(
+                "--n-ctx",
+                type=int,
+                default=None,
+                help="context window (default: min(model's, 4096))",
+            )
+            p.add_argument(
+                "--threads", type=int, default=None, help="worker threads for the kernels"
+            )
         return p
 
-    model_command("info", "architecture, sizes, quant mix, tokenizer, template, preset with sources")
+    model_command(
+        "info", "architecture, sizes, quant mix, tokenizer, template, preset with sources"
+    )
 
     p = model_command("tokenize", "token ids and pieces of TEXT")
     p.add_argument("text")
-    p.add_argument("--no-special", action="store_true", help="add no BOS/EOS (special-token text still parses)")
+    p.add_argument(
+        "--no-special", action="store_true", help="add no BOS/EOS (special-token text still parses)"
+    )
 
     p = model_command("generate", "stream a completion of PROMPT", loads_model=True)
     p.add_argument("prompt")
-    p.add_argument("--chat", action="store_true", help="wrap PROMPT as a user message in the chat template")
+    p.add_argument(
+        "--chat", action="store_true", help="wrap PROMPT as a user message in the chat template"
+    )
     p.add_argument("--system", help="system prompt (with --chat)")
-    p.add_argument("--max-tokens", type=int, help="max_new_tokens (default: until the context is full)")
+    p.add_argument(
+        "--max-tokens", type=int, help="max_new_tokens (default: until the context is full)"
+    )
     p.add_argument("--temperature", type=float, help="0 = greedy; > 0 samples unless --greedy")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--sample", action="store_true", help="sample (do_sample=true)")
@@ -328,16 +381,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frequency-penalty", type=float)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
-    p.add_argument("--top-logprobs", type=int, default=0, help="alternatives per token in the events")
-    p.add_argument("--json-mode", choices=["off", "object", "schema"],
-                   help="constrain the output to any JSON object, or to --json-schema")
-    p.add_argument("--json-schema", metavar="FILE", help="JSON schema file the output must match (implies --json-mode schema)")
+    p.add_argument(
+        "--top-logprobs", type=int, default=0, help="alternatives per token in the events"
+    )
+    p.add_argument(
+        "--json-mode",
+        choices=["off", "object", "schema"],
+        help="constrain the output to any JSON object, or to --json-schema",
+    )
+    p.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="JSON schema file the output must match (implies --json-mode schema)",
+    )
     spec = p.add_mutually_exclusive_group()
-    spec.add_argument("--speculative", dest="speculative", action="store_true", default=None,
-                      help="prompt-lookup speculative decoding (default: on for greedy requests)")
-    spec.add_argument("--no-speculative", dest="speculative", action="store_false", help="plain decoding, one forward pass per token")
+    spec.add_argument(
+        "--speculative",
+        dest="speculative",
+        action="store_true",
+        default=None,
+        help="prompt-lookup speculative decoding (default: on for greedy requests)",
+    )
+    spec.add_argument(
+        "--no-speculative",
+        dest="speculative",
+        action="store_false",
+        help="plain decoding, one forward pass per token",
+    )
 
-    p = model_command("score", "teacher-forced top-K next-token log-probabilities over TEXT", loads_model=True)
+    p = model_command(
+        "score", "teacher-forced top-K next-token log-probabilities over TEXT", loads_model=True
+    )
     p.add_argument("text")
     p.add_argument("--top", type=int, required=True, help="alternatives per position")
 
@@ -354,8 +428,13 @@ def cmd_bench(args) -> int:
     return run_bench_command(args, resolve_model_path(args.model))
 
 
-COMMANDS = {"info": cmd_info, "tokenize": cmd_tokenize, "generate": cmd_generate, "score": cmd_score,
-            "bench": cmd_bench}
+COMMANDS = {
+    "info": cmd_info,
+    "tokenize": cmd_tokenize,
+    "generate": cmd_generate,
+    "score": cmd_score,
+    "bench": cmd_bench,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,8 +60,9 @@ def jit_start_times(cold: bool = True) -> dict:
     if cold:
         code = "from engine.bench import cold_compile_seconds; print(cold_compile_seconds())"
         root = Path(__file__).resolve().parent.parent
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, cwd=root)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+        )
         result["cold_compile_s"] = float(out.stdout.strip().splitlines()[-1])
     probe = KernelLibrary()
     probe.add_modules(kernel_modules(select_isa(probe.cpu)))  # populate the default cache
@@ -89,8 +90,16 @@ def time_decode(model, token: int, n_gen: int):
     return time.perf_counter() - t0, cache.nbytes
 
 
-def run_bench(model_path, *, n_prompt: int = 512, n_gen: int = 128, n_threads: int | None = None,
-              repetitions: int = 3, cold_compile: bool = True, progress=None) -> dict:
+def run_bench(
+    model_path,
+    *,
+    n_prompt: int = 512,
+    n_gen: int = 128,
+    n_threads: int | None = None,
+    repetitions: int = 3,
+    cold_compile: bool = True,
+    progress=None,
+) -> dict:
     from engine.loader import load_model
 
     report = progress or (lambda stage, fraction: None)
@@ -142,11 +151,15 @@ def format_table(r: dict) -> str:
     rows = []
     name = Path(r["model"]).name
     if "prefill_tok_s" in r:
-        rows.append(f"| {name} | {size:.1f} MiB | {r['backend']}/{r['isa']} | {r['threads']} | "
-                    f"pp{r['n_prompt']} | {r['prefill_tok_s']:.1f} |")
+        rows.append(
+            f"| {name} | {size:.1f} MiB | {r['backend']}/{r['isa']} | {r['threads']} | "
+            f"pp{r['n_prompt']} | {r['prefill_tok_s']:.1f} |"
+        )
     if "decode_tok_s" in r:
-        rows.append(f"| {name} | {size:.1f} MiB | {r['backend']}/{r['isa']} | {r['threads']} | "
-                    f"tg{r['n_gen']} | {r['decode_tok_s']:.1f} |")
+        rows.append(
+            f"| {name} | {size:.1f} MiB | {r['backend']}/{r['isa']} | {r['threads']} | "
+            f"tg{r['n_gen']} | {r['decode_tok_s']:.1f} |"
+        )
     extra = [f"peak RSS {r['peak_rss_mb']:.0f} MB"]
     if "rss_generating_mb" in r:
         extra.append(f"RSS while generating {r['rss_generating_mb']:.0f} MB")
@@ -164,7 +177,9 @@ def add_arguments(p) -> None:
     """The `bench` subcommand's options (engine/__main__.py owns the parser)."""
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads (default: cores)")
+    p.add_argument(
+        "-t", "--threads", type=int, default=None, help="kernel threads (default: cores)"
+    )
     p.add_argument("-r", "--repetitions", type=int, default=3, help="timed runs (median reported)")
     p.add_argument("--skip-cold", action="store_true", help="do not measure the cold compile")
 
@@ -174,11 +189,20 @@ def cmd_bench(args, model_path) -> int:
 
     from engine.errors import ConfigValidationError
 
-    for field, value, low in (("n_prompt", args.n_prompt, 0), ("n_gen", args.n_gen, 0),
-                              ("repetitions", args.repetitions, 1)):
+    for field, value, low in (
+        ("n_prompt", args.n_prompt, 0),
+        ("n_gen", args.n_gen, 0),
+        ("repetitions", args.repetitions, 1),
+    ):
         if value < low:
             raise ConfigValidationError(field, value, f"an integer >= {low}")
-    r = run_bench(model_path, n_prompt=args.n_prompt, n_gen=args.n_gen, n_threads=args.threads,
-                  repetitions=args.repetitions, cold_compile=not args.skip_cold)
+    r = run_bench(
+        model_path,
+        n_prompt=args.n_prompt,
+        n_gen=args.n_gen,
+        n_threads=args.threads,
+        repetitions=args.repetitions,
+        cold_compile=not args.skip_cold,
+    )
     print(json.dumps(r) if args.json else format_table(r))
     return 0

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import types
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -81,7 +82,9 @@ def _strftime_now(fmt: str) -> str:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
             sort_keys: bool = False) -> str:  # fmt: skip
     # HF's tojson: plain json.dumps (jinja's own escapes <, >, & and ' for HTML, which breaks prompts).
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -107,13 +110,21 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     def unsafe_undefined(self, obj: Any, attribute: str):
         # jinja's default returns an Undefined that renders as "", hiding the attempt.
-        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is not allowed")
+        raise SecurityError(
+            f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is not allowed"
+        )
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             for seq, count in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * count > MAX_OUTPUT_CHARS:
-                    raise SecurityError(f"repeating a sequence {count} times exceeds the {MAX_OUTPUT_CHARS}-item limit")
+                if (
+                    isinstance(seq, (str, list, tuple))
+                    and isinstance(count, int)
+                    and len(seq) * count > MAX_OUTPUT_CHARS
+                ):
+                    raise SecurityError(
+                        f"repeating a sequence {count} times exceeds the {MAX_OUTPUT_CHARS}-item limit"
+                    )
         if operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
             raise SecurityError(f"exponent {right} is too large")
         return super().call_binop(context, operator, left, right)
@@ -136,7 +147,9 @@ def _budgeted_range():
 
 
 def _environment() -> jinja2.Environment:
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock])
+    env = _Sandbox(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -172,7 +185,9 @@ class ChatTemplate:
             self._template = _environment().from_string(source)
             self._template.filename = TEMPLATE_FILENAME
         except TemplateSyntaxError as exc:
-            self.error = ChatTemplateError(f"the chat template {name!r} has a syntax error on line {exc.lineno}: {exc.message}")
+            self.error = ChatTemplateError(
+                f"the chat template {name!r} has a syntax error on line {exc.lineno}: {exc.message}"
+            )
         except TemplateError as exc:
             self.error = ChatTemplateError(f"the chat template {name!r} cannot be compiled: {exc}")
 
@@ -194,7 +209,12 @@ class ChatTemplate:
         return cls(CHATML_TEMPLATE, name="chatml (fallback)", is_fallback=True, **common)
 
     # --- rendering ---------------------------------------------------------------------------
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
         """Prompt text for `messages` ([{"role": ..., "content": ...}, ...]). Raises
         ChatTemplateError naming the problem (syntax, unsafe access, raise_exception, ...)."""
         if self.error is not None:
@@ -211,10 +231,16 @@ class ChatTemplate:
         try:
             text = self._render_bounded(variables)
         except _TemplateRaised as exc:
-            raise ChatTemplateError(f"the chat template {self.name!r} refused the conversation: {exc}") from None
+            raise ChatTemplateError(
+                f"the chat template {self.name!r} refused the conversation: {exc}"
+            ) from None
         except SecurityError as exc:
-            raise ChatTemplateError(f"the chat template {self.name!r} tried an unsafe operation: {exc}") from None
-        except Exception as exc:  # any error inside untrusted template code is the template's problem
+            raise ChatTemplateError(
+                f"the chat template {self.name!r} tried an unsafe operation: {exc}"
+            ) from None
+        except (
+            Exception
+        ) as exc:  # any error inside untrusted template code is the template's problem
             line = _template_line(exc.__traceback__)
             where = f" on line {line}" if line is not None else ""
             raise ChatTemplateError(
@@ -245,7 +271,10 @@ def _is_gemma(metadata: Mapping[str, Any], tokenizer) -> bool:
     arch = str(metadata.get("general.architecture", ""))
     if arch.startswith("gemma"):
         return True
-    return tokenizer.token_id("<start_of_turn>") is not None and tokenizer.token_id("<|im_start|>") is None
+    return (
+        tokenizer.token_id("<start_of_turn>") is not None
+        and tokenizer.token_id("<|im_start|>") is None
+    )
 
 
 def _guess_name(source: str) -> str:
@@ -264,10 +293,14 @@ def _guess_name(source: str) -> str:
 
 def _check_messages(messages: Any) -> None:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise ChatTemplateError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}")
+        raise ChatTemplateError(
+            f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}"
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
-            raise ChatTemplateError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}")
+            raise ChatTemplateError(
+                f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}"
+            )
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise ChatTemplateError(f"messages[{i}] needs a non-empty string 'role', got {role!r}")

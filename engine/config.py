@@ -70,38 +70,43 @@ class ModelConfig:
         return self.sliding_window if self.layer_uses_window[layer] else 0
 
     @classmethod
-    def from_gguf(cls, gguf_file) -> "ModelConfig":
+    def from_gguf(cls, gguf_file) -> ModelConfig:
         """Build from an opened GGUF (`.arch`, `.metadata`, `.tensors`). Raises
         UnsupportedModelError for other architectures, ModelFileError for missing/invalid keys."""
         arch = str(gguf_file.arch)
         if arch not in SUPPORTED_ARCHS:
             raise UnsupportedModelError(
-                f"Model architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+                f"Model architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}"
+            )
         md = _Metadata(gguf_file.metadata, arch)
         experts = gguf_file.metadata.get(f"{arch}.expert_count", 0)
         if isinstance(experts, int) and experts > 0:
             raise UnsupportedModelError(
                 f"{arch}.expert_count={experts}: mixture-of-experts models are not supported; "
-                "supported: dense llama, qwen2, qwen3, gemma3")
+                "supported: dense llama, qwen2, qwen3, gemma3"
+            )
 
         d_model = md.positive_int("embedding_length")
         n_head = md.positive_int("attention.head_count")
         n_kv_head = md.positive_int("attention.head_count_kv", default=n_head)
         if n_head % n_kv_head:
             raise ModelFileError(
-                f"{arch}.attention.head_count={n_head} is not a multiple of head_count_kv={n_kv_head}")
+                f"{arch}.attention.head_count={n_head} is not a multiple of head_count_kv={n_kv_head}"
+            )
         head_dim = md.positive_int("attention.key_length", default=d_model // n_head)
         value_dim = md.positive_int("attention.value_length", default=head_dim)
         if value_dim != head_dim:
             raise UnsupportedModelError(
                 f"{arch}.attention.value_length={value_dim} differs from key_length={head_dim}; "
-                "only equal key/value head sizes are supported")
+                "only equal key/value head sizes are supported"
+            )
         if head_dim % 2:
             raise ModelFileError(f"attention head size {head_dim} must be even for RoPE")
         rope_dims = md.positive_int("rope.dimension_count", default=head_dim)
         if rope_dims != head_dim:
             raise UnsupportedModelError(
-                f"{arch}.rope.dimension_count={rope_dims}: only full-head RoPE ({head_dim}) is supported")
+                f"{arch}.rope.dimension_count={rope_dims}: only full-head RoPE ({head_dim}) is supported"
+            )
         n_layers = md.positive_int("block_count")
 
         embd = gguf_file.tensors.get("token_embd.weight")
@@ -118,7 +123,9 @@ class ModelConfig:
             rope_theta_local = GEMMA3_LOCAL_ROPE_BASE
             # transformers' query_pre_attn_scalar: head_dim for 270m..12B, d_model / n_head for
             # 27B (the only 62-layer Gemma 3); llama.cpp keys the same choice on the layer count.
-            attn_scale = 1.0 / math.sqrt(d_model / n_head if n_layers == GEMMA3_27B_LAYERS else head_dim)
+            attn_scale = 1.0 / math.sqrt(
+                d_model / n_head if n_layers == GEMMA3_27B_LAYERS else head_dim
+            )
         else:
             sliding_window = 0
             layer_uses_window = (False,) * n_layers
@@ -169,20 +176,39 @@ class _Metadata:
 
     def positive_int(self, key: str, default: int | None = None) -> int:
         value = self.raw(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or int(value) != value
+            or value <= 0
+        ):
             raise ModelFileError(f"metadata {self.arch}.{key}={value!r} must be a positive integer")
         return int(value)
 
     def positive_float(self, key: str, default: float | None = None) -> float:
         value = self.raw(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-            raise ModelFileError(f"metadata {self.arch}.{key}={value!r} must be a positive finite number")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not value > 0
+            or not math.isfinite(value)
+        ):
+            raise ModelFileError(
+                f"metadata {self.arch}.{key}={value!r} must be a positive finite number"
+            )
         return float(value)
 
     def nonneg_float(self, key: str, default: float) -> float:
         value = self.raw(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
-            raise ModelFileError(f"metadata {self.arch}.{key}={value!r} must be a finite number >= 0")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not value >= 0
+            or not math.isfinite(value)
+        ):
+            raise ModelFileError(
+                f"metadata {self.arch}.{key}={value!r} must be a finite number >= 0"
+            )
         return float(value)
 
 
@@ -193,7 +219,8 @@ def _rope_freq_scale(md: _Metadata, arch: str) -> float:
     if kind == "linear":
         return 1.0 / md.positive_float("rope.scaling.factor", default=1.0)
     raise UnsupportedModelError(
-        f"{arch}.rope.scaling.type='{kind}' is not supported; supported: none, linear")
+        f"{arch}.rope.scaling.type='{kind}' is not supported; supported: none, linear"
+    )
 
 
 def _gemma3_window_layers(md: _Metadata, n_layers: int) -> tuple[bool, ...]:
@@ -203,9 +230,12 @@ def _gemma3_window_layers(md: _Metadata, n_layers: int) -> tuple[bool, ...]:
     if isinstance(pattern, (list, tuple)):
         if len(pattern) != n_layers:
             raise ModelFileError(
-                f"{md.arch}.attention.sliding_window_pattern has {len(pattern)} entries, expected {n_layers}")
+                f"{md.arch}.attention.sliding_window_pattern has {len(pattern)} entries, expected {n_layers}"
+            )
         return tuple(bool(v) for v in pattern)
     period = GEMMA3_SWA_PERIOD if pattern is None else int(pattern)
     if period <= 0:
-        raise ModelFileError(f"{md.arch}.attention.sliding_window_pattern={pattern!r} must be positive")
+        raise ModelFileError(
+            f"{md.arch}.attention.sliding_window_pattern={pattern!r} must be positive"
+        )
     return tuple((layer % period) < period - 1 for layer in range(n_layers))

@@ -33,7 +33,8 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import llguidance
 import numpy as np
@@ -48,7 +49,9 @@ _ANY_OBJECT_SCHEMA = {"type": "object"}
 
 # Building the llguidance token trie takes ~0.4 s (49k vocab) to 1.2-4 s (262k vocab, depending on
 # machine load): once per tokenizer.
-_llg_tokenizers: "weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer]" = weakref.WeakKeyDictionary()
+_llg_tokenizers: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = (
+    weakref.WeakKeyDictionary()
+)
 _llg_tokenizers_lock = threading.Lock()
 
 
@@ -66,16 +69,23 @@ def llg_tokenizer_for(tokenizer) -> llguidance.LLTokenizer:
             return cached
         eog = sorted(int(t) for t in tokenizer.eog_ids)
         if not eog:
-            raise ConstraintError("JSON mode needs an end-of-generation token, and this tokenizer has none")
+            raise ConstraintError(
+                "JSON mode needs an end-of-generation token, and this tokenizer has none"
+            )
         try:
             if hasattr(tokenizer, "piece_bytes"):
                 source = llguidance.TokenizerWrapper(_TokenBytes(tokenizer))
                 n_vocab = int(tokenizer.vocab_size)
             else:
                 source = tokenizer.hf.to_str()
-                n_vocab = max(int(tokenizer.vocab_size), int(tokenizer.hf.get_vocab_size(with_added_tokens=True)))
+                n_vocab = max(
+                    int(tokenizer.vocab_size),
+                    int(tokenizer.hf.get_vocab_size(with_added_tokens=True)),
+                )
             built = llguidance.LLTokenizer(source, n_vocab=n_vocab, eos_token=eog)
-        except Exception as exc:  # llguidance raises plain ValueError/RuntimeError on odd vocabularies
+        except (
+            Exception
+        ) as exc:  # llguidance raises plain ValueError/RuntimeError on odd vocabularies
             raise ConstraintError(f"JSON mode cannot use this model's tokenizer: {exc}") from exc
         _llg_tokenizers[tokenizer] = built
         return built
@@ -91,7 +101,9 @@ class _TokenBytes:
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
-        self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids)
+        self.eos_token_id = (
+            tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids)
+        )
         self.bos_token_id = tokenizer.bos_id
         tokens: list[bytes] = []
         special: list[int] = []
@@ -108,7 +120,9 @@ class _TokenBytes:
         return self._tokenizer.encode(text, add_special=False)
 
 
-def json_grammar(mode: str, schema: Any = None, llg_tokenizer: llguidance.LLTokenizer | None = None) -> str:
+def json_grammar(
+    mode: str, schema: Any = None, llg_tokenizer: llguidance.LLTokenizer | None = None
+) -> str:
     """The llguidance grammar for a JSON mode, validated. `schema` is a dict or JSON text.
 
     Raises ConfigValidationError for an unknown mode and ConstraintError naming what is wrong with
@@ -116,7 +130,9 @@ def json_grammar(mode: str, schema: Any = None, llg_tokenizer: llguidance.LLToke
     Passing the tokenizer also checks the grammar against its vocabulary.
     """
     if mode not in ("object", "schema"):
-        raise ConfigValidationError("json_mode", mode, "one of " + ", ".join(repr(m) for m in JSON_MODES))
+        raise ConfigValidationError(
+            "json_mode", mode, "one of " + ", ".join(repr(m) for m in JSON_MODES)
+        )
     if mode == "object":
         schema = _ANY_OBJECT_SCHEMA
     elif schema is None:
@@ -128,14 +144,17 @@ def json_grammar(mode: str, schema: Any = None, llg_tokenizer: llguidance.LLToke
             raise ConstraintError(f"The JSON schema is not valid JSON: {exc}") from exc
     if not isinstance(schema, dict):
         raise ConstraintError(
-            f"The JSON schema must be a JSON object (got {type(schema).__name__}: {str(schema)[:60]!r})")
+            f"The JSON schema must be a JSON object (got {type(schema).__name__}: {str(schema)[:60]!r})"
+        )
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
         raise ConstraintError(f"The JSON schema cannot be used: {exc}") from exc
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, llg_tokenizer)
     if is_error:
-        raise ConstraintError("The JSON schema is invalid: " + "; ".join(m.strip() for m in messages))
+        raise ConstraintError(
+            "The JSON schema is invalid: " + "; ".join(m.strip() for m in messages)
+        )
     return grammar
 
 
@@ -155,11 +174,15 @@ class JsonConstraint:
     def __init__(self, llg_tokenizer: llguidance.LLTokenizer, grammar: str):
         self._matcher = llguidance.LLMatcher(llg_tokenizer, grammar, log_level=0)
         if self._matcher.is_error():
-            raise ConstraintError(f"The JSON grammar could not be built: {_first_line(self._matcher.get_error())}")
+            raise ConstraintError(
+                f"The JSON grammar could not be built: {_first_line(self._matcher.get_error())}"
+            )
         self.vocab_size = int(llg_tokenizer.vocab_size)
         n_words = (self.vocab_size + 31) // 32
         self._bitmask = np.full((1, n_words), -1, dtype=np.int32)  # llguidance writes here
-        self._mask_ptr = self._bitmask.ctypes.data  # cached: reading .ctypes.data costs microseconds
+        self._mask_ptr = (
+            self._bitmask.ctypes.data
+        )  # cached: reading .ctypes.data costs microseconds
         self._mask_bytes = self._bitmask.nbytes
         self._start: int | None = None  # len(tokens) at the first call = where the answer starts
         self.n_consumed = 0  # answer tokens the matcher has accepted
@@ -172,7 +195,8 @@ class JsonConstraint:
         if not allowed[:n].any():
             raise ConstraintError(
                 f"JSON mode: the grammar allows none of the model's {logits.shape[-1]} tokens after "
-                f"{self.n_consumed} generated tokens")
+                f"{self.n_consumed} generated tokens"
+            )
         # Ids beyond the tokenizer's vocabulary (padded embedding rows) are never valid JSON text.
         logits[n:] = -np.inf
         np.copyto(logits[:n], -np.inf, where=~allowed[:n])
@@ -184,7 +208,8 @@ class JsonConstraint:
         if self._matcher.is_error():
             raise ConstraintError(
                 "JSON mode cannot continue: no token of this model's vocabulary can extend the value "
-                f"after {self.n_consumed} generated tokens ({_first_line(self._matcher.get_error())})")
+                f"after {self.n_consumed} generated tokens ({_first_line(self._matcher.get_error())})"
+            )
         bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
         return bits[: self.vocab_size].view(bool)
 
@@ -192,17 +217,20 @@ class JsonConstraint:
     def accept(self, token_id: int) -> None:
         """Advance over one generated token; a token the grammar forbids raises ConstraintError."""
         if self._start is None:
-            raise ConstraintError("JSON mode: a token was accepted before the first mask was computed")
+            raise ConstraintError(
+                "JSON mode: a token was accepted before the first mask was computed"
+            )
         if not self._matcher.consume_token(int(token_id)):
             raise ConstraintError(
-                f"JSON mode: token {int(token_id)} is not allowed here: {_first_line(self._matcher.get_error())}")
+                f"JSON mode: token {int(token_id)} is not allowed here: {_first_line(self._matcher.get_error())}"
+            )
         self.n_consumed += 1
 
     def _sync(self, tokens: Sequence[int]) -> None:
         if self._start is None:
             self._start = len(tokens)
             return
-        for token_id in tokens[self._start + self.n_consumed:]:
+        for token_id in tokens[self._start + self.n_consumed :]:
             self.accept(token_id)
 
     def rollback(self, n_tokens: int) -> None:
@@ -210,7 +238,9 @@ class JsonConstraint:
         if not 0 <= n_tokens <= self.n_consumed:
             raise ValueError(f"rollback({n_tokens}): must be between 0 and {self.n_consumed}")
         if n_tokens and not self._matcher.rollback(n_tokens):
-            raise ConstraintError(f"JSON mode: rollback failed: {_first_line(self._matcher.get_error())}")
+            raise ConstraintError(
+                f"JSON mode: rollback failed: {_first_line(self._matcher.get_error())}"
+            )
         self.n_consumed -= n_tokens
 
     @property

@@ -43,14 +43,26 @@ def count_prompt_tokens(lm, messages: list[dict]) -> int:
     return len(ids)
 
 
-def fit_conversation(lm, messages: list[dict], *, reserve_tokens: int, policy: str = "drop_oldest",
-                     context_limit: int | None = None) -> FitResult:
+def fit_conversation(
+    lm,
+    messages: list[dict],
+    *,
+    reserve_tokens: int,
+    policy: str = "drop_oldest",
+    context_limit: int | None = None,
+) -> FitResult:
     """Choose the messages to send so that prompt + reserve_tokens <= the context limit."""
     if policy not in POLICIES:
         raise ConfigValidationError("context_policy", policy, f"one of {', '.join(POLICIES)}")
     limit = int(lm.n_ctx if context_limit is None else context_limit)
-    if isinstance(reserve_tokens, bool) or not isinstance(reserve_tokens, int) or not 0 <= reserve_tokens < limit:
-        raise ConfigValidationError("reserve_tokens", reserve_tokens, f"an integer in [0, {limit - 1}]")
+    if (
+        isinstance(reserve_tokens, bool)
+        or not isinstance(reserve_tokens, int)
+        or not 0 <= reserve_tokens < limit
+    ):
+        raise ConfigValidationError(
+            "reserve_tokens", reserve_tokens, f"an integer in [0, {limit - 1}]"
+        )
     if not messages:
         raise ConfigValidationError("messages", messages, "at least one message")
     budget = limit - reserve_tokens
@@ -60,7 +72,11 @@ def fit_conversation(lm, messages: list[dict], *, reserve_tokens: int, policy: s
         n_system += 1
     turn_starts = [i for i in range(n_system, len(messages)) if messages[i].get("role") == "user"]
     # candidate k drops every message before the k-th turn start (k = 0 drops nothing)
-    cut_points = [n_system] + turn_starts[1:] if turn_starts and turn_starts[0] == n_system else [n_system] + turn_starts
+    cut_points = (
+        [n_system] + turn_starts[1:]
+        if turn_starts and turn_starts[0] == n_system
+        else [n_system] + turn_starts
+    )
 
     def candidate(k: int) -> tuple[list[dict], list[int]]:
         cut = cut_points[k]
@@ -80,14 +96,19 @@ def fit_conversation(lm, messages: list[dict], *, reserve_tokens: int, policy: s
     if policy == "refuse":
         raise ContextOverflowError(
             f"The conversation takes {full} tokens; with {reserve_tokens} reserved for the reply it "
-            f"exceeds the context window of {limit} tokens by {full + reserve_tokens - limit}")
+            f"exceeds the context window of {limit} tokens by {full + reserve_tokens - limit}"
+        )
     last = len(cut_points) - 1
     smallest = tokens_for(last)
     if smallest > budget:
         raise ContextOverflowError(
             f"Even the system prompt and the last message take {smallest} tokens; with "
-            f"{reserve_tokens} reserved for the reply that exceeds the context window of {limit} tokens")
-    low, high = 1, last  # invariant: candidate `high` fits; dropping fewer turns than `low` does not
+            f"{reserve_tokens} reserved for the reply that exceeds the context window of {limit} tokens"
+        )
+    low, high = (
+        1,
+        last,
+    )  # invariant: candidate `high` fits; dropping fewer turns than `low` does not
     while low < high:
         mid = (low + high) // 2
         if tokens_for(mid) <= budget:
@@ -95,5 +116,11 @@ def fit_conversation(lm, messages: list[dict], *, reserve_tokens: int, policy: s
         else:
             low = mid + 1
     kept, dropped_indices = candidate(high)
-    return FitResult(kept, [messages[i] for i in dropped_indices], dropped_indices, tokens_for(high),
-                     reserve_tokens, limit)
+    return FitResult(
+        kept,
+        [messages[i] for i in dropped_indices],
+        dropped_indices,
+        tokens_for(high),
+        reserve_tokens,
+        limit,
+    )

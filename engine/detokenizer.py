@@ -19,7 +19,7 @@ Cost per token is O(bytes of that token): nothing is re-decoded.
 from __future__ import annotations
 
 import codecs
-from typing import Iterable
+from collections.abc import Iterable
 
 from engine.tokenizer import clean_spaces, clean_spaces_cut
 

@@ -62,13 +62,19 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from engine.cancel import CancelToken
-from engine.errors import ConfigValidationError, ContextOverflowError, EngineError, MemoryBudgetError
+from engine.errors import (
+    ConfigValidationError,
+    ContextOverflowError,
+    EngineError,
+    MemoryBudgetError,
+)
 from engine.events import (
     FINISH_CANCELLED,
     FINISH_ERROR,
@@ -86,7 +92,13 @@ from engine.events import (
 from engine.generation_config import GenerationConfig
 from engine.presets import ResolvedPreset, resolve_preset
 from engine.reasoning import REASONING, ReasoningSplitter, prompt_opens_reasoning
-from engine.sampling import apply_processors, log_normalizer, make_logits_processors, make_sampler, top_ids
+from engine.sampling import (
+    apply_processors,
+    log_normalizer,
+    make_logits_processors,
+    make_sampler,
+    top_ids,
+)
 from engine.stopping import StopStringMatcher, decide_finish_reason
 
 PREFILL_CHUNK = 256  # tokens per prefill forward; the cancel token is checked between chunks
@@ -120,7 +132,9 @@ class PrefixHit:
 class PrefixCache(Protocol):
     def lookup(self, lm, prompt_ids: Sequence[int], min_capacity: int) -> PrefixHit | None: ...
 
-    def store(self, lm, token_ids: Sequence[int], cache, next_logits: np.ndarray | None) -> None: ...
+    def store(
+        self, lm, token_ids: Sequence[int], cache, next_logits: np.ndarray | None
+    ) -> None: ...
 
 
 class Drafter(Protocol):
@@ -162,12 +176,18 @@ def build_prompt_ids(lm, request: GenerationRequest) -> tuple[list[int], str]:
     """-> (token ids, the prompt text). Exactly one of messages / prompt / prompt_ids."""
     given = [x is not None for x in (request.messages, request.prompt, request.prompt_ids)]
     if sum(given) != 1:
-        raise ConfigValidationError("prompt", "messages/prompt/prompt_ids", "exactly one of messages, prompt, prompt_ids")
+        raise ConfigValidationError(
+            "prompt", "messages/prompt/prompt_ids", "exactly one of messages, prompt, prompt_ids"
+        )
     if request.prompt_ids is not None:
         ids = [int(t) for t in request.prompt_ids]
         text = ""
     else:
-        text = request.prompt if request.prompt is not None else lm.chat_template.render(request.messages, add_generation_prompt=True)
+        text = (
+            request.prompt
+            if request.prompt is not None
+            else lm.chat_template.render(request.messages, add_generation_prompt=True)
+        )
         ids = list(lm.tokenizer.encode(text, add_special=True))
         bos = getattr(lm.tokenizer, "bos_id", None)
         # a template that writes the BOS text itself plus the tokenizer adding one -> one BOS
@@ -178,36 +198,52 @@ def build_prompt_ids(lm, request: GenerationRequest) -> tuple[list[int], str]:
     return ids, text
 
 
-def check_ceilings(lm, n_prompt: int, max_new_tokens: int | None, budget_bytes: int) -> tuple[int, int]:
+def check_ceilings(
+    lm, n_prompt: int, max_new_tokens: int | None, budget_bytes: int
+) -> tuple[int, int]:
     """-> (max_new_tokens, KV capacity). Refuses before anything is allocated."""
     limit = int(lm.n_ctx)
     if n_prompt >= limit:
         raise ContextOverflowError(
             f"The prompt takes {n_prompt} positions, leaving no room to generate in the context "
-            f"window of {limit} positions")
+            f"window of {limit} positions"
+        )
     if max_new_tokens is None:
         max_new_tokens = limit - n_prompt
     elif n_prompt + max_new_tokens > limit:
         raise ContextOverflowError(
             f"prompt ({n_prompt}) + max_new_tokens ({max_new_tokens}) = {n_prompt + max_new_tokens} "
-            f"positions exceeds the context window of {limit} positions")
+            f"positions exceeds the context window of {limit} positions"
+        )
     capacity = n_prompt + max_new_tokens
     needed = kv_bytes_needed(lm, capacity)
     if needed > budget_bytes:
         raise MemoryBudgetError(
             f"The KV cache for {capacity} positions needs {needed} bytes ({needed / 2**20:.1f} MiB), "
-            f"more than the memory budget of {budget_bytes} bytes ({budget_bytes / 2**20:.1f} MiB)")
+            f"more than the memory budget of {budget_bytes} bytes ({budget_bytes / 2**20:.1f} MiB)"
+        )
     return max_new_tokens, capacity
 
 
 def plan_request(lm, request: GenerationRequest) -> _Plan:
     preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
     config = preset.config
-    if not isinstance(request.top_logprobs, int) or not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
-        raise ConfigValidationError("top_logprobs", request.top_logprobs, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+    if (
+        not isinstance(request.top_logprobs, int)
+        or not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS
+    ):
+        raise ConfigValidationError(
+            "top_logprobs", request.top_logprobs, f"an integer in [0, {MAX_TOP_LOGPROBS}]"
+        )
     if request.json_mode not in JSON_MODES:
-        raise ConfigValidationError("json_mode", request.json_mode, f"one of {', '.join(JSON_MODES)}")
-    budget = default_kv_budget_bytes() if request.kv_budget_bytes is None else int(request.kv_budget_bytes)
+        raise ConfigValidationError(
+            "json_mode", request.json_mode, f"one of {', '.join(JSON_MODES)}"
+        )
+    budget = (
+        default_kv_budget_bytes()
+        if request.kv_budget_bytes is None
+        else int(request.kv_budget_bytes)
+    )
     prompt_ids, prompt_text = build_prompt_ids(lm, request)
     max_new, capacity = check_ceilings(lm, len(prompt_ids), config.max_new_tokens, budget)
     seed = None
@@ -247,7 +283,9 @@ def _choose_drafter(lm, request: GenerationRequest, config: GenerationConfig):
             return None
         return default_drafter(lm, config, required=choice is True)
     if not callable(getattr(choice, "draft", None)):
-        raise ConfigValidationError("speculative", choice, "None, True, False or an object with draft(tokens, max_tokens)")
+        raise ConfigValidationError(
+            "speculative", choice, "None, True, False or an object with draft(tokens, max_tokens)"
+        )
     return choice
 
 
@@ -303,7 +341,7 @@ def _prefill(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> np.nd
     while done < len(prompt):
         if cancel.cancelled:
             return None
-        chunk = prompt[done:done + PREFILL_CHUNK]
+        chunk = prompt[done : done + PREFILL_CHUNK]
         logits = lm.model.forward(chunk, cache)
         done += len(chunk)
         progress.fed_tokens.extend(chunk)
@@ -373,7 +411,9 @@ def _decode_steps(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> 
             continue
         # the chosen token is not in the cache yet: feed it, with a draft when there is one
         remaining = plan.max_new_tokens - generated
-        draft = _draft(plan.drafter, tokens, min(remaining - 1, MAX_DRAFT_TOKENS), plan.capacity - len(tokens))
+        draft = _draft(
+            plan.drafter, tokens, min(remaining - 1, MAX_DRAFT_TOKENS), plan.capacity - len(tokens)
+        )
         progress.draft_proposed += len(draft)
         if draft:
             rows = model.forward([step.token_id, *draft], cache, all_logits=True)
@@ -476,10 +516,18 @@ def _token_event(tokenizer, step: _Step, index: int, top_n: int) -> TokenSampled
     logprob = float(step.logits[step.token_id]) - step.log_z
     top: tuple[TopAlternative, ...] = ()
     if top_n:
-        top = tuple(TopAlternative(int(i), tokenizer.piece(int(i)), float(step.logits[i]) - step.log_z)
-                    for i in top_ids(step.logits, top_n))
+        top = tuple(
+            TopAlternative(int(i), tokenizer.piece(int(i)), float(step.logits[i]) - step.log_z)
+            for i in top_ids(step.logits, top_n)
+        )
     # piece(): the token as a person reads it in a token list (partial UTF-8 shown as <0xXX>)
-    return TokenSampled(index=index, token_id=step.token_id, text=tokenizer.piece(step.token_id), logprob=logprob, top=top)
+    return TokenSampled(
+        index=index,
+        token_id=step.token_id,
+        text=tokenizer.piece(step.token_id),
+        logprob=logprob,
+        top=top,
+    )
 
 
 def _store_final_state(lm, plan: _Plan, progress: _Progress) -> None:
@@ -513,7 +561,9 @@ def _usage(lm, plan: _Plan, progress: _Progress, started: float, n_sampled: int)
         decode_ms=decode_ms,
         ttft_ms=ttft_ms,
         prompt_tok_s=prefilled / (prefill_ms / 1000.0) if prefill_ms > 0 and prefilled > 0 else 0.0,
-        decode_tok_s=(n_sampled - 1) / (decode_ms / 1000.0) if decode_ms > 0 and n_sampled > 1 else 0.0,
+        decode_tok_s=(n_sampled - 1) / (decode_ms / 1000.0)
+        if decode_ms > 0 and n_sampled > 1
+        else 0.0,
         context_used=min(n_prompt + n_sampled, int(lm.n_ctx)),
         context_limit=int(lm.n_ctx),
         draft_tokens_proposed=progress.draft_proposed,

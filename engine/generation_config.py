@@ -68,17 +68,21 @@ class GenerationConfig:
         return cls().to_dict()
 
     @classmethod
-    def from_values(cls, values: dict) -> "GenerationConfig":
+    def from_values(cls, values: dict) -> GenerationConfig:
         """Validate and convert a field -> value dict; unknown fields are an error too."""
         known = set(cls.field_names())
         for name in values:
             if name not in known:
-                raise ConfigValidationError(name, values[name], f"a known field ({', '.join(sorted(known))})")
+                raise ConfigValidationError(
+                    name, values[name], f"a known field ({', '.join(sorted(known))})"
+                )
         merged = {**cls.defaults(), **values}
         checked = {name: _VALIDATORS[name](name, merged[name]) for name in cls.field_names()}
         if checked["do_sample"] and checked["temperature"] == 0.0:
             raise ConfigValidationError(
-                "temperature", merged["temperature"], "> 0 when do_sample is true (use do_sample=false for greedy)"
+                "temperature",
+                merged["temperature"],
+                "> 0 when do_sample is true (use do_sample=false for greedy)",
             )
         return cls(**checked)
 

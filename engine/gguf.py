@@ -150,7 +150,9 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         raise
     except (struct.error, ValueError, OverflowError, IndexError, KeyError, MemoryError) as exc:
         # Every bound is checked explicitly; this is the net for anything we did not foresee.
-        raise ModelFileError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+        raise ModelFileError(
+            f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _map_file(path: Path) -> mmap.mmap:
@@ -207,14 +209,18 @@ class _HeaderParser:
     def _string(self, what: str) -> str:
         length = self._u64(f"length of {what}")
         if length > MAX_STRING_BYTES:
-            raise self._fail(f"{what} claims {length} bytes (at most {MAX_STRING_BYTES} allowed; corrupt file?)")
+            raise self._fail(
+                f"{what} claims {length} bytes (at most {MAX_STRING_BYTES} allowed; corrupt file?)"
+            )
         self._need(length, f"{what} ({length} bytes)")
         raw = self.buf[self.pos : self.pos + length]
         self.pos += length
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise self._fail(f"{what} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+            raise self._fail(
+                f"{what} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
 
     # --- sections -------------------------------------------------------------------------------
     def parse(self) -> GGUFFile:
@@ -284,7 +290,9 @@ class _HeaderParser:
             return GGUFValueType(raw)
         except ValueError:
             allowed = ", ".join(f"{t.value} ({t.name})" for t in GGUFValueType)
-            raise self._fail(f"metadata {key!r} has unknown value type {raw} (known: {allowed})") from None
+            raise self._fail(
+                f"metadata {key!r} has unknown value type {raw} (known: {allowed})"
+            ) from None
 
     def _value(self, vtype: GGUFValueType, key: str):
         if vtype == GGUFValueType.STRING:
@@ -315,7 +323,9 @@ class _HeaderParser:
             )
         if element_type in _SCALAR_DTYPES:
             # One numpy read for the whole array (token types, scores): fast and bounded above.
-            values = np.frombuffer(self.buf, dtype=_SCALAR_DTYPES[element_type], count=length, offset=self.pos)
+            values = np.frombuffer(
+                self.buf, dtype=_SCALAR_DTYPES[element_type], count=length, offset=self.pos
+            )
             self.pos += length * min_element
             if element_type == GGUFValueType.BOOL:
                 return [bool(v) for v in values], element_type
@@ -325,7 +335,9 @@ class _HeaderParser:
         if depth >= MAX_ARRAY_NESTING:
             raise self._fail(f"array {key!r} nests arrays deeper than {MAX_ARRAY_NESTING} levels")
         if length > MAX_NESTED_ARRAYS:
-            raise self._fail(f"array {key!r} holds {length} arrays (at most {MAX_NESTED_ARRAYS} allowed; corrupt file?)")
+            raise self._fail(
+                f"array {key!r} holds {length} arrays (at most {MAX_NESTED_ARRAYS} allowed; corrupt file?)"
+            )
         return [self._array(f"{key}[{i}]", depth + 1)[0] for i in range(length)], element_type
 
     def _string_array(self, key: str, length: int) -> list[str]:
@@ -342,7 +354,9 @@ class _HeaderParser:
             pos += 8
             if n > MAX_STRING_BYTES:
                 self.pos = pos
-                raise self._fail(f"{key}[{i}] claims {n} bytes (at most {MAX_STRING_BYTES} allowed; corrupt file?)")
+                raise self._fail(
+                    f"{key}[{i}] claims {n} bytes (at most {MAX_STRING_BYTES} allowed; corrupt file?)"
+                )
             if pos + n > size:
                 self.pos = pos
                 self._need(n, f"{key}[{i}] ({n} bytes)")
@@ -363,7 +377,9 @@ class _HeaderParser:
                 f"general.alignment has type {types['general.alignment'].type.name}, expected UINT32"
             )
         if value <= 0 or value & (value - 1) or value > 1 << 20:
-            raise self._fail(f"general.alignment={value} is invalid: must be a power of two up to 1 MiB")
+            raise self._fail(
+                f"general.alignment={value} is invalid: must be a power of two up to 1 MiB"
+            )
         return value
 
     def _read_tensor_infos(self, count: int) -> list[tuple[str, tuple[int, ...], int, int]]:
@@ -372,7 +388,9 @@ class _HeaderParser:
             name = self._string(f"name of tensor #{index}")
             n_dims = self._u32(f"dimension count of tensor {name!r}")
             if not 1 <= n_dims <= MAX_DIMS:
-                raise self._fail(f"tensor {name!r} has {n_dims} dimensions (allowed: 1 to {MAX_DIMS})")
+                raise self._fail(
+                    f"tensor {name!r} has {n_dims} dimensions (allowed: 1 to {MAX_DIMS})"
+                )
             self._need(8 * n_dims, f"dimensions of tensor {name!r}")
             ne = struct.unpack_from(f"<{n_dims}Q", self.buf, self.pos)
             self.pos += 8 * n_dims
@@ -383,7 +401,9 @@ class _HeaderParser:
 
     def _make_tensors(self, infos, data_offset: int, alignment: int):
         if data_offset > self.size and infos:
-            raise self._fail(f"tensor data would start at offset {data_offset}, past the end of the file")
+            raise self._fail(
+                f"tensor data would start at offset {data_offset}, past the end of the file"
+            )
         whole = np.frombuffer(self.buf, dtype=np.uint8)
         tensors: dict[str, QTensor] = {}
         offsets: dict[str, int] = {}
@@ -392,7 +412,9 @@ class _HeaderParser:
                 raise self._fail(f"tensor {name!r} appears twice")
             qtype = self._tensor_type(name, raw_type)
             if any(d == 0 for d in ne):
-                raise self._fail(f"tensor {name!r} has a zero dimension {list(ne)} (dimensions must be positive)")
+                raise self._fail(
+                    f"tensor {name!r} has a zero dimension {list(ne)} (dimensions must be positive)"
+                )
             n_elements = 1
             for d in ne:
                 n_elements *= d
@@ -408,7 +430,9 @@ class _HeaderParser:
                     f"not a multiple of the {block_size}-value block size"
                 )
             if rel_offset % alignment:
-                raise self._fail(f"tensor {name!r} data offset {rel_offset} is not a multiple of the alignment {alignment}")
+                raise self._fail(
+                    f"tensor {name!r} data offset {rel_offset} is not a multiple of the alignment {alignment}"
+                )
             nbytes = n_elements // block_size * type_size
             start = data_offset + rel_offset
             if start + nbytes > self.size:

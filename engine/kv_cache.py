@@ -28,14 +28,21 @@ class KVCache:
         self.tokens: list[int] = []
 
     @classmethod
-    def for_config(cls, config, n_ctx: int) -> "KVCache":
+    def for_config(cls, config, n_ctx: int) -> KVCache:
         return cls(config.n_layers, n_ctx, config.n_kv_head, config.head_dim)
 
     @staticmethod
     def bytes_needed(config, n_ctx: int) -> int:
         """Bytes K and V take for n_ctx tokens, computed without allocating (Python ints never
         overflow, so absurd n_ctx values give an honest huge number to refuse)."""
-        return 2 * int(config.n_layers) * int(n_ctx) * int(config.n_kv_head) * int(config.head_dim) * _BYTES_PER_ELEMENT
+        return (
+            2
+            * int(config.n_layers)
+            * int(n_ctx)
+            * int(config.n_kv_head)
+            * int(config.head_dim)
+            * _BYTES_PER_ELEMENT
+        )
 
     @property
     def capacity(self) -> int:
@@ -53,7 +60,8 @@ class KVCache:
         """Check that n_new more tokens fit; returns the position of the first one."""
         if self.n_tokens + n_new > self.capacity:
             raise ContextOverflowError(
-                f"{self.n_tokens} cached + {n_new} new tokens exceed the context window of {self.capacity}")
+                f"{self.n_tokens} cached + {n_new} new tokens exceed the context window of {self.capacity}"
+            )
         return self.n_tokens
 
     def commit(self, token_ids) -> None:
@@ -68,7 +76,7 @@ class KVCache:
         del self.tokens[n:]
         self.n_tokens = n
 
-    def clone(self) -> "KVCache":
+    def clone(self) -> KVCache:
         """An independent copy with the same capacity (only the valid rows are copied)."""
         n_layers, capacity, n_kv, head_dim = self.k.shape
         copy = KVCache(n_layers, capacity, n_kv, head_dim)

@@ -3,11 +3,11 @@ chat template), with progress reported for the app's loading screen."""
 
 from __future__ import annotations
 
-import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from engine.config import ModelConfig
 from engine.errors import ConfigValidationError
@@ -39,7 +39,7 @@ class LoadedModel:
         if close is not None:
             close()
 
-    def __enter__(self) -> "LoadedModel":
+    def __enter__(self) -> LoadedModel:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -61,13 +61,20 @@ class LoadedModel:
         return ChatTemplate.from_gguf(self.gguf, self.tokenizer)
 
 
-def load_model(path, *, n_ctx: int | None = None, n_threads: int | None = None,
-               progress: Progress | None = None) -> LoadedModel:
+def load_model(
+    path,
+    *,
+    n_ctx: int | None = None,
+    n_threads: int | None = None,
+    progress: Progress | None = None,
+) -> LoadedModel:
     """Open, validate and prepare a model. Raises ModelFileError / UnsupportedModelError /
     TokenizerError / ConfigValidationError (n_ctx, n_threads) before any large allocation."""
     report = progress or (lambda stage, fraction: None)
     path = Path(path)
-    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
+    if n_threads is not None and (
+        isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1
+    ):
         raise ConfigValidationError("n_threads", n_threads, "an integer >= 1")
 
     report("reading model file", 0.0)
@@ -85,15 +92,13 @@ def load_model(path, *, n_ctx: int | None = None, n_threads: int | None = None,
 
     report("preparing weights", 0.9)
     model = build_model(gguf_file, config, backend)
-    loaded = LoadedModel(path=path, gguf=gguf_file, config=config, model=model, n_ctx=n_ctx,
-                         backend=backend)
+    loaded = LoadedModel(
+        path=path, gguf=gguf_file, config=config, model=model, n_ctx=n_ctx, backend=backend
+    )
     report("tokenizer", 0.95)
-    # Build tokenizer and template now so a broken vocabulary or template fails the load. Until
-    # those modules exist in a build, they stay lazy and the forward pass is usable on its own.
-    if importlib.util.find_spec("engine.tokenizer") is not None:
-        loaded.tokenizer
-    if importlib.util.find_spec("engine.chat_template") is not None:
-        loaded.chat_template
+    # Build tokenizer and template now so a broken vocabulary or template fails the load, not
+    # the first request.
+    _ = loaded.tokenizer, loaded.chat_template
     report("ready", 1.0)
     return loaded
 
@@ -101,7 +106,14 @@ def load_model(path, *, n_ctx: int | None = None, n_threads: int | None = None,
 def _resolve_n_ctx(n_ctx: int | None, config: ModelConfig) -> int:
     if n_ctx is None:
         return min(config.context_length, DEFAULT_MAX_CONTEXT)
-    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 1 <= n_ctx <= config.context_length:
-        raise ConfigValidationError("n_ctx", n_ctx, f"an integer from 1 to {config.context_length} "
-                                    "(the model's training context)")
+    if (
+        isinstance(n_ctx, bool)
+        or not isinstance(n_ctx, int)
+        or not 1 <= n_ctx <= config.context_length
+    ):
+        raise ConfigValidationError(
+            "n_ctx",
+            n_ctx,
+            f"an integer from 1 to {config.context_length} (the model's training context)",
+        )
     return n_ctx

@@ -31,8 +31,8 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -54,7 +54,9 @@ class PrefixReuse:
 
 @dataclass
 class _Entry:
-    model_ref: weakref.ref  # the model whose K/V these are; entries of an unloaded model are dropped
+    model_ref: (
+        weakref.ref
+    )  # the model whose K/V these are; entries of an unloaded model are dropped
     tokens: tuple[int, ...]
     k: np.ndarray  # (n_layers, len(tokens), n_kv_heads, head_dim), same dtype as the KVCache
     v: np.ndarray
@@ -79,10 +81,12 @@ class PrefixCache:
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, *, min_reuse_tokens: int = 1):
         if not isinstance(budget_bytes, int) or budget_bytes < 0:
-            raise ConfigValidationError("prefix_cache_budget_bytes", budget_bytes, "an integer >= 0")
+            raise ConfigValidationError(
+                "prefix_cache_budget_bytes", budget_bytes, "an integer >= 0"
+            )
         self.budget_bytes = budget_bytes
         self.min_reuse_tokens = max(1, int(min_reuse_tokens))
-        self._entries: "OrderedDict[int, _Entry]" = OrderedDict()  # oldest first
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # oldest first
         self._next_id = 0
         self._lock = threading.Lock()
         # Counters for the app's status line and the benchmark.
@@ -117,8 +121,13 @@ class PrefixCache:
                     continue
                 n = common_prefix_length(entry.tokens, prompt)
                 # Prefer the longer match; on a tie, the entry that also has the logits.
-                if n > best_n or (n == best_n and n and best_id is not None
-                                  and n in entry.logits_at and n not in self._entries[best_id].logits_at):
+                if n > best_n or (
+                    n == best_n
+                    and n
+                    and best_id is not None
+                    and n in entry.logits_at
+                    and n not in self._entries[best_id].logits_at
+                ):
                     best_id, best_n = entry_id, n
             if best_id is None or best_n < self.min_reuse_tokens:
                 return None
@@ -141,7 +150,8 @@ class PrefixCache:
             # Never store rows that do not belong to token_ids (a half-written state).
             raise ValueError(
                 f"prefix cache store: the KV cache holds {cache.n_tokens} tokens that differ from the "
-                f"{len(tokens)} token ids given")
+                f"{len(tokens)} token ids given"
+            )
         model = lm.model
         logits = None if next_logits is None else np.array(next_logits, dtype=np.float32)
         with self._lock:
@@ -164,7 +174,9 @@ class PrefixCache:
                     carried.update(entry.logits_at)
                     del self._entries[entry_id]
             n = len(tokens)
-            entry = _Entry(weakref.ref(model), tokens, cache.k[:, :n].copy(), cache.v[:, :n].copy(), carried)
+            entry = _Entry(
+                weakref.ref(model), tokens, cache.k[:, :n].copy(), cache.v[:, :n].copy(), carried
+            )
             if logits is not None:
                 entry.logits_at[n] = logits
             if entry.nbytes > self.budget_bytes:

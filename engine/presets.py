@@ -63,8 +63,14 @@ _HF_FIELDS = {
     "stop_strings": "stop",
 }
 # keys that mark a JSON file as a generation config (as opposed to e.g. a model config.json)
-_HF_GENERATION_MARKERS = set(_HF_FIELDS) | {"eos_token_id", "bos_token_id", "pad_token_id", "max_length",
-                                            "num_beams", "transformers_version"}
+_HF_GENERATION_MARKERS = set(_HF_FIELDS) | {
+    "eos_token_id",
+    "bos_token_id",
+    "pad_token_id",
+    "max_length",
+    "num_beams",
+    "transformers_version",
+}
 _MODEL_CONFIG_MARKERS = {"architectures", "model_type", "hidden_size", "vocab_size"}
 
 # GGUF general.sampling.<key> -> our field (temp handled apart: it also decides do_sample)
@@ -91,14 +97,22 @@ class ResolvedPreset:
 
     def to_dict(self) -> dict:
         """{"values": {...}, "sources": {...}, "notes": [...]}: what the CLI and the app show."""
-        return {"values": dict(self.values), "sources": dict(self.sources), "notes": list(self.notes)}
+        return {
+            "values": dict(self.values),
+            "sources": dict(self.sources),
+            "notes": list(self.notes),
+        }
 
     def records(self) -> dict:
         """field -> {"value": v, "source": s}, for a table of values with provenance."""
-        return {name: {"value": self.values[name], "source": self.sources[name]} for name in self.values}
+        return {
+            name: {"value": self.values[name], "source": self.sources[name]} for name in self.values
+        }
 
 
-def resolve_preset(lm_or_path, saved: dict | None = None, overrides: dict | None = None) -> ResolvedPreset:
+def resolve_preset(
+    lm_or_path, saved: dict | None = None, overrides: dict | None = None
+) -> ResolvedPreset:
     """Merge the sources for a loaded model (anything with `.path` and `.gguf.metadata`) or a GGUF
     path, validate, and return values with provenance. Raises ConfigValidationError or
     PresetFileError."""
@@ -122,7 +136,9 @@ def resolve_preset(lm_or_path, saved: dict | None = None, overrides: dict | None
         config = GenerationConfig.from_values(values)
     except ConfigValidationError as exc:
         source = sources.get(exc.field, SOURCE_OVERRIDE)
-        raise ConfigValidationError(exc.field, exc.value, f"{exc.allowed} (value from {source})") from None
+        raise ConfigValidationError(
+            exc.field, exc.value, f"{exc.allowed} (value from {source})"
+        ) from None
     return ResolvedPreset(config.to_dict(), sources, tuple(notes), frozenset(extra_eog))
 
 
@@ -132,7 +148,9 @@ def _checked_field_names(layer: dict, source: str) -> dict:
     known = GenerationConfig.field_names()
     for name, value in layer.items():
         if name not in known:
-            raise ConfigValidationError(name, value, f"a known field ({', '.join(known)}) in the {source}")
+            raise ConfigValidationError(
+                name, value, f"a known field ({', '.join(known)}) in the {source}"
+            )
     # None in a saved preset or override means "not set here" for every field, so lower sources
     # still apply (to get a fresh random seed, leave seed out everywhere: the default is None)
     return {name: value for name, value in layer.items() if value is not None}
@@ -157,10 +175,15 @@ def gguf_sampling_values(metadata: dict, notes: list[str] | None = None) -> dict
     for key, raw in metadata.items():
         if not key.startswith(_GGUF_PREFIX):
             continue
-        name = key[len(_GGUF_PREFIX):]
+        name = key[len(_GGUF_PREFIX) :]
         value = _plain(raw)
         if name == "temp":
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value <= 0:
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value <= 0
+            ):
                 values["do_sample"], values["temperature"] = False, 0.0
             else:
                 values["do_sample"], values["temperature"] = True, value
@@ -184,7 +207,10 @@ def _plain(value):
 # --- generation_config.json ----------------------------------------------------------------------
 def generation_config_paths(gguf_path: Path) -> list[tuple[Path, bool]]:
     """Candidate files, most specific first, with whether they must be a generation config."""
-    return [(gguf_path.with_suffix(".json"), False), (gguf_path.parent / "generation_config.json", True)]
+    return [
+        (gguf_path.with_suffix(".json"), False),
+        (gguf_path.parent / "generation_config.json", True),
+    ]
 
 
 def _generation_config_values(gguf_path: Path | None, notes: list[str]) -> tuple[dict, set[int]]:
@@ -233,8 +259,12 @@ def _translate_hf(data: dict, path: Path) -> tuple[dict, set[int]]:
         extra = set()
     elif isinstance(eos, int) and not isinstance(eos, bool) and eos >= 0:
         extra = {eos}
-    elif isinstance(eos, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
+    elif isinstance(eos, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos
+    ):
         extra = set(eos)
     else:
-        raise PresetFileError(f"{path}: eos_token_id={eos!r} must be a token id or a list of token ids")
+        raise PresetFileError(
+            f"{path}: eos_token_id={eos!r} must be a token id or a list of token ids"
+        )
     return values, extra

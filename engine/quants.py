@@ -9,7 +9,7 @@ loops. Whole tensors are dequantized in chunks of blocks so temporaries stay sma
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -46,6 +46,7 @@ def _bits(words: np.ndarray, count: int) -> np.ndarray:
 
 # Arithmetic below is done in place on the one float32 array each function returns: numpy
 # temporaries, not arithmetic, are what costs time here (measured 2.5x on Q4_0).
+
 
 # --- 32-value blocks ------------------------------------------------------------------------------
 def _blocks_q4_0(b: np.ndarray) -> np.ndarray:
@@ -173,7 +174,9 @@ def _blocks_q5_k(b: np.ndarray) -> np.ndarray:
     n = len(b)
     qs = b[:, 48:176].reshape(n, 4, 1, 32)
     q5 = ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(n, 8, 32)
-    q5 |= ((b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1) << 4
+    q5 |= (
+        (b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    ) << 4
     return _k_scale_and_subtract(b, q5.astype(np.float32))
 
 

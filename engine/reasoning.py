@@ -44,13 +44,13 @@ class ReasoningSplitter:
             at = buffer.find(tag)
             if at != -1:
                 self._emit(parts, buffer[:at])
-                buffer = buffer[at + len(tag):]
+                buffer = buffer[at + len(tag) :]
                 self._inside = not self._inside
                 self._skip_whitespace = True
                 continue
             keep = _partial_tag_suffix(buffer, tag)
             self._emit(parts, buffer[: len(buffer) - keep])
-            self._held = buffer[len(buffer) - keep:] if keep else ""
+            self._held = buffer[len(buffer) - keep :] if keep else ""
             break
         return parts
 

@@ -14,7 +14,7 @@ only the candidates are sorted; nothing loops over the vocabulary in Python.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -35,7 +35,9 @@ def make_logits_processors(cfg: GenerationConfig, n_prompt: int = 0) -> list[Log
     if cfg.repetition_penalty != 1.0 and cfg.repeat_last_n != 0:
         processors.append(repetition_penalty_processor(cfg.repetition_penalty, cfg.repeat_last_n))
     if cfg.presence_penalty != 0.0 or cfg.frequency_penalty != 0.0:
-        processors.append(presence_frequency_processor(cfg.presence_penalty, cfg.frequency_penalty, n_prompt))
+        processors.append(
+            presence_frequency_processor(cfg.presence_penalty, cfg.frequency_penalty, n_prompt)
+        )
     return processors
 
 
@@ -53,7 +55,9 @@ def repetition_penalty_processor(penalty: float, last_n: int) -> LogitsProcessor
     return apply
 
 
-def presence_frequency_processor(presence: float, frequency: float, n_prompt: int) -> LogitsProcessor:
+def presence_frequency_processor(
+    presence: float, frequency: float, n_prompt: int
+) -> LogitsProcessor:
     def apply(tokens: Sequence[int], logits: np.ndarray) -> np.ndarray:
         generated = tokens[n_prompt:]
         if len(generated) == 0:
@@ -67,7 +71,9 @@ def presence_frequency_processor(presence: float, frequency: float, n_prompt: in
     return apply
 
 
-def apply_processors(processors: Sequence[LogitsProcessor], tokens: Sequence[int], logits: np.ndarray) -> np.ndarray:
+def apply_processors(
+    processors: Sequence[LogitsProcessor], tokens: Sequence[int], logits: np.ndarray
+) -> np.ndarray:
     for process in processors:
         logits = process(tokens, logits)
     return logits
@@ -113,7 +119,9 @@ def kth_largest(values: np.ndarray, k: int, peak: float | None = None) -> float:
     return float(np.partition(values, vocab - k)[vocab - k])
 
 
-def sampling_distribution(cfg: GenerationConfig, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sampling_distribution(
+    cfg: GenerationConfig, logits: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The candidate ids and their renormalised probabilities after temperature, top-k, top-p and
     min-p. When any truncation applies, ids come in descending probability with ties by ascending
     id; with none, in id order. Either way the order is a fixed function of the logits, so a draw
@@ -135,7 +143,9 @@ def sampling_distribution(cfg: GenerationConfig, logits: np.ndarray) -> tuple[np
         probs = np.exp((x[candidates].astype(np.float64) - peak) / temperature)
         probs /= probs.sum()
     elif cfg.top_p < 1.0:
-        scaled = np.exp((x - np.float32(peak)) / np.float32(temperature))  # float32, whole vocabulary
+        scaled = np.exp(
+            (x - np.float32(peak)) / np.float32(temperature)
+        )  # float32, whole vocabulary
         total = float(np.sum(scaled, dtype=np.float64))
         candidates = _nucleus_superset(x, scaled, total, cfg.top_p)
         # probabilities relative to the whole vocabulary, so top-p below sees true masses
@@ -146,7 +156,9 @@ def sampling_distribution(cfg: GenerationConfig, logits: np.ndarray) -> tuple[np
         probs = np.exp((x[candidates].astype(np.float64) - peak) / temperature)
         probs /= probs.sum()
     else:
-        probs = np.exp((x - np.float32(peak)) / np.float32(temperature))  # float32 is plenty to draw from
+        probs = np.exp(
+            (x - np.float32(peak)) / np.float32(temperature)
+        )  # float32 is plenty to draw from
         return np.arange(vocab), probs / np.sum(probs, dtype=np.float64)
     # candidates are in ascending id order (flatnonzero), so a stable sort on -probs gives
     # descending probability with ties by ascending id, ~2x faster than lexsort on both keys

@@ -23,7 +23,7 @@ most likely to continue the same way (the text being rewritten is the last thing
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from engine.errors import ConfigValidationError
 
@@ -37,19 +37,34 @@ class PromptLookupDrafter:
     """`draft(tokens, max_tokens) -> list[int]`: the continuation of the longest suffix n-gram
     (max_ngram down to min_ngram tokens) found earlier in `tokens`, or [] when none is."""
 
-    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM,
-                 max_draft: int = DEFAULT_MAX_DRAFT, adaptive: bool = True):
-        if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram <= 16):
-            raise ConfigValidationError("speculative_ngram", (min_ngram, max_ngram), "integers with 1 <= min <= max <= 16")
+    def __init__(
+        self,
+        max_ngram: int = DEFAULT_MAX_NGRAM,
+        min_ngram: int = DEFAULT_MIN_NGRAM,
+        max_draft: int = DEFAULT_MAX_DRAFT,
+        adaptive: bool = True,
+    ):
+        if not (
+            isinstance(min_ngram, int)
+            and isinstance(max_ngram, int)
+            and 1 <= min_ngram <= max_ngram <= 16
+        ):
+            raise ConfigValidationError(
+                "speculative_ngram", (min_ngram, max_ngram), "integers with 1 <= min <= max <= 16"
+            )
         if not (isinstance(max_draft, int) and 1 <= max_draft <= 64):
             raise ConfigValidationError("speculative_max_draft", max_draft, "an integer in [1, 64]")
         self.max_ngram, self.min_ngram, self.max_draft = max_ngram, min_ngram, max_draft
         self.adaptive = adaptive
         self.draft_length = min(INITIAL_DRAFT, max_draft) if adaptive else max_draft
-        self._pending: tuple[int, list[int]] | None = None  # (sequence length, draft) not yet judged
+        self._pending: tuple[int, list[int]] | None = (
+            None  # (sequence length, draft) not yet judged
+        )
         self._seq: list[int] = []  # the tokens indexed so far (a copy: the caller's list changes)
         # per n: n-gram tuple -> index of the token that followed its latest occurrence
-        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
+        self._index: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(min_ngram, max_ngram + 1)
+        }
 
     def draft(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
         self._sync(tokens)
@@ -63,7 +78,7 @@ class PromptLookupDrafter:
                 continue
             follow = self._index[n].get(tuple(seq[-n:]))
             if follow is not None:
-                proposal = seq[follow:follow + limit]
+                proposal = seq[follow : follow + limit]
                 self._pending = (len(seq), proposal)
                 return list(proposal)
         return []
@@ -74,7 +89,7 @@ class PromptLookupDrafter:
             return
         at, proposal = self._pending
         appended = self._seq[at:]
-        if len(appended) <= len(proposal) and appended == proposal[:len(appended)]:
+        if len(appended) <= len(proposal) and appended == proposal[: len(appended)]:
             return  # not judged yet: the loop has not gone past the draft
         self._pending = None
         if not self.adaptive:
@@ -91,7 +106,11 @@ class PromptLookupDrafter:
         """Index tokens appended since the last call; start over if the sequence was changed."""
         seq = self._seq
         known = len(seq)
-        if len(tokens) < known or (known and int(tokens[known - 1]) != seq[-1]) or (known and int(tokens[0]) != seq[0]):
+        if (
+            len(tokens) < known
+            or (known and int(tokens[known - 1]) != seq[-1])
+            or (known and int(tokens[0]) != seq[0])
+        ):
             self._seq = seq = []
             for table in self._index.values():
                 table.clear()
@@ -103,7 +122,7 @@ class PromptLookupDrafter:
             end = len(seq) - 1
             for n, table in self._index.items():
                 if end >= n:
-                    table[tuple(seq[end - n:end])] = end
+                    table[tuple(seq[end - n : end])] = end
 
 
 def default_drafter(lm, config, required: bool = False) -> PromptLookupDrafter | None:

@@ -90,7 +90,7 @@ class StopStringMatcher:
             self._matched, self._held = match, ""
             return buffer[:match_at], True
         keep = self._longest_partial_suffix(buffer)
-        self._held = buffer[len(buffer) - keep:] if keep else ""
+        self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep], False
 
     def flush(self) -> str:

@@ -30,6 +30,7 @@ does share i of n of its work (the kernels call it tid / n_threads; it is a chun
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -79,7 +80,8 @@ define internal void @wake_all(ptr %gen) {
 def _wait_ir(word: str, seen: str, tag: str, sleep: bool) -> str:
     """Wait until the i32 at `word` differs from `seen`: spin, then yield, then (optionally)
     futex sleep. Falls through to label %{tag}_go with the new value in %{tag}_g."""
-    sleep_part = f"""
+    sleep_part = (
+        f"""
 {tag}_sleep0:
   %{tag}_s1 = atomicrmw add ptr %sleepers, i32 1 seq_cst
   %{tag}_g2 = load atomic i32, ptr {word} seq_cst, align 4
@@ -91,7 +93,10 @@ def _wait_ir(word: str, seen: str, tag: str, sleep: bool) -> str:
 {tag}_woke:
   %{tag}_s2 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
   br label %{tag}_wait
-""" if sleep else ""
+"""
+        if sleep
+        else ""
+    )
     after_yield = f"%{tag}_sleep0" if sleep else f"%{tag}_do_yield"
     return f"""
   %{tag}_t0 = call i64 @llvm.readcyclecounter()
@@ -121,14 +126,14 @@ def _wait_ir(word: str, seen: str, tag: str, sleep: bool) -> str:
 # (epoch << 32 | next chunk); a successful compare-and-swap on (epoch, i) proves job `epoch` was
 # still incomplete, so the fn/args/n read after loading the counter belong to it (the caller
 # rewrites them only after a job completes, and first moves the counter to (epoch+1, LOCKED)).
-_CLAIM_IR = f"""
-define internal void @claim_chunks(ptr %st) {{
+_CLAIM_IR = """
+define internal void @claim_chunks(ptr %st) {
 entry:
-  %ctr = getelementptr i8, ptr %st, i64 {{CTR}}
-  %done = getelementptr i8, ptr %st, i64 {{DONE}}
-  %fnp = getelementptr i8, ptr %st, i64 {{FN}}
-  %argp = getelementptr i8, ptr %st, i64 {{ARGS}}
-  %np = getelementptr i8, ptr %st, i64 {{NCHUNKS}}
+  %ctr = getelementptr i8, ptr %st, i64 {CTR}
+  %done = getelementptr i8, ptr %st, i64 {DONE}
+  %fnp = getelementptr i8, ptr %st, i64 {FN}
+  %argp = getelementptr i8, ptr %st, i64 {ARGS}
+  %np = getelementptr i8, ptr %st, i64 {NCHUNKS}
   br label %claim
 claim:
   %v = load atomic i64, ptr %ctr acquire, align 8
@@ -141,7 +146,7 @@ claim:
 try:
   %v1 = add i64 %v, 1
   %cx = cmpxchg ptr %ctr, i64 %v, i64 %v1 acq_rel acquire
-  %ok = extractvalue {{ i64, i1 }} %cx, 1
+  %ok = extractvalue { i64, i1 } %cx, 1
   br i1 %ok, label %run, label %claim
 run:
   call void %fn(ptr %args, i32 %idx, i32 %n)
@@ -149,13 +154,20 @@ run:
   br label %claim
 out:
   ret void
-}}
+}
 """
 
 
-def pool_ir(linux: bool = sys.platform.startswith("linux") and os.uname().machine == "x86_64") -> str:
-    claim = (_CLAIM_IR.replace("{CTR}", str(_CTR)).replace("{DONE}", str(_DONE))
-             .replace("{FN}", str(_FN)).replace("{ARGS}", str(_ARGS)).replace("{NCHUNKS}", str(_NCHUNKS)))
+def pool_ir(
+    linux: bool = sys.platform.startswith("linux") and os.uname().machine == "x86_64",
+) -> str:
+    claim = (
+        _CLAIM_IR.replace("{CTR}", str(_CTR))
+        .replace("{DONE}", str(_DONE))
+        .replace("{FN}", str(_FN))
+        .replace("{ARGS}", str(_ARGS))
+        .replace("{NCHUNKS}", str(_NCHUNKS))
+    )
     return f"""
 declare i32 @sched_yield()
 declare i64 @llvm.readcyclecounter()
@@ -277,14 +289,20 @@ class ThreadPool:
         # Chunks per job: several per thread so whoever is running picks up the slack.
         self.default_chunks = 1 if n == 1 else CHUNKS_PER_THREAD * n
         self._state_ptr = self._state.ctypes.data
-        self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int32)(
-            library.address("pool_run"))
+        self._run = ctypes.CFUNCTYPE(
+            None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32
+        )(library.address("pool_run"))
         self._stop = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(library.address("pool_stop"))
-        worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)(library.address("pool_worker"))
+        worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)(
+            library.address("pool_worker")
+        )
         self._threads = [
-            threading.Thread(target=worker, args=(self._state_ptr, tid), daemon=True,
-                             name=f"localchat-kernel-{tid}")
+            threading.Thread(
+                target=worker,
+                args=(self._state_ptr, tid),
+                daemon=True,
+                name=f"localchat-kernel-{tid}",
+            )
             for tid in range(1, n)
         ]
         for t in self._threads:
@@ -306,7 +324,5 @@ class ThreadPool:
                 t.join()
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

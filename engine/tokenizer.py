@@ -54,9 +54,10 @@ import re
 import threading
 import weakref
 from array import array
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import platformdirs
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
@@ -69,7 +70,15 @@ log = logging.getLogger(__name__)
 SUPPORTED_MODELS = ("gpt2", "llama")
 
 # GGUF token types (gguf.TokenType) and llama.cpp's token attribute bits derived from them.
-TYPE_UNDEFINED, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(7)
+(
+    TYPE_UNDEFINED,
+    TYPE_NORMAL,
+    TYPE_UNKNOWN,
+    TYPE_CONTROL,
+    TYPE_USER_DEFINED,
+    TYPE_UNUSED,
+    TYPE_BYTE,
+) = range(7)
 ATTR_UNDEFINED = 0
 ATTR_UNKNOWN = 1 << 0
 ATTR_UNUSED = 1 << 1
@@ -112,7 +121,9 @@ class PreTokenizer:
     regexes: tuple[str, ...]  # applied in sequence; matches and the text between both kept
     ignore_merges: bool = False  # a word that is itself in the vocab is one token (llama3)
     add_bos_default: bool = False  # BOS when the file has no add_bos_token key
-    clean_spaces: bool = False  # detokenize with llama.cpp's " ," -> "," clean-up (see clean_spaces())
+    clean_spaces: bool = (
+        False  # detokenize with llama.cpp's " ," -> "," clean-up (see clean_spaces())
+    )
 
 
 _DEFAULT_RULES = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_FULL, r"\p{N}+", r"[0-9][0-9][0-9]")
@@ -130,7 +141,9 @@ _PRE_FAMILIES: dict[tuple[str, ...], PreTokenizer] = {
     ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"): PreTokenizer((_QWEN2,)),
     ("megrez", "stablelm2"): PreTokenizer((_QWEN2,), clean_spaces=True),
 }  # fmt: skip
-PRE_TOKENIZERS: dict[str, PreTokenizer] = {name: pre for names, pre in _PRE_FAMILIES.items() for name in names}
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    name: pre for names, pre in _PRE_FAMILIES.items() for name in names
+}
 
 # Token texts llama.cpp treats as end-of-generation (llama-vocab.cpp, "special_eog_ids").
 _EOG_TEXTS = frozenset({
@@ -211,10 +224,14 @@ class Tokenizer:
         self.vocab_size = len(tokens)
         self._special_pieces = self._render_all()
         # User-visible text hides control and unknown tokens (token_to_piece with special=False).
-        self._pieces = [b"" if a & _HIDDEN else p for a, p in zip(attrs, self._special_pieces)]
+        self._pieces = [
+            b"" if a & _HIDDEN else p for a, p in zip(attrs, self._special_pieces, strict=True)
+        ]
         # (text, id), longest UTF-8 text first; ties keep id order (llama.cpp leaves them unspecified).
         partitioned = [i for i, a in enumerate(attrs) if a & _PARTITIONED]
-        self._specials = sorted(((tokens[i], i) for i in partitioned), key=lambda t: -len(t[0].encode()))
+        self._specials = sorted(
+            ((tokens[i], i) for i in partitioned), key=lambda t: -len(t[0].encode())
+        )
         self._special_first_chars = frozenset(text[0] for text, _ in self._specials)
         # Ids of recently encoded fragments (text between special tokens: in a chat, one message
         # each). A chat re-sends the whole conversation every turn and it is tokenized more than
@@ -355,24 +372,9 @@ class Tokenizer:
             self.__dict__["_special_start_re"] = re.compile("[" + re.escape(starts) + "]")
             self.__dict__["_trie"] = trie = (trie, end_key)
         return trie
-        for special, special_id in self._specials:
-            if special not in text:
-                continue
-            split: list[str | int] = []
-            for fragment in fragments:
-                if isinstance(fragment, int) or special not in fragment:
-                    split.append(fragment)
-                    continue
-                parts = fragment.split(special)
-                for k, part in enumerate(parts):
-                    if k:
-                        split.append(special_id)
-                    if part:
-                        split.append(part)
-            fragments = split
-        return fragments
 
     # --- decoding ----------------------------------------------------------------------------
+
     def piece_bytes(self, token_id: int, *, special: bool = False) -> bytes:
         """The bytes one token contributes to text (llama.cpp token_to_piece): with special=False
         control tokens give b"", byte pieces one byte, "▁" a space. `decode` additionally drops
@@ -431,8 +433,13 @@ class Tokenizer:
         return table
 
     def _check_id(self, token_id: int) -> None:
-        if not (isinstance(token_id, int) or hasattr(token_id, "__index__")) or not 0 <= token_id < self.vocab_size:
-            raise TokenizerError(f"token id {token_id!r} is out of range: the vocabulary has ids 0..{self.vocab_size - 1}")
+        if (
+            not (isinstance(token_id, int) or hasattr(token_id, "__index__"))
+            or not 0 <= token_id < self.vocab_size
+        ):
+            raise TokenizerError(
+                f"token id {token_id!r} is out of range: the vocabulary has ids 0..{self.vocab_size - 1}"
+            )
 
     def _render_all(self) -> list[bytes]:
         """_render for every id; the common case (normal pieces) in one comprehension."""
@@ -440,7 +447,10 @@ class Tokenizer:
             fast = [t.replace(SPACE_ESCAPE, " ").encode("utf-8") for t in self.tokens]
         else:
             fast = [_byte_level_decode(t) for t in self.tokens]
-        return [p if a == ATTR_NORMAL else self._render(i) for i, (a, p) in enumerate(zip(self.attrs, fast))]
+        return [
+            p if a == ATTR_NORMAL else self._render(i)
+            for i, (a, p) in enumerate(zip(self.attrs, fast, strict=True))
+        ]
 
     def _render(self, token_id: int) -> bytes:
         """llama.cpp's token_to_piece(special=True) for one id (before the first-token space strip)."""
@@ -501,7 +511,9 @@ def clean_spaces(text: bytes) -> bytes:
             x1 = buf[i + 1]
             if x1 in b"sm":
                 out.pop()
-            elif x1 not in b"td" and i + 2 < n and (x1, buf[i + 2]) in ((0x72, 0x65), (0x76, 0x65)):  # 're 've
+            elif (
+                x1 not in b"td" and i + 2 < n and (x1, buf[i + 2]) in ((0x72, 0x65), (0x76, 0x65))
+            ):  # 're 've
                 out.pop()
         out.append(x)
     return bytes(out)
@@ -586,13 +598,17 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
         )
     tokens = metadata.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, (list, tuple)) or not tokens:
-        raise TokenizerError("the model file has no vocabulary (tokenizer.ggml.tokens is missing or empty)")
+        raise TokenizerError(
+            "the model file has no vocabulary (tokenizer.ggml.tokens is missing or empty)"
+        )
     n = len(tokens)
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # as llama.cpp does
     if not all(isinstance(t, str) for t in tokens):
         raise TokenizerError("tokenizer.ggml.tokens must be an array of strings")
     types = _meta_list(metadata, "tokenizer.ggml.token_type", n, "integers")
-    attrs = [_TYPE_TO_ATTR.get(t, ATTR_UNDEFINED) for t in types[:n]] if types else [ATTR_NORMAL] * n
+    attrs = (
+        [_TYPE_TO_ATTR.get(t, ATTR_UNDEFINED) for t in types[:n]] if types else [ATTR_NORMAL] * n
+    )
     scores = _meta_list(metadata, "tokenizer.ggml.scores", n, "numbers")
     scores = [float(s) for s in scores[:n]] if scores else [0.0] * n
 
@@ -615,22 +631,47 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
 
     add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default))
     add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
-    add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", add_space_prefix_default))
+    add_space_prefix = bool(
+        metadata.get("tokenizer.ggml.add_space_prefix", add_space_prefix_default)
+    )
     bos_id = _meta_id(metadata, "tokenizer.ggml.bos_token_id", n)
     eos_id = _meta_id(metadata, "tokenizer.ggml.eos_token_id", n)
     if model == "llama":  # llama.cpp's SPM defaults when the file names none
-        bos_id = 1 if bos_id is None and "tokenizer.ggml.bos_token_id" not in metadata and n > 1 else bos_id
-        eos_id = 2 if eos_id is None and "tokenizer.ggml.eos_token_id" not in metadata and n > 2 else eos_id
+        bos_id = (
+            1
+            if bos_id is None and "tokenizer.ggml.bos_token_id" not in metadata and n > 1
+            else bos_id
+        )
+        eos_id = (
+            2
+            if eos_id is None and "tokenizer.ggml.eos_token_id" not in metadata and n > 2
+            else eos_id
+        )
     if add_bos and bos_id is None:
-        raise TokenizerError("tokenizer.ggml.add_bos_token is set but the file has no valid bos_token_id")
+        raise TokenizerError(
+            "tokenizer.ggml.add_bos_token is set but the file has no valid bos_token_id"
+        )
     if add_eos and eos_id is None:
-        raise TokenizerError("tokenizer.ggml.add_eos_token is set but the file has no valid eos_token_id")
+        raise TokenizerError(
+            "tokenizer.ggml.add_eos_token is set but the file has no valid eos_token_id"
+        )
 
     vocab = _vocab_dict(tokens)
     eot_id, eog_ids = _end_of_generation(metadata, tokens, attrs, eos_id, n, vocab)
 
     if model == "llama":
-        hf = _build_spm(tokens, vocab, attrs, scores, add_space_prefix, metadata, bos_id, eos_id, add_bos, add_eos)
+        hf = _build_spm(
+            tokens,
+            vocab,
+            attrs,
+            scores,
+            add_space_prefix,
+            metadata,
+            bos_id,
+            eos_id,
+            add_bos,
+            add_eos,
+        )
     else:
         merges = metadata.get("tokenizer.ggml.merges")
         if not isinstance(merges, (list, tuple)):
@@ -644,7 +685,9 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
     )  # fmt: skip
 
 
-def _end_of_generation(metadata, tokens, attrs, eos_id, n, text_to_id) -> tuple[int | None, frozenset[int]]:
+def _end_of_generation(
+    metadata, tokens, attrs, eos_id, n, text_to_id
+) -> tuple[int | None, frozenset[int]]:
     """llama.cpp's end-of-generation set: eos/eot/eom ids from the file, tokens recognised by text
     (<|im_end|>, <end_of_turn>, </s>, ...) and the FIM pad/repo/file-separator tokens. Tokens it
     recognises by text are forced to control type (hidden in text), as llama.cpp does."""
@@ -684,7 +727,9 @@ def _end_of_generation(metadata, tokens, attrs, eos_id, n, text_to_id) -> tuple[
             eog.add(token_id)
     # o200k_harmony / solar-open: "<|end|>" ends a message, not the generation.
     texts = {tokens[i] for i in eog}
-    if "<|end|>" in texts and (({"<|return|>", "<|call|>"} <= texts) or ({"<|calls|>", "<|flush|>"} <= texts)):
+    if "<|end|>" in texts and (
+        ({"<|return|>", "<|call|>"} <= texts) or ({"<|calls|>", "<|flush|>"} <= texts)
+    ):
         end_id = next(i for i in eog if tokens[i] == "<|end|>")
         eog.discard(end_id)
         attrs[end_id] = ATTR_USER_DEFINED
@@ -702,8 +747,14 @@ def _end_of_generation(metadata, tokens, attrs, eos_id, n, text_to_id) -> tuple[
 def _added_tokens(tokens: list[str], attrs: list[int]) -> list[AddedToken]:
     """Special tokens for the HF tokenizer, matched on raw text like llama.cpp's partition."""
     return [
-        AddedToken(tokens[i], special=bool(attrs[i] & _HIDDEN), normalized=False, single_word=False,
-                   lstrip=False, rstrip=False)  # fmt: skip
+        AddedToken(
+            tokens[i],
+            special=bool(attrs[i] & _HIDDEN),
+            normalized=False,
+            single_word=False,
+            lstrip=False,
+            rstrip=False,
+        )  # fmt: skip
         for i in range(len(tokens))
         if attrs[i] & _PARTITIONED
     ]
@@ -782,11 +833,13 @@ def _read_cached_merges(path: Path | None) -> list[tuple[str, str]] | None:
     header, _, payload = text.partition("\n")
     count, _, digest = header.partition(" ")
     pieces = payload.split(_SEP) if payload else []
-    if digest != hashlib.sha256(payload.encode("utf-8")).hexdigest() or count != str(len(pieces) // 2):
+    if digest != hashlib.sha256(payload.encode("utf-8")).hexdigest() or count != str(
+        len(pieces) // 2
+    ):
         log.warning("ignoring damaged tokenizer cache file %s", path)
         return None
     it = iter(pieces)
-    return list(zip(it, it))
+    return list(zip(it, it, strict=True))
 
 
 def _write_cached_merges(path: Path | None, merges: list[tuple[str, str]]) -> None:
@@ -800,10 +853,14 @@ def _write_cached_merges(path: Path | None, merges: list[tuple[str, str]]) -> No
         tmp.write_text(header + "\n" + payload, encoding="utf-8")
         os.replace(tmp, path)  # atomic: a concurrent reader sees no file or the whole file
     except OSError as exc:
-        log.info("cannot write the tokenizer cache (%s); merges will be derived again next time", exc)
+        log.info(
+            "cannot write the tokenizer cache (%s); merges will be derived again next time", exc
+        )
 
 
-def _build_spm(tokens, vocab, attrs, scores, add_space_prefix, metadata, bos_id, eos_id, add_bos, add_eos) -> HFTokenizer:
+def _build_spm(
+    tokens, vocab, attrs, scores, add_space_prefix, metadata, bos_id, eos_id, add_bos, add_eos
+) -> HFTokenizer:
     unk_id = _meta_id(metadata, "tokenizer.ggml.unknown_token_id", len(tokens))
     unk = tokens[unk_id] if unk_id is not None else None
     cache_path = _spm_merges_cache_path(tokens, attrs, scores)
@@ -811,13 +868,19 @@ def _build_spm(tokens, vocab, attrs, scores, add_space_prefix, metadata, bos_id,
     cached = _read_cached_merges(cache_path)
     if cached is not None:
         try:
-            bpe = models.BPE(vocab=vocab, merges=cached, unk_token=unk, byte_fallback=True, fuse_unk=False)
-        except Exception:  # the Rust side reports pieces missing from the vocab as a plain Exception
+            bpe = models.BPE(
+                vocab=vocab, merges=cached, unk_token=unk, byte_fallback=True, fuse_unk=False
+            )
+        except (
+            Exception
+        ):  # the Rust side reports pieces missing from the vocab as a plain Exception
             log.warning("ignoring inconsistent tokenizer cache file %s", cache_path)
     if bpe is None:
         merges = _spm_merges(tokens, attrs, scores, vocab)
         try:
-            bpe = models.BPE(vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True, fuse_unk=False)
+            bpe = models.BPE(
+                vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True, fuse_unk=False
+            )
         except Exception as exc:
             raise TokenizerError(f"cannot build the SentencePiece tokenizer: {exc}") from exc
         _write_cached_merges(cache_path, merges)
@@ -835,13 +898,17 @@ def _build_spm(tokens, vocab, attrs, scores, add_space_prefix, metadata, bos_id,
     return hf
 
 
-def _build_bpe(tokens, vocab, attrs, merges, pre: PreTokenizer, bos_id, eos_id, add_bos, add_eos) -> HFTokenizer:
+def _build_bpe(
+    tokens, vocab, attrs, merges, pre: PreTokenizer, bos_id, eos_id, add_bos, add_eos
+) -> HFTokenizer:
     pairs = []
     for merge in merges:
         # llama.cpp splits "a b" at the first space after the first character.
         cut = merge.find(" ", 1)
         if cut < 0:
-            raise TokenizerError(f"tokenizer.ggml.merges entry {merge!r} is not two pieces separated by a space")
+            raise TokenizerError(
+                f"tokenizer.ggml.merges entry {merge!r} is not two pieces separated by a space"
+            )
         left, right = merge[:cut], merge[cut + 1 :]
         if left in vocab and right in vocab and left + right in vocab:
             pairs.append((left, right))
@@ -850,8 +917,12 @@ def _build_bpe(tokens, vocab, attrs, merges, pre: PreTokenizer, bos_id, eos_id, 
     except Exception as exc:  # the Rust side reports inconsistent vocab/merges as a plain Exception
         raise TokenizerError(f"cannot build the BPE tokenizer: {exc}") from exc
     hf = HFTokenizer(bpe)
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in pre.regexes]
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    splits = [
+        pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in pre.regexes
+    ]
+    byte_level = pre_tokenizers.ByteLevel(
+        add_prefix_space=False, trim_offsets=False, use_regex=False
+    )
     hf.pre_tokenizer = pre_tokenizers.Sequence(splits + [byte_level])
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens(_added_tokens(tokens, attrs))

@@ -68,5 +68,7 @@ def is_trimmed_entry(dest_name: str, src_name: str, typecode: str) -> bool:
     if typecode == "SYMLINK":
         # PyInstaller links shared libraries into the top directory; a link's target (src_name)
         # is relative to the link's own directory. Drop links whose target is trimmed.
-        dest = posixpath.normpath(posixpath.join(posixpath.dirname(dest), src_name.replace("\\", "/")))
+        dest = posixpath.normpath(
+            posixpath.join(posixpath.dirname(dest), src_name.replace("\\", "/"))
+        )
     return is_trimmed_path(dest)

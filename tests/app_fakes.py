@@ -33,7 +33,13 @@ from engine.events import (
     Usage,
 )
 
-CHECKPOINT_PRESET = {"temperature": 0.2, "top_p": 0.9, "top_k": 50, "max_new_tokens": 256, "do_sample": True}
+CHECKPOINT_PRESET = {
+    "temperature": 0.2,
+    "top_p": 0.9,
+    "top_k": 50,
+    "max_new_tokens": 256,
+    "do_sample": True,
+}
 CHECKPOINT_SOURCES = {
     "temperature": "generation_config.json",
     "top_p": "generation_config.json",
@@ -73,8 +79,13 @@ class FakeEngine:
         self.unloaded.append(lm.path)
 
     def describe(self, lm):
-        return ModelInfo(path=lm.path, name=lm.path.rsplit("/", 1)[-1], architecture="llama",
-                         n_ctx=lm.n_ctx, template="chatml")
+        return ModelInfo(
+            path=lm.path,
+            name=lm.path.rsplit("/", 1)[-1],
+            architecture="llama",
+            n_ctx=lm.n_ctx,
+            template="chatml",
+        )
 
     def resolve_preset(self, lm, saved, overrides):
         values, sources = dict(CHECKPOINT_PRESET), dict(CHECKPOINT_SOURCES)
@@ -83,8 +94,13 @@ class FakeEngine:
                 if key not in values:
                     raise ConfigValidationError(key, value, f"one of {sorted(values)}")
                 values[key], sources[key] = value, origin
-        if not isinstance(values["temperature"], (int, float)) or not 0 <= values["temperature"] <= 100:
-            raise ConfigValidationError("temperature", values["temperature"], "a number in [0, 100]")
+        if (
+            not isinstance(values["temperature"], (int, float))
+            or not 0 <= values["temperature"] <= 100
+        ):
+            raise ConfigValidationError(
+                "temperature", values["temperature"], "a number in [0, 100]"
+            )
         if not isinstance(values["top_p"], (int, float)) or not 0 < values["top_p"] <= 1:
             raise ConfigValidationError("top_p", values["top_p"], "a number in (0, 1]")
         return PresetView(values, sources)
@@ -126,15 +142,24 @@ class FakeEngine:
         first = first or end
         n = len(emitted)
         usage = Usage(
-            prompt_tokens=prompt_tokens, completion_tokens=n, cached_tokens=None,
-            prefill_ms=(first - start) * 1000, decode_ms=(end - first) * 1000,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=n,
+            cached_tokens=None,
+            prefill_ms=(first - start) * 1000,
+            decode_ms=(end - first) * 1000,
             ttft_ms=(first - start) * 1000 + 0.01,
             prompt_tok_s=prompt_tokens / max(first - start, 1e-6),
             decode_tok_s=n / max(end - first, 1e-6),
-            context_used=prompt_tokens + n, context_limit=lm.n_ctx,
+            context_used=prompt_tokens + n,
+            context_limit=lm.n_ctx,
         )
-        yield Finished(finish_reason=reason, usage=usage, text="".join(emitted),
-                       reasoning=self.reasoning, token_ids=tuple(1000 + i for i in range(n)))
+        yield Finished(
+            finish_reason=reason,
+            usage=usage,
+            text="".join(emitted),
+            reasoning=self.reasoning,
+            token_ids=tuple(1000 + i for i in range(n)),
+        )
 
 
 def make_window(qtbot, data_dir, engine, *, load=True, model_path="/models/fake-model.gguf"):

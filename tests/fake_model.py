@@ -15,9 +15,9 @@ token-by-token decoding sees.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -27,8 +27,36 @@ from engine.kv_cache import KVCache
 SPECIALS = ["<s>", "</s>", "<|im_end|>", "<|im_start|>"]
 BOS, EOS, IM_END, IM_START = 0, 1, 2, 3
 PIECES = SPECIALS + [
-    "Hello", " world", "!", " How", " are", " you", "?", "\n", " END", "E", "N", "D", " ",
-    "<think>", "</think>", "thinking", " a", "a", "b", "c", "ab", "abc", "x", "y", "z", "é", "\xa0", "user", "assistant", "system",
+    "Hello",
+    " world",
+    "!",
+    " How",
+    " are",
+    " you",
+    "?",
+    "\n",
+    " END",
+    "E",
+    "N",
+    "D",
+    " ",
+    "<think>",
+    "</think>",
+    "thinking",
+    " a",
+    "a",
+    "b",
+    "c",
+    "ab",
+    "abc",
+    "x",
+    "y",
+    "z",
+    "é",
+    "\xa0",
+    "user",
+    "assistant",
+    "system",
 ]
 VOCAB_SIZE = len(PIECES) + 4  # a few ids with empty text, like unused tokens in real vocabularies
 
@@ -106,7 +134,9 @@ class ForwardCall:
 
 
 class ScriptedModel:
-    def __init__(self, logits_for: Callable[[list[int]], np.ndarray], config: FakeConfig | None = None):
+    def __init__(
+        self, logits_for: Callable[[list[int]], np.ndarray], config: FakeConfig | None = None
+    ):
         self.logits_for = logits_for
         self.config = config or FakeConfig()
         self.calls: list[ForwardCall] = []
@@ -127,7 +157,9 @@ class ScriptedModel:
         cache.commit(tokens)
         history = cache.tokens
         start = len(history) - len(tokens)
-        rows = np.stack([self.logits_for(history[: start + i + 1]) for i in range(len(tokens))]).astype(np.float32)
+        rows = np.stack(
+            [self.logits_for(history[: start + i + 1]) for i in range(len(tokens))]
+        ).astype(np.float32)
         return rows if all_logits else rows[-1].copy()
 
 
@@ -179,8 +211,12 @@ def ids(*pieces: str) -> list[int]:
     return [token_id(p) for p in pieces]
 
 
-def fake_lm(logits_for, *, n_ctx: int = 64, tokenizer: FakeTokenizer | None = None, **kwargs) -> FakeLoadedModel:
-    return FakeLoadedModel(ScriptedModel(logits_for), tokenizer or FakeTokenizer(), n_ctx=n_ctx, **kwargs)
+def fake_lm(
+    logits_for, *, n_ctx: int = 64, tokenizer: FakeTokenizer | None = None, **kwargs
+) -> FakeLoadedModel:
+    return FakeLoadedModel(
+        ScriptedModel(logits_for), tokenizer or FakeTokenizer(), n_ctx=n_ctx, **kwargs
+    )
 
 
 def use_fake_detokenizer(monkeypatch) -> None:
@@ -226,5 +262,12 @@ def id_token_lm(model, n_ctx: int, monkeypatch):
     import engine.generate
 
     monkeypatch.setattr(engine.generate, "new_detokenizer", IdDetokenizer)
-    return SimpleNamespace(model=model, config=model.config, tokenizer=IdTokenizer(), chat_template=None,
-                           n_ctx=n_ctx, path=None, gguf=SimpleNamespace(metadata={}))
+    return SimpleNamespace(
+        model=model,
+        config=model.config,
+        tokenizer=IdTokenizer(),
+        chat_template=None,
+        n_ctx=n_ctx,
+        path=None,
+        gguf=SimpleNamespace(metadata={}),
+    )

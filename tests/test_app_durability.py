@@ -66,8 +66,14 @@ def partial_reply_length(db_path: Path) -> int:
 
 def test_sigkill_while_streaming_keeps_database_and_partial_reply(tmp_path):
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "STREAMING"
         db_path = tmp_path / "chats.sqlite3"
@@ -90,7 +96,11 @@ def test_sigkill_while_streaming_keeps_database_and_partial_reply(tmp_path):
     [conv] = store.list_conversations()
     messages = store.messages(conv.id)
     assert [(m.role, m.status) for m in messages] == [
-        ("user", "complete"), ("assistant", "complete"), ("user", "complete"), ("assistant", "interrupted")]
+        ("user", "complete"),
+        ("assistant", "complete"),
+        ("user", "complete"),
+        ("assistant", "interrupted"),
+    ]
     assert messages[1].content == "The first answer is complete."
     assert messages[1].usage["completion_tokens"] == 5
     assert messages[2].content == "Second question, answered at length"

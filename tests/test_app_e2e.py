@@ -29,8 +29,9 @@ def model_path():
 
 
 def wait_reply(qtbot, window, timeout=180_000):
-    return qtbot.waitSignal(window.session.busyChanged, timeout=timeout,
-                            check_params_cb=lambda busy: busy is False)
+    return qtbot.waitSignal(
+        window.session.busyChanged, timeout=timeout, check_params_cb=lambda busy: busy is False
+    )
 
 
 def test_question_gets_an_answer_with_usage_and_ttft(qtbot, tmp_path, model_path, monkeypatch):
@@ -99,7 +100,12 @@ def test_smoke_mode_prints_a_reply(model_path):
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
     result = subprocess.run(
         [sys.executable, "-m", "app", "--smoke", "Say hello.", "--model", model_path],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "[smoke] finish=" in result.stderr
@@ -116,11 +122,18 @@ def test_long_chat_is_fitted_by_dropping_oldest_turns(model_path):
     try:
         history = []
         for i in range(6):
-            history += [{"role": "user", "content": f"Question {i}: " + "tell me more " * 12},
-                        {"role": "assistant", "content": f"Answer {i}: " + "here is more " * 12}]
+            history += [
+                {"role": "user", "content": f"Question {i}: " + "tell me more " * 12},
+                {"role": "assistant", "content": f"Answer {i}: " + "here is more " * 12},
+            ]
         history.append({"role": "user", "content": "Last question: say hi."})
-        events = list(engine.generate(lm, ChatRequest(messages=tuple(history), overrides={"max_new_tokens": 4}),
-                                      CancelToken()))
+        events = list(
+            engine.generate(
+                lm,
+                ChatRequest(messages=tuple(history), overrides={"max_new_tokens": 4}),
+                CancelToken(),
+            )
+        )
         trimmed, finished = events[0], events[-1]
         assert isinstance(trimmed, ContextTrimmed) and trimmed.dropped_turns >= 1
         assert trimmed.prompt_tokens + 4 <= 256 and trimmed.context_limit == 256
@@ -136,7 +149,9 @@ def test_json_object_mode_gives_parseable_output(qtbot, tmp_path, model_path):
     assert window.session.json_mode == "object"
     window.session.set_preset_value("max_new_tokens", 48)
     with wait_reply(qtbot, window):
-        window.input.setPlainText("Give me a JSON object describing Paris with keys name and country.")
+        window.input.setPlainText(
+            "Give me a JSON object describing Paris with keys name and country."
+        )
         qtbot.keyClick(window.input, Qt.Key_Return)
     reply = window.store.messages(window.session.conversation_id)[-1]
     assert reply.finish_reason == "grammar_complete"

@@ -21,7 +21,12 @@ def test_round_trip_and_clamping(tmp_path):
     raw.update(theme="purple", font_size=400, context_size=10, threads=-3, unknown_key=1)
     f.path.write_text(json.dumps(raw))
     loaded = f.load()
-    assert (loaded.theme, loaded.font_size, loaded.context_size, loaded.threads) == ("system", 28, 256, 0)
+    assert (loaded.theme, loaded.font_size, loaded.context_size, loaded.threads) == (
+        "system",
+        28,
+        256,
+        0,
+    )
     assert loaded.presets == {"/m.gguf": {"temperature": 0.5}}
 
 

@@ -14,7 +14,9 @@ from tests.app_fakes import FakeEngine, close_window, make_window
 
 
 def send_and_wait(qtbot, window, text):
-    with qtbot.waitSignal(window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False):
+    with qtbot.waitSignal(
+        window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False
+    ):
         window.input.setPlainText(text)
         window.send()
 
@@ -24,10 +26,21 @@ def test_title_icon_and_shortcuts(qtbot, tmp_path):
     assert window.windowTitle() == "LocalChat"
     assert not window.windowIcon().isNull()
     assert window.windowIcon().availableSizes()  # rendered from resources/icon.svg
-    shortcuts = {a.text(): a.shortcut().toString() for a in (
-        window.new_chat_action, window.cancel_action, window.regenerate_action, window.focus_action)}
-    assert shortcuts == {"New chat": "Ctrl+N", "Stop generating": "Esc",
-                         "Regenerate reply": "Ctrl+R", "Focus input": "Ctrl+L"}
+    shortcuts = {
+        a.text(): a.shortcut().toString()
+        for a in (
+            window.new_chat_action,
+            window.cancel_action,
+            window.regenerate_action,
+            window.focus_action,
+        )
+    }
+    assert shortcuts == {
+        "New chat": "Ctrl+N",
+        "Stop generating": "Esc",
+        "Regenerate reply": "Ctrl+R",
+        "Focus input": "Ctrl+L",
+    }
     send_and_wait(qtbot, window, "first chat")
     qtbot.keyClick(window, Qt.Key_N, Qt.ControlModifier)
     assert len(window.store.list_conversations()) == 2 and window.chat_view.widgets == []
@@ -38,7 +51,9 @@ def test_title_icon_and_shortcuts(qtbot, tmp_path):
 
 
 def test_reasoning_is_shown_apart_and_collapsed(qtbot, tmp_path):
-    engine = FakeEngine(replies=["The answer is 4."], reasoning="2 plus 2: count two more from two.")
+    engine = FakeEngine(
+        replies=["The answer is 4."], reasoning="2 plus 2: count two more from two."
+    )
     window = make_window(qtbot, tmp_path, engine)
     send_and_wait(qtbot, window, "2+2?")
     reply = window.chat_view.widgets[-1]
@@ -61,7 +76,7 @@ def test_schema_dialog_validates_before_use(qtbot):
     assert ok.isEnabled() and dialog.schema["required"] == ["name", "age"]  # the example
     dialog.editor.setPlainText('{"type": "object", ')
     assert not ok.isEnabled() and dialog.status.text().startswith("✖ Not valid JSON")
-    dialog.editor.setPlainText('[1, 2]')
+    dialog.editor.setPlainText("[1, 2]")
     assert not ok.isEnabled() and "must be an object" in dialog.status.text()
     dialog.editor.setPlainText('{"type": "objekt"}')
     assert not ok.isEnabled() and dialog.status.text() == "✖ Invalid schema: Invalid type: objekt"
@@ -82,7 +97,10 @@ def test_choosing_schema_mode_without_a_valid_schema_stays_off(qtbot, tmp_path, 
     monkeypatch.setattr(SchemaDialog, "exec", accept)
     window.json_bar.combo.setCurrentIndex(2)
     assert window.session.json_mode == "schema"
-    assert window.session.json_schema == {"type": "object", "properties": {"city": {"type": "string"}}}
+    assert window.session.json_schema == {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+    }
     assert window.json_bar.schema_label.text() == "fields: city"
     send_and_wait(qtbot, window, "json please")
     assert window.controller.bridge.requests[-1].json_schema == window.session.json_schema
@@ -102,11 +120,17 @@ def test_settings_dialog_applies_and_saves(qtbot, tmp_path, monkeypatch):
     monkeypatch.setattr(SettingsDialog, "exec", change)
     window.open_settings()
     saved = window.settings_file.load()
-    assert (saved.theme, saved.font_size, saved.threads, saved.context_size) == ("dark", 14, 1, 2048)
+    assert (saved.theme, saved.font_size, saved.threads, saved.context_size) == (
+        "dark",
+        14,
+        1,
+        2048,
+    )
     app = QApplication.instance()
     assert app.font().pointSize() == 14
     assert app.palette().color(app.palette().ColorRole.Window).lightness() < 100
     from app.theme import apply_theme
+
     apply_theme(app, "light", 11)  # leave the shared QApplication as other tests expect it
     close_window(window)
 
@@ -191,7 +215,9 @@ def test_real_engine_bad_file_is_a_dialog_not_a_crash(qtbot, tmp_path, monkeypat
     from app.engine_bridge import RealEngine
 
     shown = []
-    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append((title, text)))
+    monkeypatch.setattr(
+        QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append((title, text))
+    )
     bad = tmp_path / "notes.gguf"
     bad.write_text("these are not model weights\n" * 10)
     window = make_window(qtbot, tmp_path, RealEngine(), load=False)
@@ -216,7 +242,9 @@ def test_code_blocks_are_tinted(qtbot):
     tinted = []
     block = doc.begin()
     while block.isValid():
-        tinted.append((block.text(), block.blockFormat().background().color() == code_background(palette)))
+        tinted.append(
+            (block.text(), block.blockFormat().background().color() == code_background(palette))
+        )
         block = block.next()
     assert ("x = 1", True) in tinted and ("y = 2", True) in tinted
     assert ("Prose here.", False) in tinted and ("More prose.", False) in tinted

@@ -13,13 +13,16 @@ from tests.app_fakes import FakeEngine, close_window, make_window
 @pytest.fixture
 def dialogs(monkeypatch):
     shown = []
-    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append((title, text)))
+    monkeypatch.setattr(
+        QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append((title, text))
+    )
     return shown
 
 
 def send_and_wait(qtbot, window, text, timeout=5000):
-    with qtbot.waitSignal(window.session.busyChanged, timeout=timeout,
-                          check_params_cb=lambda busy: busy is False):
+    with qtbot.waitSignal(
+        window.session.busyChanged, timeout=timeout, check_params_cb=lambda busy: busy is False
+    ):
         window.input.setPlainText(text)
         qtbot.keyClick(window.input, Qt.Key_Return)
 
@@ -52,6 +55,7 @@ def test_shift_enter_inserts_newline_instead_of_sending(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path, FakeEngine())
     window.input.setPlainText("line one")
     from PySide6.QtGui import QTextCursor
+
     window.input.moveCursor(QTextCursor.End)
     qtbot.keyClick(window.input, Qt.Key_Return, Qt.ShiftModifier)
     assert window.input.toPlainText() == "line one\n"
@@ -64,8 +68,13 @@ def test_cancel_mid_stream_keeps_text_and_marks_it(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path, engine)
     window.input.setPlainText("count please")
     qtbot.keyClick(window.input, Qt.Key_Return)
-    qtbot.waitUntil(lambda: window.chat_view.streaming_widget is not None
-                    and window.chat_view.streaming_widget.text == "one two three", timeout=5000)
+    qtbot.waitUntil(
+        lambda: (
+            window.chat_view.streaming_widget is not None
+            and window.chat_view.streaming_widget.text == "one two three"
+        ),
+        timeout=5000,
+    )
     assert window.cancel_button.isEnabled()
     with qtbot.waitSignal(window.session.busyChanged, timeout=5000):
         qtbot.keyClick(window, Qt.Key_Escape)  # Esc shortcut -> CancelToken.cancel()
@@ -74,7 +83,11 @@ def test_cancel_mid_stream_keeps_text_and_marks_it(qtbot, tmp_path):
     assert reply.text == "one two three"
     assert "cancelled" in reply.status_label.text()
     stored = window.store.messages(window.session.conversation_id)[-1]
-    assert (stored.content, stored.status, stored.finish_reason) == ("one two three", "cancelled", "cancelled")
+    assert (stored.content, stored.status, stored.finish_reason) == (
+        "one two three",
+        "cancelled",
+        "cancelled",
+    )
     assert window.usage_panel.text_of("finish_reason") == "cancelled by you"
     close_window(window)
 
@@ -83,7 +96,9 @@ def test_generation_error_shows_dialog_and_app_keeps_working(qtbot, tmp_path, di
     from engine.errors import ContextOverflowError
 
     engine = FakeEngine(replies=["fine now"])
-    engine.fail_generate_with = ContextOverflowError("prompt 9000 tokens + max_new_tokens 256 > context 8192")
+    engine.fail_generate_with = ContextOverflowError(
+        "prompt 9000 tokens + max_new_tokens 256 > context 8192"
+    )
     window = make_window(qtbot, tmp_path, engine)
     send_and_wait(qtbot, window, "a very long question")
     assert dialogs and dialogs[0][0] == "Generation failed" and "context 8192" in dialogs[0][1]
@@ -121,7 +136,10 @@ def test_preset_panel_shows_sources_refuses_invalid_saves_and_resets(qtbot, tmp_
 
     panel.table.item(panel.row_of("temperature"), 1).setText("0.7")
     assert not panel.error_label.isVisible()
-    assert (panel.value_text("temperature"), panel.source_text("temperature")) == ("0.7", "override")
+    assert (panel.value_text("temperature"), panel.source_text("temperature")) == (
+        "0.7",
+        "override",
+    )
     send_and_wait(qtbot, window, "hi")
     assert window.controller.bridge.requests[-1].overrides == {"temperature": 0.7}
 
@@ -130,7 +148,10 @@ def test_preset_panel_shows_sources_refuses_invalid_saves_and_resets(qtbot, tmp_
     assert window.settings_file.load().presets["/models/fake-model.gguf"] == {"temperature": 0.7}
 
     panel.reset_button.click()
-    assert (panel.value_text("temperature"), panel.source_text("temperature")) == ("0.2", "generation_config.json")
+    assert (panel.value_text("temperature"), panel.source_text("temperature")) == (
+        "0.2",
+        "generation_config.json",
+    )
     assert "/models/fake-model.gguf" not in window.settings_file.load().presets
     close_window(window)
 
@@ -165,7 +186,9 @@ def test_system_prompt_goes_first_in_the_request(qtbot, tmp_path):
     window.system_prompt.setText("Answer in French.")
     send_and_wait(qtbot, window, "Hello")
     assert engine.requests[-1].messages == (
-        {"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hello"})
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": "Hello"},
+    )
     close_window(window)
 
 
@@ -177,8 +200,13 @@ def test_edit_user_message_and_regenerate_from_there(qtbot, tmp_path, monkeypatc
     first_user = window.chat_view.widgets[0]
 
     from PySide6.QtWidgets import QInputDialog
-    monkeypatch.setattr(QInputDialog, "getMultiLineText", lambda *a, **k: ("Question one, edited", True))
-    with qtbot.waitSignal(window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False):
+
+    monkeypatch.setattr(
+        QInputDialog, "getMultiLineText", lambda *a, **k: ("Question one, edited", True)
+    )
+    with qtbot.waitSignal(
+        window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False
+    ):
         first_user.edit_button.click()
     assert [w.text for w in window.chat_view.widgets] == ["Question one, edited", "Answer three."]
     assert engine.requests[-1].messages == ({"role": "user", "content": "Question one, edited"},)
@@ -191,7 +219,9 @@ def test_regenerate_replaces_last_reply(qtbot, tmp_path):
     engine = FakeEngine(replies=["Draft.", "Better."])
     window = make_window(qtbot, tmp_path, engine)
     send_and_wait(qtbot, window, "Write a line")
-    with qtbot.waitSignal(window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False):
+    with qtbot.waitSignal(
+        window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False
+    ):
         qtbot.keyClick(window, Qt.Key_R, Qt.ControlModifier)
     assert [w.text for w in window.chat_view.widgets] == ["Write a line", "Better."]
     assert engine.requests[-1].messages == ({"role": "user", "content": "Write a line"},)
@@ -207,12 +237,16 @@ def test_export_markdown_and_json(qtbot, tmp_path):
     window.export_to(str(js))
     text = md.read_text()
     assert text.startswith("# How do I print in Python?\n")
-    assert "## You\n\nHow do I print in Python?" in text and "## Assistant\n\nUse `print()`." in text
+    assert (
+        "## You\n\nHow do I print in Python?" in text and "## Assistant\n\nUse `print()`." in text
+    )
     assert "Be helpful." in text
     record = json.loads(js.read_text())
     assert record["format"] == "localchat-conversation" and record["system_prompt"] == "Be helpful."
     assert [(m["role"], m["content"]) for m in record["messages"]] == [
-        ("user", "How do I print in Python?"), ("assistant", "Use `print()`.")]
+        ("user", "How do I print in Python?"),
+        ("assistant", "Use `print()`."),
+    ]
     assert record["messages"][1]["usage"]["completion_tokens"] == 2
     close_window(window)
 
@@ -270,7 +304,10 @@ def test_context_trimming_notice_is_shown(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path, engine)
     send_and_wait(qtbot, window, "one more question")
     assert window.state_label.text() == "Older turns left out to fit the context"
-    assert "2 oldest turns" in window.state_label.toolTip() and "1,024-token" in window.state_label.toolTip()
+    assert (
+        "2 oldest turns" in window.state_label.toolTip()
+        and "1,024-token" in window.state_label.toolTip()
+    )
     assert window.chat_view.widgets[-1].text == "ok"
     close_window(window)
 
@@ -281,8 +318,13 @@ def test_deleting_or_leaving_a_chat_while_it_streams(qtbot, tmp_path, monkeypatc
     first = window.session.conversation_id
     window.input.setPlainText("stream")
     window.send()
-    qtbot.waitUntil(lambda: window.chat_view.streaming_widget is not None
-                    and window.chat_view.streaming_widget.text == "a b", timeout=5000)
+    qtbot.waitUntil(
+        lambda: (
+            window.chat_view.streaming_widget is not None
+            and window.chat_view.streaming_widget.text == "a b"
+        ),
+        timeout=5000,
+    )
     second = window.session.new_conversation()  # leaving cancels
     with qtbot.waitSignal(window.session.busyChanged, timeout=5000):
         engine.gate.set()
@@ -293,8 +335,13 @@ def test_deleting_or_leaving_a_chat_while_it_streams(qtbot, tmp_path, monkeypatc
     engine.gate.clear()
     window.input.setPlainText("stream again")
     window.send()
-    qtbot.waitUntil(lambda: window.chat_view.streaming_widget is not None
-                    and window.chat_view.streaming_widget.text == "g h", timeout=5000)
+    qtbot.waitUntil(
+        lambda: (
+            window.chat_view.streaming_widget is not None
+            and window.chat_view.streaming_widget.text == "g h"
+        ),
+        timeout=5000,
+    )
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
     window.sidebar.delete_button.click()  # deletes the streaming chat
     with qtbot.waitSignal(window.session.busyChanged, timeout=5000):
@@ -309,7 +356,9 @@ def test_malformed_generation_config_is_reported_in_the_preset_panel(qtbot, tmp_
 
     class BrokenPresetEngine(FakeEngine):
         def resolve_preset(self, lm, saved, overrides):
-            raise PresetFileError("/models/generation_config.json: Expecting value: line 1 column 1")
+            raise PresetFileError(
+                "/models/generation_config.json: Expecting value: line 1 column 1"
+            )
 
     window = make_window(qtbot, tmp_path, BrokenPresetEngine())
     panel = window.preset_panel
@@ -325,7 +374,9 @@ def test_regenerate_an_earlier_reply_drops_what_followed(qtbot, tmp_path):
     send_and_wait(qtbot, window, "Q1")
     send_and_wait(qtbot, window, "Q2")
     first_reply = window.chat_view.widgets[1]
-    with qtbot.waitSignal(window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False):
+    with qtbot.waitSignal(
+        window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False
+    ):
         first_reply.regenerate_button.click()
     assert [w.text for w in window.chat_view.widgets] == ["Q1", "A1 again"]
     assert engine.requests[-1].messages == ({"role": "user", "content": "Q1"},)

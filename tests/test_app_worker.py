@@ -55,7 +55,9 @@ def test_one_token_reply_signals_in_strict_order(qtbot, make_controller):
     got = []
     for signal in (c.replyTokens, c.replyText, c.replyFinished):
         signal.connect(got.append)
-    with qtbot.waitSignals([c.replyTokens, c.replyText, c.replyFinished], order="strict", timeout=5000):
+    with qtbot.waitSignals(
+        [c.replyTokens, c.replyText, c.replyFinished], order="strict", timeout=5000
+    ):
         c.generate(ChatRequest(messages=({"role": "user", "content": "hello"},)))
     tokens, text, finished = got
     assert [t.text for t in tokens] == ["Hi"] and text == "Hi" and finished.text == "Hi"
@@ -96,7 +98,9 @@ def test_cancel_from_gui_thread_stops_busy_worker(qtbot, make_controller):
 
 def test_refused_request_becomes_errored_signal(qtbot, make_controller):
     engine = FakeEngine()
-    engine.fail_generate_with = ContextOverflowError("prompt 5000 + max_new_tokens 256 > context 4096")
+    engine.fail_generate_with = ContextOverflowError(
+        "prompt 5000 + max_new_tokens 256 > context 4096"
+    )
     c = make_controller(engine)
     load(qtbot, c)
     with qtbot.waitSignal(c.replyErrored, timeout=5000) as sig:

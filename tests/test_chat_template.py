@@ -35,7 +35,12 @@ class FakeTokenizer:
         return self.tokens.index(text) if text in self.tokens else None
 
 
-GEMMA_LIKE = FakeTokenizer(["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], bos_id=2, eos_id=1, add_bos=True)
+GEMMA_LIKE = FakeTokenizer(
+    ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+    bos_id=2,
+    eos_id=1,
+    add_bos=True,
+)
 
 
 # --- the model's own template -------------------------------------------------------------------
@@ -120,14 +125,16 @@ def test_chatml_fallback_for_other_models_without_template():
     tok = FakeTokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], bos_id=None, eos_id=2)
     template = ChatTemplate.from_metadata({"general.architecture": "llama"}, tok)
     assert template.is_fallback and template.name == "chatml (fallback)"
-    assert template.render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]) == (
-        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert template.render(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    ) == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n")
 
 
 # --- environment features templates rely on -------------------------------------------------------
 def render(source, messages=({"role": "user", "content": "hi"},), **kwargs):
-    return ChatTemplate(source, name="test", bos_token="<s>", eos_token="</s>").render(list(messages), **kwargs)
+    return ChatTemplate(source, name="test", bos_token="<s>", eos_token="</s>").render(
+        list(messages), **kwargs
+    )
 
 
 def test_trim_and_lstrip_blocks_like_hf():
@@ -146,20 +153,28 @@ def test_tojson_does_not_html_escape_and_keeps_unicode():
     assert render("{{ messages | tojson }}", [{"role": "user", "content": "<b>é</b>"}]) == (
         '[{"role": "user", "content": "<b>é</b>"}]'
     )
-    assert render("{{ {'b': 1, 'a': [2]} | tojson(indent=1, sort_keys=true) }}") == '{\n "a": [\n  2\n ],\n "b": 1\n}'
+    assert (
+        render("{{ {'b': 1, 'a': [2]} | tojson(indent=1, sort_keys=true) }}")
+        == '{\n "a": [\n  2\n ],\n "b": 1\n}'
+    )
 
 
 def test_strftime_now_and_extra_variables():
     import datetime
 
     assert render("{{ strftime_now('%Y') }}") == str(datetime.datetime.now().year)
-    assert render("{% if tools %}T{% else %}none{% endif %}") == "none"  # undefined is falsy, as in HF
+    assert (
+        render("{% if tools %}T{% else %}none{% endif %}") == "none"
+    )  # undefined is falsy, as in HF
     assert render("{{ tools | length }}", tools=[1, 2]) == "2"
 
 
 def test_loopcontrols_and_generation_block():
     source = "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{% generation %}[{{ m['content'] }}]{% endgeneration %}{% endfor %}"
-    assert render(source, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) == "[a]"
+    assert (
+        render(source, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+        == "[a]"
+    )
 
 
 # --- errors and the sandbox ---------------------------------------------------------------------
@@ -180,7 +195,7 @@ def test_sandbox_blocks_attribute_escapes(source):
 
 def test_cve_2024_34359_payload_is_refused():
     payload = (
-        "{% for x in ().__class__.__base__.__subclasses__() %}{% if \"warning\" in x.__name__ %}"
+        '{% for x in ().__class__.__base__.__subclasses__() %}{% if "warning" in x.__name__ %}'
         "{{ x()._module.__builtins__['__import__']('os').popen('touch /tmp/pwned').read() }}{% endif %}{% endfor %}"
     )
     with pytest.raises(ChatTemplateError, match="unsafe operation"):
@@ -212,16 +227,23 @@ def test_hostile_templates_hit_resource_limits_quickly(source):
 
 
 def test_ordinary_ranges_and_repetition_still_work():
-    assert render("{% for i in range(3) %}{{ i }}{% endfor %}{{ '-' * 3 }}{{ 2 ** 10 }}") == "012---1024"
+    assert (
+        render("{% for i in range(3) %}{{ i }}{% endfor %}{{ '-' * 3 }}{{ 2 ** 10 }}")
+        == "012---1024"
+    )
 
 
 def test_raise_exception_surfaces_template_message():
     with pytest.raises(ChatTemplateError, match="Only user and assistant roles are supported!"):
-        render("{% if messages[0]['role'] != 'assistant' %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}")
+        render(
+            "{% if messages[0]['role'] != 'assistant' %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}"
+        )
 
 
 def test_syntax_error_names_the_line_and_is_raised_on_render():
-    template = ChatTemplate("ok\n{% for m in messages %}\n{{ m['content'] }\n{% endfor %}", name="broken")
+    template = ChatTemplate(
+        "ok\n{% for m in messages %}\n{{ m['content'] }\n{% endfor %}", name="broken"
+    )
     assert template.error is not None and "line 3" in str(template.error)
     with pytest.raises(ChatTemplateError, match=r"'broken' has a syntax error on line 3"):
         template.render([{"role": "user", "content": "x"}])
@@ -240,7 +262,15 @@ def test_messages_are_validated():
 
 
 def test_guessed_names_for_embedded_templates():
-    tok = SimpleNamespace(tokens=["a"], bos_id=None, eos_id=None, add_bos=False, token_id=lambda t: None)
+    tok = SimpleNamespace(
+        tokens=["a"], bos_id=None, eos_id=None, add_bos=False, token_id=lambda t: None
+    )
     llama3 = "{{ '<|start_header_id|>' + messages[0]['role'] + '<|end_header_id|>' }}"
-    assert ChatTemplate.from_metadata({"tokenizer.chat_template": llama3}, tok).name == "llama3 (from the model file)"
-    assert ChatTemplate.from_metadata({"tokenizer.chat_template": "{{ 1 }}"}, tok).name == "custom (from the model file)"
+    assert (
+        ChatTemplate.from_metadata({"tokenizer.chat_template": llama3}, tok).name
+        == "llama3 (from the model file)"
+    )
+    assert (
+        ChatTemplate.from_metadata({"tokenizer.chat_template": "{{ 1 }}"}, tok).name
+        == "custom (from the model file)"
+    )

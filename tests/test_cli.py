@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def tiny(tmp_path_factory):
     from tests.tiny_models import write_tiny_model
 
-    return str(write_tiny_model(tmp_path_factory.mktemp("cli") / "tiny-llama.gguf", "llama", seed=3))
+    return str(
+        write_tiny_model(tmp_path_factory.mktemp("cli") / "tiny-llama.gguf", "llama", seed=3)
+    )
 
 
 def run_cli(capsys, *argv):
@@ -74,7 +76,9 @@ def test_score_positions_align_with_next_token_predictions(capsys, tiny):
         (["--min-p", "nan"], "min_p"),
     ],
 )
-def test_invalid_generate_values_exit_nonzero_with_the_message_on_stderr(capsys, tiny, flags, field):
+def test_invalid_generate_values_exit_nonzero_with_the_message_on_stderr(
+    capsys, tiny, flags, field
+):
     code, out, err = run_cli(capsys, "generate", tiny, "Hi", *flags)
     assert code == 2
     assert field in err and "must be" in err
@@ -92,14 +96,34 @@ def test_missing_model_file_is_an_error_message(capsys, tmp_path):
 
 
 def test_module_entry_point_runs():
-    result = subprocess.run([sys.executable, "-m", "engine", "--help"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0
     for command in ("info", "tokenize", "generate", "score"):
         assert command in result.stdout
-    result = subprocess.run([sys.executable, "-m", "engine", "generate", "--help"], cwd=ROOT, capture_output=True, text=True)
-    for flag in ("--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
-                 "--presence-penalty", "--frequency-penalty", "--seed", "--max-tokens", "--stop", "--system",
-                 "--chat", "--json"):
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "generate", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    for flag in (
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--min-p",
+        "--repeat-penalty",
+        "--repeat-last-n",
+        "--presence-penalty",
+        "--frequency-penalty",
+        "--seed",
+        "--max-tokens",
+        "--stop",
+        "--system",
+        "--chat",
+        "--json",
+    ):
         assert flag in result.stdout
 
 
@@ -116,27 +140,61 @@ def test_generate_json_record_has_ids_text_reason_usage_and_preset(capsys, tiny)
     usage = record["usage"]
     assert usage["prompt_tokens"] > 0 and usage["ttft_ms"] >= usage["prefill_ms"]
     preset = record["preset"]
-    assert preset["sources"]["max_new_tokens"] == "override" and preset["values"]["max_new_tokens"] == 6
+    assert (
+        preset["sources"]["max_new_tokens"] == "override"
+        and preset["values"]["max_new_tokens"] == 6
+    )
     assert preset["values"]["do_sample"] is False and preset["sources"]["do_sample"] == "override"
     assert preset["sources"]["top_p"] == "default"
 
 
 def test_streamed_text_equals_the_json_text(capsys, tiny):
     record = _generate_json(capsys, tiny, "--max-tokens", 8, "--greedy")
-    code, out, _ = run_cli(capsys, "generate", tiny, "Once upon a time", "--max-tokens", 8, "--greedy")
+    code, out, _ = run_cli(
+        capsys, "generate", tiny, "Once upon a time", "--max-tokens", 8, "--greedy"
+    )
     assert code == 0 and out == record["text"] + "\n"
 
 
 def test_seeded_sampling_from_the_cli_repeats(capsys, tiny):
-    flags = ("--max-tokens", 6, "--temperature", 0.9, "--top-k", 20, "--top-p", 0.9, "--min-p", 0.01,
-             "--repeat-penalty", 1.1, "--repeat-last-n", 16, "--presence-penalty", 0.2,
-             "--frequency-penalty", 0.1, "--seed", 5)
+    flags = (
+        "--max-tokens",
+        6,
+        "--temperature",
+        0.9,
+        "--top-k",
+        20,
+        "--top-p",
+        0.9,
+        "--min-p",
+        0.01,
+        "--repeat-penalty",
+        1.1,
+        "--repeat-last-n",
+        16,
+        "--presence-penalty",
+        0.2,
+        "--frequency-penalty",
+        0.1,
+        "--seed",
+        5,
+    )
     a, b = _generate_json(capsys, tiny, *flags), _generate_json(capsys, tiny, *flags)
     assert a["ids"] == b["ids"]
     values, sources = a["preset"]["values"], a["preset"]["sources"]
     assert values["do_sample"] is True and values["seed"] == 5 and a["preset"]["seed_used"] == 5
-    for field in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "repeat_last_n",
-                  "presence_penalty", "frequency_penalty", "seed", "max_new_tokens"):
+    for field in (
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "repeat_last_n",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "max_new_tokens",
+    ):
         assert sources[field] == "override", field
 
 
@@ -144,7 +202,9 @@ def test_stop_flag_cuts_before_the_stop_string(capsys, tiny):
     text = _generate_json(capsys, tiny, "--max-tokens", 12, "--greedy")["text"]
     assert len(text) >= 4
     stop = text[2:4]
-    cut = _generate_json(capsys, tiny, "--max-tokens", 12, "--greedy", "--stop", stop, "--stop", "\x00never")
+    cut = _generate_json(
+        capsys, tiny, "--max-tokens", 12, "--greedy", "--stop", stop, "--stop", "\x00never"
+    )
     assert cut["finish_reason"] == "stop_sequence"
     assert cut["text"] == text[: text.find(stop)]
 
@@ -169,4 +229,11 @@ def test_info_json_reports_model_tokenizer_template_and_preset_sources(capsys, t
     assert info["quant_mix"]["F32"]["tensors"] > 0
     assert info["chat_template"]["name"]
     assert set(info["preset"]["sources"].values()) == {"default"}
-    assert set(info["preset"]["values"]) >= {"temperature", "top_k", "top_p", "min_p", "seed", "stop"}
+    assert set(info["preset"]["values"]) >= {
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "seed",
+        "stop",
+    }

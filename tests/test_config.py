@@ -17,10 +17,19 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _fake(arch: str, **metadata):
-    embd = QTensor("token_embd.weight", GGMLQuantizationType.F32, (100, 64), np.zeros((100, 64), np.float32))
-    base = {f"{arch}.{k}": v for k, v in dict(
-        embedding_length=64, block_count=2, feed_forward_length=128, context_length=512,
-        **{"attention.head_count": 4}).items()}
+    embd = QTensor(
+        "token_embd.weight", GGMLQuantizationType.F32, (100, 64), np.zeros((100, 64), np.float32)
+    )
+    base = {
+        f"{arch}.{k}": v
+        for k, v in dict(
+            embedding_length=64,
+            block_count=2,
+            feed_forward_length=128,
+            context_length=512,
+            **{"attention.head_count": 4},
+        ).items()
+    }
     base.update(metadata)
     return SimpleNamespace(arch=arch, metadata=base, tensors={"token_embd.weight": embd})
 
@@ -40,7 +49,13 @@ def test_gemma3_270m_config():
     from engine.model_files import gemma3_270m_path
 
     cfg = ModelConfig.from_gguf(open_gguf(gemma3_270m_path()))
-    assert (cfg.n_layers, cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim) == (18, 640, 4, 1, 256)
+    assert (cfg.n_layers, cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim) == (
+        18,
+        640,
+        4,
+        1,
+        256,
+    )
     assert [i for i, local in enumerate(cfg.layer_uses_window) if not local] == [5, 11, 17]
     assert cfg.sliding_window == 512
     assert cfg.layer_rope_theta(0) == 10000.0 and cfg.layer_rope_theta(5) == 1_000_000.0
@@ -50,9 +65,15 @@ def test_gemma3_270m_config():
     assert cfg.rope_neox and cfg.qk_norm and cfg.sandwich_norms and cfg.activation == "gelu_tanh"
 
 
-@pytest.mark.parametrize("arch,neox,qk_norm,bias", [
-    ("llama", False, False, False), ("qwen2", True, False, True),
-    ("qwen3", True, True, False), ("gemma3", True, True, False)])
+@pytest.mark.parametrize(
+    "arch,neox,qk_norm,bias",
+    [
+        ("llama", False, False, False),
+        ("qwen2", True, False, True),
+        ("qwen3", True, True, False),
+        ("gemma3", True, True, False),
+    ],
+)
 def test_per_arch_switches_on_tiny_files(arch, neox, qk_norm, bias):
     cfg = ModelConfig.from_gguf(open_gguf(FIXTURES / f"tiny_{arch}.gguf"))
     assert (cfg.rope_neox, cfg.qk_norm, cfg.qkv_bias) == (neox, qk_norm, bias)
@@ -70,8 +91,15 @@ def test_missing_required_key_is_named():
         ModelConfig.from_gguf(fake)
 
 
-@pytest.mark.parametrize("key,value", [("embedding_length", 0), ("attention.head_count_kv", 3),
-                                       ("rope.freq_base", -1.0), ("block_count", "two")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("embedding_length", 0),
+        ("attention.head_count_kv", 3),
+        ("rope.freq_base", -1.0),
+        ("block_count", "two"),
+    ],
+)
 def test_invalid_values_are_refused_with_the_value(key, value):
     with pytest.raises(ModelFileError, match=str(value)):
         ModelConfig.from_gguf(_fake("llama", **{f"llama.{key}": value}))
@@ -83,9 +111,16 @@ def test_defaults_head_dim_and_kv_heads():
 
 
 def test_gemma3_explicit_window_pattern_and_linear_rope_scaling():
-    cfg = ModelConfig.from_gguf(_fake("gemma3", **{
-        "gemma3.attention.sliding_window_pattern": [True, False],
-        "gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0}))
+    cfg = ModelConfig.from_gguf(
+        _fake(
+            "gemma3",
+            **{
+                "gemma3.attention.sliding_window_pattern": [True, False],
+                "gemma3.rope.scaling.type": "linear",
+                "gemma3.rope.scaling.factor": 8.0,
+            },
+        )
+    )
     assert cfg.layer_uses_window == (True, False)
     assert cfg.layer_rope_freq_scale(0) == 1.0 and cfg.layer_rope_freq_scale(1) == 1 / 8
 
@@ -101,6 +136,13 @@ def test_mixture_of_experts_is_refused():
 
 
 def test_gemma3_27b_scales_queries_by_model_width_per_head():
-    fake = _fake("gemma3", **{"gemma3.block_count": 62, "gemma3.embedding_length": 5376,
-                              "gemma3.attention.head_count": 32, "gemma3.attention.key_length": 128})
+    fake = _fake(
+        "gemma3",
+        **{
+            "gemma3.block_count": 62,
+            "gemma3.embedding_length": 5376,
+            "gemma3.attention.head_count": 32,
+            "gemma3.attention.key_length": 128,
+        },
+    )
     assert ModelConfig.from_gguf(fake).attn_scale == pytest.approx(1 / math.sqrt(168))

@@ -14,7 +14,13 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from engine.constrained import JsonConstraint, json_grammar, llg_tokenizer_for, make_json_constraint, validate_json_schema
+from engine.constrained import (
+    JsonConstraint,
+    json_grammar,
+    llg_tokenizer_for,
+    make_json_constraint,
+    validate_json_schema,
+)
 from engine.errors import ConfigValidationError, ConstraintError
 
 MERGES = [("{", '"'), ('"', ":"), ("Ġ", '"'), ('"', ","), ('"', "}")]
@@ -113,7 +119,7 @@ def test_logits_of_allowed_tokens_are_untouched_and_padded_ids_are_masked(tiny):
     masked = constraint([1], original.copy())
     keep = np.isfinite(masked)
     assert np.array_equal(masked[keep], original[keep])
-    assert not keep[tiny.vocab_size:].any()
+    assert not keep[tiny.vocab_size :].any()
 
 
 def test_accepting_a_forbidden_token_raises(tiny):
@@ -148,7 +154,9 @@ def test_rollback_returns_to_an_earlier_state(tiny):
     n = constraint.n_consumed
     constraint.rollback(n - 1)
     del tokens[2:]
-    assert np.array_equal(np.isfinite(constraint(tokens, np.zeros(tiny.vocab_size, np.float32))), before)
+    assert np.array_equal(
+        np.isfinite(constraint(tokens, np.zeros(tiny.vocab_size, np.float32))), before
+    )
 
 
 NESTED_SCHEMA = {
@@ -223,7 +231,9 @@ def test_schema_mode_without_schema_and_unknown_mode_are_refused(tiny):
 
 def test_llguidance_tokenizer_is_built_once_per_tokenizer(tiny):
     assert llg_tokenizer_for(tiny) is llg_tokenizer_for(tiny)
-    assert isinstance(JsonConstraint(llg_tokenizer_for(tiny), json_grammar("object")), JsonConstraint)
+    assert isinstance(
+        JsonConstraint(llg_tokenizer_for(tiny), json_grammar("object")), JsonConstraint
+    )
 
 
 # --- real models: SmolLM2 (49k byte-level BPE, chat) and gemma3 (262k SentencePiece, base) -------
@@ -236,10 +246,17 @@ PERSON_SCHEMA = {
         "name": {"type": "string", "maxLength": 24},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "role": {"enum": ["admin", "user", "guest"]},
-        "scores": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 100}, "maxItems": 3},
+        "scores": {
+            "type": "array",
+            "items": {"type": "number", "minimum": 0, "maximum": 100},
+            "maxItems": 3,
+        },
         "address": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}, "zip": {"type": "integer", "minimum": 0, "maximum": 99999}},
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "zip": {"type": "integer", "minimum": 0, "maximum": 99999},
+            },
             "required": ["city", "zip"],
             "additionalProperties": False,
         },
@@ -268,12 +285,27 @@ def json_request(lm, mode, schema, seed, max_new_tokens):
     if getattr(lm.chat_template, "is_fallback", True):  # base model: a plain text prompt
         prompt = dict(prompt="A short JSON record of a fictional person (name, age, city):\n")
     else:
-        prompt = dict(messages=[{"role": "user", "content": "Give a short JSON object describing a fictional person: name, age and city."}])
-    sampling = {"do_sample": False} if seed is None else {"do_sample": True, "seed": seed, "temperature": 0.5, "top_k": 20}
+        prompt = dict(
+            messages=[
+                {
+                    "role": "user",
+                    "content": "Give a short JSON object describing a fictional person: name, age and city.",
+                }
+            ]
+        )
+    sampling = (
+        {"do_sample": False}
+        if seed is None
+        else {"do_sample": True, "seed": seed, "temperature": 0.5, "top_k": 20}
+    )
     # A mild repetition penalty, as a user would set: 135M-270M models otherwise tend to repeat
     # an array item until the token budget runs out (which JSON mode reports as "length").
-    request = GenerationRequest(**prompt, json_mode=mode, json_schema=schema,
-                                overrides={"max_new_tokens": max_new_tokens, "repetition_penalty": 1.2, **sampling})
+    request = GenerationRequest(
+        **prompt,
+        json_mode=mode,
+        json_schema=schema,
+        overrides={"max_new_tokens": max_new_tokens, "repetition_penalty": 1.2, **sampling},
+    )
     events = list(generate(lm, request))
     assert isinstance(events[-1], Finished)
     return events[-1]
@@ -339,12 +371,32 @@ def test_max_new_tokens_cutting_the_value_short_is_length_not_success(smollm2):
 def test_cli_json_schema_flag(smollm2_path, tmp_path, capsys):
     from engine.__main__ import main
 
-    schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
-              "required": ["color"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green", "blue"]}},
+        "required": ["color"],
+        "additionalProperties": False,
+    }
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(schema))
-    assert main(["generate", str(smollm2_path), "Pick a color.", "--chat", "--json-schema", str(path),
-                 "--max-tokens", "24", "--n-ctx", "256", "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(smollm2_path),
+                "Pick a color.",
+                "--chat",
+                "--json-schema",
+                str(path),
+                "--max-tokens",
+                "24",
+                "--n-ctx",
+                "256",
+                "--json",
+            ]
+        )
+        == 0
+    )
     record = json.loads(capsys.readouterr().out)
     assert record["finish_reason"] == "grammar_complete"
     jsonschema.validate(json.loads(record["text"]), schema)
@@ -365,11 +417,21 @@ def test_cli_refuses_bad_json_flags(smollm2_path, tmp_path, capsys):
 def test_json_mode_with_speculative_drafts_gives_the_same_document(smollm2):
     """Drafted tokens go through the same mask one position at a time; rejected ones never reach
     the grammar, so speculation cannot change a constrained answer."""
-    messages = [{"role": "user", "content": 'Copy this JSON exactly: {"name": "Ada", "age": 36, "role": "admin"}'}]
+    messages = [
+        {
+            "role": "user",
+            "content": 'Copy this JSON exactly: {"name": "Ada", "age": 36, "role": "admin"}',
+        }
+    ]
 
     def document(speculative):
-        request = GenerationRequest(messages=messages, json_mode="schema", json_schema=PERSON_SCHEMA,
-                                    speculative=speculative, overrides={"max_new_tokens": 96, "do_sample": False})
+        request = GenerationRequest(
+            messages=messages,
+            json_mode="schema",
+            json_schema=PERSON_SCHEMA,
+            speculative=speculative,
+            overrides={"max_new_tokens": 96, "do_sample": False},
+        )
         return list(generate(smollm2, request))[-1]
 
     plain, drafted = document(False), document(True)

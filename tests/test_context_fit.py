@@ -1,10 +1,10 @@
 """Fitting a conversation into the context window (hand-counted token sizes on the fake ChatML)."""
 
 import pytest
+from fake_model import fake_lm, script_tokens
 
 from engine.context_fit import fit_conversation
 from engine.errors import ConfigValidationError, ContextOverflowError
-from fake_model import fake_lm, script_tokens
 
 # With the fake ChatML template every one-piece message is 6 tokens
 # (<|im_start|> role \n content <|im_end|> \n), plus BOS (1) and the generation prompt (3).
@@ -26,13 +26,19 @@ def lm():
 
 def test_a_fitting_conversation_is_unchanged(lm):
     result = fit_conversation(lm, CHAT, reserve_tokens=0)
-    assert result.messages == CHAT and result.dropped == [] and result.prompt_tokens == size(6) == 40
+    assert (
+        result.messages == CHAT and result.dropped == [] and result.prompt_tokens == size(6) == 40
+    )
 
 
 def test_drop_oldest_drops_the_fewest_whole_turns_and_keeps_the_system_prompt(lm):
     result = fit_conversation(lm, CHAT, reserve_tokens=5)  # budget 35: one turn must go
     assert result.messages == [SYS, U2, A2, U3]
-    assert result.dropped == [U1, A1] and result.dropped_indices == [1, 2] and result.dropped_turns == 1
+    assert (
+        result.dropped == [U1, A1]
+        and result.dropped_indices == [1, 2]
+        and result.dropped_turns == 1
+    )
     assert result.prompt_tokens == size(4)
     result = fit_conversation(lm, CHAT, reserve_tokens=20)  # budget 20: only the last turn fits
     assert result.messages == [SYS, U3] and result.dropped == [U1, A1, U2, A2]

@@ -21,7 +21,7 @@ from engine.tokenizer import Tokenizer
 REPLACEMENT = "\ufffd"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tokenizer(name: str) -> Tokenizer:
     try:
         path = default_model_path() if name.startswith("smollm2") else gemma3_270m_path()
@@ -85,7 +85,9 @@ def test_unicode_text_streams_without_replacement_characters(name):
     # SmolLM2's vocabulary lacks a few bytes (some C0 controls, the lead bytes of planes 4-11), which
     # llama.cpp then drops, so the round trip is only checked on text its vocabulary can spell.
     alphabet = st.one_of(
-        st.characters(max_codepoint=0x3FFFF, blacklist_categories=("Cs", "Cc"), blacklist_characters="<"),
+        st.characters(
+            max_codepoint=0x3FFFF, blacklist_categories=("Cs", "Cc"), blacklist_characters="<"
+        ),
         st.sampled_from(["👍🏽", "👨‍👩‍👧", "🏳️‍🌈", "日本語", "é", "e\u0301", "  ", "\t", "\n", " "]),
     )
 
@@ -164,9 +166,15 @@ def test_clean_spaces_vocabulary_streams_exactly_what_decode_cleans():
     assert all(not c.endswith(" ") for c in chunks[:-1])  # a space is shown only once it is safe
 
 
-@pytest.mark.parametrize("text", ["a ' b", "x '", "  ,", "it 're", "' '", " 's", "end ' ' ' ,", "a  ,b 's  'm"])
+@pytest.mark.parametrize(
+    "text", ["a ' b", "x '", "  ,", "it 're", "' '", " 's", "end ' ' ' ,", "a  ,b 's  'm"]
+)
 def test_clean_spaces_streaming_one_character_per_token(text):
     # The same text spelled one token per character stresses where the stream may cut.
     tok = _tokenizer("smollm2_pre_gpt2")
     ids = [i for ch in text for i in tok.encode(ch, add_special=False)]
-    assert "".join(stream(tok, ids)) == tok.decode(ids) == tok.decode(tok.encode(text, add_special=False))
+    assert (
+        "".join(stream(tok, ids))
+        == tok.decode(ids)
+        == tok.decode(tok.encode(text, add_special=False))
+    )

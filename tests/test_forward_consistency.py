@@ -18,8 +18,9 @@ ATOL = 1e-3  # same arithmetic, different batch shapes: float32 summation order 
 
 
 def _model(arch: str, max_batch: int = 256):
-    return build_model(open_gguf(FIXTURES / f"tiny_{arch}.gguf"), backend=ReferenceBackend(),
-                       max_batch=max_batch)
+    return build_model(
+        open_gguf(FIXTURES / f"tiny_{arch}.gguf"), backend=ReferenceBackend(), max_batch=max_batch
+    )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
@@ -36,7 +37,9 @@ def test_prefill_equals_token_by_token_decode(arch):
 def test_chunked_prefill_equals_one_batch():
     whole = _model("gemma3").forward(IDS, _model("gemma3").new_cache(32), all_logits=True)
     small = _model("gemma3", max_batch=5)
-    np.testing.assert_allclose(small.forward(IDS, small.new_cache(32), all_logits=True), whole, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        small.forward(IDS, small.new_cache(32), all_logits=True), whole, atol=ATOL, rtol=0
+    )
 
 
 def test_logits_at_returns_requested_rows_in_order():
@@ -59,7 +62,9 @@ def test_truncate_then_continue_equals_fresh_run():
     fresh = model.forward(IDS[:12], model.new_cache(32), all_logits=True)[6:]
     np.testing.assert_allclose(resumed, fresh, atol=ATOL, rtol=0)
     # The clone taken before truncation still continues its own sequence.
-    np.testing.assert_allclose(model.forward(IDS[10:12], saved, all_logits=True), fresh[4:6], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        model.forward(IDS[10:12], saved, all_logits=True), fresh[4:6], atol=ATOL, rtol=0
+    )
 
 
 def test_overflow_and_bad_ids_are_refused_without_touching_the_cache():
@@ -84,20 +89,34 @@ def test_rope_freq_factors_tensor_is_applied():
     """Uniform factors of 2 halve every rotation frequency: same as linear RoPE scaling by 2."""
     import dataclasses
 
-    from engine.qtensor import QTensor
     from gguf import GGMLQuantizationType
+
+    from engine.qtensor import QTensor
 
     gguf_file = open_gguf(FIXTURES / "tiny_llama.gguf")
     base = build_model(gguf_file, backend=ReferenceBackend())
     half = base.config.head_dim // 2
-    factors = QTensor("rope_freqs.weight", GGMLQuantizationType.F32, (half,), np.full(half, 2.0, np.float32))
-    with_factors = build_model(type("G", (), dict(arch=gguf_file.arch, metadata=gguf_file.metadata,
-                                                  tensors={**gguf_file.tensors, "rope_freqs.weight": factors})),
-                               backend=ReferenceBackend())
+    factors = QTensor(
+        "rope_freqs.weight", GGMLQuantizationType.F32, (half,), np.full(half, 2.0, np.float32)
+    )
+    with_factors = build_model(
+        type(
+            "G",
+            (),
+            dict(
+                arch=gguf_file.arch,
+                metadata=gguf_file.metadata,
+                tensors={**gguf_file.tensors, "rope_freqs.weight": factors},
+            ),
+        ),
+        backend=ReferenceBackend(),
+    )
     scaled_cfg = dataclasses.replace(base.config, rope_freq_scale=0.5)
     scaled = build_model(gguf_file, scaled_cfg, backend=ReferenceBackend())
     got = with_factors.forward(IDS, with_factors.new_cache(32), all_logits=True)
-    np.testing.assert_allclose(got, scaled.forward(IDS, scaled.new_cache(32), all_logits=True), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        got, scaled.forward(IDS, scaled.new_cache(32), all_logits=True), atol=ATOL, rtol=0
+    )
     assert np.abs(got - base.forward(IDS, base.new_cache(32), all_logits=True)).max() > 10 * ATOL
 
 
@@ -109,7 +128,9 @@ def test_wrongly_shaped_or_missing_tensor_is_named():
     import dataclasses
 
     # ffn_down's (d_model, n_ff) storage under ffn_up's name: a transposed weight.
-    tensors["blk.1.ffn_up.weight"] = dataclasses.replace(tensors["blk.1.ffn_down.weight"], name="blk.1.ffn_up.weight")
+    tensors["blk.1.ffn_up.weight"] = dataclasses.replace(
+        tensors["blk.1.ffn_down.weight"], name="blk.1.ffn_up.weight"
+    )
     fake = type("G", (), dict(arch=gguf_file.arch, metadata=gguf_file.metadata, tensors=tensors))
     with pytest.raises(ModelFileError, match=r"blk\.1\.ffn_up\.weight.*shape"):
         build_model(fake, backend=ReferenceBackend())

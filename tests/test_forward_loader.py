@@ -15,8 +15,16 @@ def tiny_with_vocab(tmp_path_factory):
     """A tiny llama with SmolLM2's full vocabulary (the committed fixtures omit it)."""
     from tiny_models import write_tiny_model
 
-    return write_tiny_model(tmp_path_factory.mktemp("loader") / "tiny.gguf", "llama", d_model=32,
-                            n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, tie_embeddings=True)
+    return write_tiny_model(
+        tmp_path_factory.mktemp("loader") / "tiny.gguf",
+        "llama",
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        d_ff=64,
+        tie_embeddings=True,
+    )
 
 
 def test_load_tiny_model_reports_progress_and_defaults(monkeypatch, tiny_with_vocab):

@@ -43,14 +43,18 @@ def _check_case(model, case: dict, probe_ids: list[int], atol: float, mean_tol: 
     for i, pos in enumerate(case["positions"]):
         errors.append(logits[i, case["topk_ids"][i]] - np.array(case["topk_logits"][i]))
         errors.append(logits[i, probe_ids] - np.array(case["probe_logits"][i]))
-        assert int(np.argmax(logits[i])) == case["topk_ids"][i][0], f"{case['name']}: top-1 differs at {pos}"
+        assert int(np.argmax(logits[i])) == case["topk_ids"][i][0], (
+            f"{case['name']}: top-1 differs at {pos}"
+        )
     errors = np.abs(np.concatenate(errors))
     assert errors.max() < atol, f"{case['name']}: max |logit error| {errors.max():.4f} >= {atol}"
     assert errors.mean() < mean_tol, f"{case['name']}: mean |logit error| {errors.mean():.5f}"
-    greedy_logits = logits[len(case["positions"]):]
-    for step, (expected, margin) in enumerate(zip(greedy, case["greedy_margins"])):
+    greedy_logits = logits[len(case["positions"]) :]
+    for step, (expected, margin) in enumerate(zip(greedy, case["greedy_margins"], strict=True)):
         if margin >= CLEAR_MARGIN:
-            assert int(np.argmax(greedy_logits[step])) == expected, f"{case['name']}: greedy step {step}"
+            assert int(np.argmax(greedy_logits[step])) == expected, (
+                f"{case['name']}: greedy step {step}"
+            )
     return dict(max=float(errors.max()), mean=float(errors.mean()))
 
 
@@ -68,7 +72,9 @@ def _real_model(path_fn, oracle):
         path = path_fn()
     except ModelNotInstalledError as exc:
         pytest.skip(str(exc))
-    assert path.stat().st_size == oracle["file_size"], "oracle fixture was made from a different file"
+    assert path.stat().st_size == oracle["file_size"], (
+        "oracle fixture was made from a different file"
+    )
     # One chunk for the whole 800-token prompt: the reference re-dequantizes weights per chunk.
     return build_model(open_gguf(path), backend=ReferenceBackend(), max_batch=1024)
 

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
+from tiny_models import ALL_QTYPES, _random_weight
 
 from engine.kernels.reference import ReferenceBackend
 from engine.models import build_model
 from engine.qtensor import QTensor
-from tiny_models import ALL_QTYPES, _random_weight
 
 Q = GGMLQuantizationType
 D_MODEL, N_HEAD, N_KV, HEAD_DIM, D_FF, VOCAB = 256, 4, 2, 64, 256, 300
@@ -23,7 +23,9 @@ ARCH = {  # what the independent forward needs to know per architecture
     "qwen2": dict(theta=1e6, neox=True, bias=True, qk_norm=False, gemma=False, n_layers=2),
     "qwen3": dict(theta=1e6, neox=True, bias=False, qk_norm=True, gemma=False, n_layers=2),
     # 3 layers with period 3 -> layers 0, 1 local (window 4), layer 2 global.
-    "gemma3": dict(theta=1e6, neox=True, bias=False, qk_norm=True, gemma=True, n_layers=3, window=4),
+    "gemma3": dict(
+        theta=1e6, neox=True, bias=False, qk_norm=True, gemma=True, n_layers=3, window=4
+    ),
 }
 GEMMA_LOCAL_THETA = 10000.0
 
@@ -47,7 +49,9 @@ def _make(arch: str, qtype: GGMLQuantizationType, seed: int = 0):
         tensors[name] = QTensor(name, Q.F32, (n,), values)
         dense[name] = values.astype(np.float64)
 
-    add("token_embd.weight", VOCAB, D_MODEL, Q.F32, 1.0 / np.sqrt(D_MODEL) if spec["gemma"] else 1.0)
+    add(
+        "token_embd.weight", VOCAB, D_MODEL, Q.F32, 1.0 / np.sqrt(D_MODEL) if spec["gemma"] else 1.0
+    )
     for i in range(spec["n_layers"]):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", D_MODEL)
@@ -72,11 +76,21 @@ def _make(arch: str, qtype: GGMLQuantizationType, seed: int = 0):
     vector("output_norm.weight", D_MODEL)
     if not spec["gemma"]:  # gemma3 ties the output to the embedding
         add("output.weight", VOCAB, D_MODEL, qtype, 0.1)
-    metadata = {f"{arch}.{k}": v for k, v in {
-        "embedding_length": D_MODEL, "block_count": spec["n_layers"], "feed_forward_length": D_FF,
-        "context_length": 64, "attention.head_count": N_HEAD, "attention.head_count_kv": N_KV,
-        "attention.key_length": HEAD_DIM, "attention.value_length": HEAD_DIM,
-        "rope.freq_base": spec["theta"], "attention.layer_norm_rms_epsilon": EPS}.items()}
+    metadata = {
+        f"{arch}.{k}": v
+        for k, v in {
+            "embedding_length": D_MODEL,
+            "block_count": spec["n_layers"],
+            "feed_forward_length": D_FF,
+            "context_length": 64,
+            "attention.head_count": N_HEAD,
+            "attention.head_count_kv": N_KV,
+            "attention.key_length": HEAD_DIM,
+            "attention.value_length": HEAD_DIM,
+            "rope.freq_base": spec["theta"],
+            "attention.layer_norm_rms_epsilon": EPS,
+        }.items()
+    }
     if spec["gemma"]:
         metadata["gemma3.attention.sliding_window"] = spec["window"]
         metadata["gemma3.attention.sliding_window_pattern"] = 3
@@ -91,10 +105,14 @@ def _independent_forward(arch: str, w: dict, ids: list[int]) -> np.ndarray:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS) * g
 
     def rope(x, theta):  # x (T, H, hd)
-        ang = np.arange(x.shape[0])[:, None, None] * theta ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+        ang = np.arange(x.shape[0])[:, None, None] * theta ** (
+            -np.arange(0, HEAD_DIM, 2) / HEAD_DIM
+        )
         if spec["neox"]:  # rotate_half pairs (i, i + hd/2)
-            a, b = x[..., : HEAD_DIM // 2], x[..., HEAD_DIM // 2:]
-            return np.concatenate([a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)], -1)
+            a, b = x[..., : HEAD_DIM // 2], x[..., HEAD_DIM // 2 :]
+            return np.concatenate(
+                [a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)], -1
+            )
         out = np.empty_like(x)  # GGUF llama: adjacent pairs (2i, 2i+1)
         a, b = x[..., 0::2], x[..., 1::2]
         out[..., 0::2] = a * np.cos(ang) - b * np.sin(ang)
@@ -102,7 +120,7 @@ def _independent_forward(arch: str, w: dict, ids: list[int]) -> np.ndarray:
         return out
 
     def gelu_tanh(g):
-        return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+        return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
 
     T = len(ids)
     x = w["token_embd.weight"][ids] * (np.sqrt(D_MODEL) if spec["gemma"] else 1.0)
@@ -113,9 +131,15 @@ def _independent_forward(arch: str, w: dict, ids: list[int]) -> np.ndarray:
         theta = GEMMA_LOCAL_THETA if local else spec["theta"]
         allowed = (j_pos <= i_pos) & ((j_pos > i_pos - spec["window"]) if local else True)
         h = rms(x, w[p + "attn_norm.weight"])
-        q, k, v = (h @ w[p + f"attn_{n}.weight"].T + (w[p + f"attn_{n}.bias"] if spec["bias"] else 0)
-                   for n in "qkv")
-        q, k, v = q.reshape(T, N_HEAD, HEAD_DIM), k.reshape(T, N_KV, HEAD_DIM), v.reshape(T, N_KV, HEAD_DIM)
+        q, k, v = (
+            h @ w[p + f"attn_{n}.weight"].T + (w[p + f"attn_{n}.bias"] if spec["bias"] else 0)
+            for n in "qkv"
+        )
+        q, k, v = (
+            q.reshape(T, N_HEAD, HEAD_DIM),
+            k.reshape(T, N_KV, HEAD_DIM),
+            v.reshape(T, N_KV, HEAD_DIM),
+        )
         if spec["qk_norm"]:
             q, k = rms(q, w[p + "attn_q_norm.weight"]), rms(k, w[p + "attn_k_norm.weight"])
         q, k = rope(q, theta), rope(k, theta)

@@ -3,13 +3,6 @@ and the prefix-cache / JSON / speculative seams."""
 
 import numpy as np
 import pytest
-
-import engine.constrained
-from engine.cancel import CancelToken
-from engine.errors import ConfigValidationError, ContextOverflowError, MemoryBudgetError
-from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled
-from engine.generate import PREFILL_CHUNK, GenerationRequest, PrefixHit, generate
-from engine.kv_cache import KVCache
 from fake_model import (
     BOS,
     EOS,
@@ -24,6 +17,13 @@ from fake_model import (
     token_id,
     use_fake_detokenizer,
 )
+
+import engine.constrained
+from engine.cancel import CancelToken
+from engine.errors import ConfigValidationError, ContextOverflowError, MemoryBudgetError
+from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled
+from engine.generate import PREFILL_CHUNK, GenerationRequest, PrefixHit, generate
+from engine.kv_cache import KVCache
 
 PROMPT = "Hello"  # -> [BOS, Hello]: 2 tokens
 N_PROMPT = 2
@@ -63,7 +63,7 @@ def test_every_end_of_generation_id_stops_and_is_not_emitted(eog):
 
 
 def test_generation_config_eos_ids_also_stop(tmp_path):
-    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [%d]}' % token_id("!"))
+    (tmp_path / "generation_config.json").write_text(f'{{"eos_token_id": [{token_id("!")}]}}')
     model_path = tmp_path / "m.gguf"
     model_path.write_bytes(b"")
     lm = fake_lm(script_tokens(N_PROMPT, ids("Hello", "!", " world")), path=model_path)
@@ -201,7 +201,9 @@ def test_token_events_carry_logprobs_and_sorted_alternatives():
     lm = fake_lm(script_steps(N_PROMPT, [step]))
     events = run(lm, top_logprobs=3, overrides={"max_new_tokens": 1})
     (sampled,) = [e for e in events if isinstance(e, TokenSampled)]
-    assert sampled.token_id == token_id("a") and sampled.logprob == pytest.approx(np.log(0.6), abs=1e-5)
+    assert sampled.token_id == token_id("a") and sampled.logprob == pytest.approx(
+        np.log(0.6), abs=1e-5
+    )
     assert [a.token_id for a in sampled.top] == ids("a", "b", "c")
     assert [a.logprob for a in sampled.top] == pytest.approx(np.log([0.6, 0.3, 0.1]), abs=1e-5)
     assert [a.text for a in sampled.top] == ["a", "b", "c"]
@@ -211,7 +213,11 @@ def test_reasoning_deltas_are_split_from_the_answer():
     lm = fake_lm(script_tokens(N_PROMPT, ids("<think>", "thinking", "</think>", "Hello", " world")))
     events = run(lm)
     done = finished(events)
-    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == done.reasoning == "thinking"
+    assert (
+        "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+        == done.reasoning
+        == "thinking"
+    )
     assert done.text == "Hello world"
 
 
@@ -236,7 +242,13 @@ def _noisy_steps(n):
 def _sampled_run(seed, **extra):
     eog_free = FakeTokenizer(eog_ids=())
     lm = fake_lm(script_steps(N_PROMPT, _noisy_steps(12)), tokenizer=eog_free)
-    overrides = {"do_sample": True, "temperature": 1.0, "top_k": 0, "max_new_tokens": 12, "seed": seed}
+    overrides = {
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_k": 0,
+        "max_new_tokens": 12,
+        "seed": seed,
+    }
     return finished(run(lm, overrides=overrides, **extra))
 
 
@@ -250,7 +262,9 @@ def test_same_seed_same_tokens_and_the_used_seed_is_reported():
 
 
 def test_greedy_ignores_the_seed():
-    make = lambda: fake_lm(script_steps(N_PROMPT, _noisy_steps(6)), tokenizer=FakeTokenizer(eog_ids=()))  # noqa: E731
+    def make():
+        return fake_lm(script_steps(N_PROMPT, _noisy_steps(6)), tokenizer=FakeTokenizer(eog_ids=()))
+
     a = finished(run(make(), overrides={"max_new_tokens": 6, "seed": 1}))
     b = finished(run(make(), overrides={"max_new_tokens": 6, "seed": 2}))
     assert a.token_ids == b.token_ids and a.preset["seed_used"] is None
@@ -280,7 +294,12 @@ def test_kv_memory_budget_is_enforced_before_allocation():
     lm = fake_lm(script_tokens(N_PROMPT, []), n_ctx=64)
     need = KVCache.bytes_needed(lm.config, 10)
     with pytest.raises(MemoryBudgetError) as info:
-        generate(lm, GenerationRequest(prompt=PROMPT, overrides={"max_new_tokens": 8}, kv_budget_bytes=need - 1))
+        generate(
+            lm,
+            GenerationRequest(
+                prompt=PROMPT, overrides={"max_new_tokens": 8}, kv_budget_bytes=need - 1
+            ),
+        )
     assert str(need) in str(info.value) and str(need - 1) in str(info.value)
     assert lm.model.caches_created == []
     finished(run(lm, overrides={"max_new_tokens": 8}, kv_budget_bytes=need))
@@ -339,8 +358,11 @@ class ScriptedConstraint:
 
 def test_constraint_masks_and_reports_grammar_complete(monkeypatch):
     made = []
-    monkeypatch.setattr(engine.constrained, "make_json_constraint",
-                        lambda tok, mode, schema: made.append(ScriptedConstraint(ids("x", "y"))) or made[-1])
+    monkeypatch.setattr(
+        engine.constrained,
+        "make_json_constraint",
+        lambda tok, mode, schema: made.append(ScriptedConstraint(ids("x", "y"))) or made[-1],
+    )
     lm = fake_lm(script_tokens(N_PROMPT, ids("a", "b", "c", "z")))
     done = finished(run(lm, json_mode="object"))
     assert (done.finish_reason, done.text) == ("grammar_complete", "xy")
@@ -358,7 +380,7 @@ class OracleDrafter:
     def draft(self, tokens, max_tokens):
         self.calls += 1
         start = len(tokens) - self.n_prompt
-        out = list(self.continuation[start:start + max_tokens])
+        out = list(self.continuation[start : start + max_tokens])
         return [token_id("z") if start + i in self.wrong_at else t for i, t in enumerate(out)]
 
 
@@ -386,9 +408,17 @@ def test_speculative_seeded_sampling_equals_plain_sampling():
     steps = _noisy_steps(10)
     tok = FakeTokenizer(eog_ids=())
     overrides = {"do_sample": True, "top_k": 3, "max_new_tokens": 10, "seed": 11}
-    plain = finished(run(fake_lm(script_steps(N_PROMPT, steps), tokenizer=tok), overrides=overrides))
+    plain = finished(
+        run(fake_lm(script_steps(N_PROMPT, steps), tokenizer=tok), overrides=overrides)
+    )
     drafter = OracleDrafter(list(plain.token_ids), N_PROMPT, wrong_at=(2, 6))
-    spec = finished(run(fake_lm(script_steps(N_PROMPT, steps), tokenizer=tok), overrides=overrides, speculative=drafter))
+    spec = finished(
+        run(
+            fake_lm(script_steps(N_PROMPT, steps), tokenizer=tok),
+            overrides=overrides,
+            speculative=drafter,
+        )
+    )
     assert spec.token_ids == plain.token_ids
 
 
@@ -403,8 +433,14 @@ def test_stop_inside_a_verified_draft_leaves_a_consistent_cache():
             stored.append((list(token_ids), list(cache.tokens), cache.n_tokens))
 
     lm = fake_lm(script_tokens(N_PROMPT, SPEC_SCRIPT))
-    done = finished(run(lm, overrides={"stop": [" are"]}, speculative=OracleDrafter(SPEC_SCRIPT, N_PROMPT),
-                        prefix_cache=Recorder()))
+    done = finished(
+        run(
+            lm,
+            overrides={"stop": [" are"]},
+            speculative=OracleDrafter(SPEC_SCRIPT, N_PROMPT),
+            prefix_cache=Recorder(),
+        )
+    )
     assert (done.finish_reason, done.text) == ("stop_sequence", "Hello world! How")
     for token_ids, cache_tokens, n in stored:
         assert token_ids == cache_tokens and n == len(token_ids)
@@ -465,14 +501,21 @@ def _chat_prefix(lm):
     # The answer is forced up to its last word, so the model's next choices (" Paris", ".", then
     # end of turn) have wide margins whatever kernel precision is in use.
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    return lm.chat_template.render(messages, add_generation_prompt=True) + "The capital of France is"
+    return (
+        lm.chat_template.render(messages, add_generation_prompt=True) + "The capital of France is"
+    )
 
 
 @pytest.mark.slow
 def test_smollm2_chat_answer_stops_at_end_of_turn(smollm2, real_detokenizer):
     prompt = _chat_prefix(smollm2)
     assert "<|im_start|>assistant\n" in prompt
-    events = list(generate(smollm2, GenerationRequest(prompt=prompt, overrides={"max_new_tokens": 8}, top_logprobs=2)))
+    events = list(
+        generate(
+            smollm2,
+            GenerationRequest(prompt=prompt, overrides={"max_new_tokens": 8}, top_logprobs=2),
+        )
+    )
     done = finished(events)
     im_end = smollm2.tokenizer.token_id("<|im_end|>")
     assert im_end in smollm2.tokenizer.eog_ids
@@ -492,12 +535,30 @@ def test_smollm2_stop_string_and_prefix_reuse(smollm2, real_detokenizer):
 
     prompt = _chat_prefix(smollm2)
     reuse = PrefixCache()
-    first = finished(list(generate(smollm2, GenerationRequest(prompt=prompt, prefix_cache=reuse,
-                                                              overrides={"max_new_tokens": 8, "stop": ["."]}))))
+    first = finished(
+        list(
+            generate(
+                smollm2,
+                GenerationRequest(
+                    prompt=prompt,
+                    prefix_cache=reuse,
+                    overrides={"max_new_tokens": 8, "stop": ["."]},
+                ),
+            )
+        )
+    )
     assert (first.finish_reason, first.text) == ("stop_sequence", " Paris")
     assert first.usage.cached_tokens == 0
-    second = finished(list(generate(smollm2, GenerationRequest(prompt=prompt, prefix_cache=reuse,
-                                                               overrides={"max_new_tokens": 8}))))
+    second = finished(
+        list(
+            generate(
+                smollm2,
+                GenerationRequest(
+                    prompt=prompt, prefix_cache=reuse, overrides={"max_new_tokens": 8}
+                ),
+            )
+        )
+    )
     assert second.usage.cached_tokens == second.usage.prompt_tokens
     assert (second.finish_reason, second.text) == ("stop", " Paris.")
 

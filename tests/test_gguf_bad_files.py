@@ -103,8 +103,15 @@ def test_empty_file(tmp_path):
     refused(tmp_path, b"", match="empty")
 
 
-@pytest.mark.parametrize("content", [b"hello world, this is text\n" * 4, b"\x89PNG\r\n\x1a\n" + b"\0" * 40,
-                                     b"PK\x03\x04" + b"\0" * 60], ids=["text", "png", "zip"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"hello world, this is text\n" * 4,
+        b"\x89PNG\r\n\x1a\n" + b"\0" * 40,
+        b"PK\x03\x04" + b"\0" * 60,
+    ],
+    ids=["text", "png", "zip"],
+)
 def test_not_a_gguf(tmp_path, content):
     refused(tmp_path, content, match="not a GGUF file")
 
@@ -116,7 +123,9 @@ def test_shorter_than_a_header(tmp_path):
 # --- versions ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("version", [1, 4, 99])
 def test_unsupported_versions(tmp_path, version):
-    message = refused(tmp_path, gguf_bytes(version=version), match=f"version {version} is not supported")
+    message = refused(
+        tmp_path, gguf_bytes(version=version), match=f"version {version} is not supported"
+    )
     assert "2, 3" in message
 
 
@@ -130,7 +139,9 @@ def test_version_2_loads(tmp_path):
 
 
 # --- absurd counts and lengths (must fail fast, before any loop or allocation) --------------------
-@pytest.mark.parametrize("tensor_count,kv_count", [(2**63, 1), (1, 2**63), (2**64 - 1, 2**64 - 1), (10**6, 1)])
+@pytest.mark.parametrize(
+    "tensor_count,kv_count", [(2**63, 1), (1, 2**63), (2**64 - 1, 2**64 - 1), (10**6, 1)]
+)
 def test_absurd_counts(tmp_path, tensor_count, kv_count):
     refused(tmp_path, gguf_bytes(tensor_count=tensor_count, kv_count=kv_count), match="cannot fit")
 
@@ -154,8 +165,11 @@ def test_absurd_array_length(tmp_path, element_type):
 
 def test_unknown_value_type(tmp_path):
     kv = gstr("general.thing") + struct.pack("<I", 99) + b"\0" * 8
-    refused(tmp_path, gguf_bytes([kv_string("general.architecture", "llama"), kv]),
-            match="general.thing.*unknown value type 99")
+    refused(
+        tmp_path,
+        gguf_bytes([kv_string("general.architecture", "llama"), kv]),
+        match="general.thing.*unknown value type 99",
+    )
 
 
 def test_deeply_nested_arrays(tmp_path):
@@ -163,7 +177,11 @@ def test_deeply_nested_arrays(tmp_path):
     for _ in range(6):
         nested = struct.pack("<IQ", V.ARRAY, 1) + nested
     kv = gstr("general.nest") + struct.pack("<I", V.ARRAY) + nested
-    refused(tmp_path, gguf_bytes([kv_string("general.architecture", "llama"), kv]), match="nests arrays deeper")
+    refused(
+        tmp_path,
+        gguf_bytes([kv_string("general.architecture", "llama"), kv]),
+        match="nests arrays deeper",
+    )
 
 
 def test_nested_array_within_limit_loads(tmp_path):
@@ -175,16 +193,28 @@ def test_nested_array_within_limit_loads(tmp_path):
 
 def test_invalid_utf8_key(tmp_path):
     kv = gstr(b"general.\xff\xfe") + struct.pack("<II", V.UINT32, 1)
-    refused(tmp_path, gguf_bytes([kv_string("general.architecture", "llama"), kv]), match="not valid UTF-8")
+    refused(
+        tmp_path,
+        gguf_bytes([kv_string("general.architecture", "llama"), kv]),
+        match="not valid UTF-8",
+    )
 
 
 def test_duplicate_key(tmp_path):
-    kvs = [kv_string("general.architecture", "llama"), kv_u32("llama.block_count", 1), kv_u32("llama.block_count", 2)]
+    kvs = [
+        kv_string("general.architecture", "llama"),
+        kv_u32("llama.block_count", 1),
+        kv_u32("llama.block_count", 2),
+    ]
     refused(tmp_path, gguf_bytes(kvs), match="'llama.block_count' appears twice")
 
 
 def test_missing_architecture(tmp_path):
-    refused(tmp_path, gguf_bytes([kv_u32("llama.block_count", 1)]), match="general.architecture is missing")
+    refused(
+        tmp_path,
+        gguf_bytes([kv_u32("llama.block_count", 1)]),
+        match="general.architecture is missing",
+    )
 
 
 @pytest.mark.parametrize("alignment", [0, 3, 48, 2**30])
@@ -197,7 +227,9 @@ def test_bad_alignment(tmp_path, alignment):
 @pytest.mark.parametrize("n_dims", [0, 5, 2**31])
 def test_bad_dimension_count(tmp_path, n_dims):
     info = gstr("w") + struct.pack("<I", n_dims) + struct.pack("<QIQ", 32, Q.F32, 0)
-    refused(tmp_path, gguf_bytes(infos=[info], data=ONE_F32_DATA), match=f"'w' has {n_dims} dimensions")
+    refused(
+        tmp_path, gguf_bytes(infos=[info], data=ONE_F32_DATA), match=f"'w' has {n_dims} dimensions"
+    )
 
 
 def test_zero_dimension(tmp_path):
@@ -208,12 +240,18 @@ def test_zero_dimension(tmp_path):
 @pytest.mark.parametrize("ne", [(2**32, 2**32), (2**63, 2**63, 2**63, 2**63), (32, 2**41)])
 def test_absurd_dimensions(tmp_path, ne):
     info = tensor_info("w", ne, Q.F32, 0)
-    refused(tmp_path, gguf_bytes(infos=[info], data=ONE_F32_DATA), match="more than the .* a model tensor")
+    refused(
+        tmp_path,
+        gguf_bytes(infos=[info], data=ONE_F32_DATA),
+        match="more than the .* a model tensor",
+    )
 
 
 def test_tensor_data_past_end_of_file(tmp_path):
     info = tensor_info("w", (32, 2), Q.F32, 0)
-    message = refused(tmp_path, gguf_bytes(infos=[info], data=ONE_F32_DATA[:100]), match="past the end")
+    message = refused(
+        tmp_path, gguf_bytes(infos=[info], data=ONE_F32_DATA[:100]), match="past the end"
+    )
     assert "'w'" in message
 
 
@@ -224,27 +262,43 @@ def test_tensor_offset_past_end_of_file(tmp_path):
 
 def test_misaligned_tensor_offset(tmp_path):
     info = tensor_info("w", (32, 1), Q.F32, 4)
-    refused(tmp_path, gguf_bytes(infos=[info], data=ONE_F32_DATA), match="not a multiple of the alignment 32")
+    refused(
+        tmp_path,
+        gguf_bytes(infos=[info], data=ONE_F32_DATA),
+        match="not a multiple of the alignment 32",
+    )
 
 
 def test_unknown_tensor_type_id(tmp_path):
     info = tensor_info("blk.0.attn_q.weight", (32, 2), 250, 0)
-    message = refused(tmp_path, gguf_bytes(infos=[info], data=ONE_F32_DATA), UnsupportedModelError,
-                      match="'blk.0.attn_q.weight' has unknown tensor type id 250")
+    message = refused(
+        tmp_path,
+        gguf_bytes(infos=[info], data=ONE_F32_DATA),
+        UnsupportedModelError,
+        match="'blk.0.attn_q.weight' has unknown tensor type id 250",
+    )
     assert "Q4_K" in message and "BF16" in message  # lists what is supported
 
 
 @pytest.mark.parametrize("qtype", [Q.IQ2_XS, Q.Q8_1, Q.I32, Q.TQ1_0])
 def test_known_but_unsupported_tensor_type(tmp_path, qtype):
     info = tensor_info("blk.0.ffn_up.weight", (256, 1), qtype, 0)
-    message = refused(tmp_path, gguf_bytes(infos=[info], data=b"\0" * 2048), UnsupportedModelError,
-                      match=f"'blk.0.ffn_up.weight' uses type {qtype.name}")
+    message = refused(
+        tmp_path,
+        gguf_bytes(infos=[info], data=b"\0" * 2048),
+        UnsupportedModelError,
+        match=f"'blk.0.ffn_up.weight' uses type {qtype.name}",
+    )
     assert "supported types: F32, F16, BF16, Q4_0" in message
 
 
 def test_row_not_a_multiple_of_block_size(tmp_path):
     info = tensor_info("w", (40, 1), Q.Q8_0, 0)
-    refused(tmp_path, gguf_bytes(infos=[info], data=b"\0" * 64), match="not a multiple of the 32-value block")
+    refused(
+        tmp_path,
+        gguf_bytes(infos=[info], data=b"\0" * 64),
+        match="not a multiple of the 32-value block",
+    )
 
 
 def test_duplicate_tensor_name(tmp_path):
@@ -275,8 +329,16 @@ def test_truncated_at_many_points(tmp_path, tiny_model_factory):
 
 
 # --- required keys and tensors (checked by ModelConfig on top of open_gguf) -----------------------
-@pytest.mark.parametrize("key", ["llama.block_count", "llama.embedding_length", "llama.feed_forward_length",
-                                 "llama.attention.head_count", "llama.context_length"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.feed_forward_length",
+        "llama.attention.head_count",
+        "llama.context_length",
+    ],
+)
 def test_missing_required_key(tmp_path, key):
     from tests.tiny_models import write_tiny_model
 
@@ -289,7 +351,9 @@ def test_missing_required_key(tmp_path, key):
 def test_missing_embedding_tensor(tmp_path):
     from tests.tiny_models import write_tiny_model
 
-    path = write_tiny_model(tmp_path / "m.gguf", "llama", tokenizer=None, omit_tensors=("token_embd.weight",))
+    path = write_tiny_model(
+        tmp_path / "m.gguf", "llama", tokenizer=None, omit_tensors=("token_embd.weight",)
+    )
     with pytest.raises(ModelFileError, match="token_embd.weight"):
         ModelConfig.from_gguf(open_gguf(path))
 
@@ -303,7 +367,9 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_every_error_is_an_engine_error():
-    assert issubclass(ModelFileError, EngineError) and issubclass(UnsupportedModelError, ModelFileError)
+    assert issubclass(ModelFileError, EngineError) and issubclass(
+        UnsupportedModelError, ModelFileError
+    )
 
 
 # --- metadata that would become huge Python objects (bounded even when the file is large) --------
@@ -333,7 +399,11 @@ def test_huge_array_in_large_file(tmp_path, element_type):
 def test_many_large_arrays_in_large_file(tmp_path):
     kvs = [kv_string("general.architecture", "llama")]
     for i in range(3):
-        kvs.append(gstr(f"general.a{i}") + struct.pack("<IIQ", V.ARRAY, V.UINT8, 4_000_000) + b"\0" * 4_000_000)
+        kvs.append(
+            gstr(f"general.a{i}")
+            + struct.pack("<IIQ", V.ARRAY, V.UINT8, 4_000_000)
+            + b"\0" * 4_000_000
+        )
     path = sparse(tmp_path, gguf_bytes(kvs))
     with pytest.raises(ModelFileError, match="general.a2.*in all arrays"):
         open_gguf(path)

@@ -34,7 +34,23 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
 
 
-INTERESTING_U64 = [0, 1, 2, 31, 32, 255, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**62, 2**63, 2**64 - 1]
+INTERESTING_U64 = [
+    0,
+    1,
+    2,
+    31,
+    32,
+    255,
+    2**16,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**40,
+    2**62,
+    2**63,
+    2**64 - 1,
+]
 INTERESTING_U32 = [0, 1, 2, 3, 4, 5, 8, 9, 12, 13, 14, 15, 16, 30, 31, 99, 2**16, 2**31, 2**32 - 1]
 INTERESTING_BYTES = [0x00, 0x01, 0x7F, 0x80, 0xFF, 0x0A, 0xC3]
 
@@ -50,7 +66,11 @@ def mutate(rng: np.random.Generator, data: bytes, region: tuple[int, int]) -> tu
         buf[at] ^= 1 << bit
         return bytes(buf), f"flip bit {bit} at {at}"
     if kind == 1:
-        value = INTERESTING_BYTES[int(rng.integers(len(INTERESTING_BYTES)))] if rng.random() < 0.5 else int(rng.integers(0, 256))
+        value = (
+            INTERESTING_BYTES[int(rng.integers(len(INTERESTING_BYTES)))]
+            if rng.random() < 0.5
+            else int(rng.integers(0, 256))
+        )
         buf[at] = value
         return bytes(buf), f"byte {value:#x} at {at}"
     if kind == 2:
@@ -72,7 +92,9 @@ def mutate(rng: np.random.Generator, data: bytes, region: tuple[int, int]) -> tu
     return bytes(buf), f"insert {n} random bytes at {at}"
 
 
-def check_case(path: Path, description: str, max_seconds: float, max_alloc_bytes: int | None) -> str:
+def check_case(
+    path: Path, description: str, max_seconds: float, max_alloc_bytes: int | None
+) -> str:
     """Open the file; return "loaded" or the error class name; fail on anything else.
 
     With `max_alloc_bytes`, Python allocations are traced (peak per case); tracing costs ~20x on
@@ -84,11 +106,13 @@ def check_case(path: Path, description: str, max_seconds: float, max_alloc_bytes
     try:
         g = open_gguf(path)
         outcome = "loaded"
-        assert isinstance(g.metadata, dict) and all(t.data.nbytes <= g.file_size for t in g.tensors.values())
+        assert isinstance(g.metadata, dict) and all(
+            t.data.nbytes <= g.file_size for t in g.tensors.values()
+        )
     except EngineError as exc:
         outcome = type(exc).__name__
         assert str(path) in str(exc), description
-    except Exception as exc:  # noqa: BLE001 - the point of the test
+    except Exception as exc:
         pytest.fail(f"{description}: untyped {type(exc).__name__}: {exc}")
     finally:
         elapsed = time.perf_counter() - started
@@ -111,7 +135,9 @@ def test_fuzz_tiny_model_header(tmp_path, tiny_model_factory):
     for case in range(400):
         data, description = mutate(rng, whole, (0, header_end))
         path.write_bytes(data)
-        outcome = check_case(path, f"case {case}: {description}", max_seconds=2.0, max_alloc_bytes=8 << 20)
+        outcome = check_case(
+            path, f"case {case}: {description}", max_seconds=2.0, max_alloc_bytes=8 << 20
+        )
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     # The fuzzer must reach both sides: files that still load and several kinds of refusal.
     assert outcomes.get("loaded", 0) >= 10, outcomes
@@ -125,7 +151,11 @@ def test_fuzz_real_smollm2_header(tmp_path, smollm2_path):
         header = f.read(real.data_offset)
     tensor_table = header.find(struct.pack("<Q", len("token_embd.weight")) + b"token_embd.weight")
     assert 0 < tensor_table < real.data_offset
-    regions = [(0, 4096), (tensor_table, real.data_offset), (0, real.data_offset)]  # keys, tensors, anywhere
+    regions = [
+        (0, 4096),
+        (tensor_table, real.data_offset),
+        (0, real.data_offset),
+    ]  # keys, tensors, anywhere
     rng = np.random.default_rng(7)
     peak_rss_before = peak_rss_bytes()
     outcomes: dict[str, int] = {}
@@ -134,8 +164,12 @@ def test_fuzz_real_smollm2_header(tmp_path, smollm2_path):
         data, description = mutate(rng, header, regions[case % 3])
         with open(path, "wb") as f:
             f.write(data)
-            f.truncate(real.file_size)  # sparse: the real size, zero-filled tensor data, no disk cost
-        outcome = check_case(path, f"case {case}: {description}", max_seconds=5.0, max_alloc_bytes=None)
+            f.truncate(
+                real.file_size
+            )  # sparse: the real size, zero-filled tensor data, no disk cost
+        outcome = check_case(
+            path, f"case {case}: {description}", max_seconds=5.0, max_alloc_bytes=None
+        )
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     # Loading the real vocabulary takes ~25 MB of Python objects; a bad length must not take more.
     peak_rss_growth = peak_rss_bytes() - peak_rss_before

@@ -49,7 +49,6 @@ def test_tiny_models_of_every_arch_match_reader(tiny_model_factory, arch):
     assert_same_as_reader(tiny_model_factory(arch, Q.Q8_0, tokenizer=None))
 
 
-
 @pytest.mark.parametrize("qtype", ALL_QTYPES, ids=lambda t: t.name)
 def test_tiny_models_of_every_qtype_match_reader(tiny_model_factory, qtype):
     dims = K_DIMS if qtype in K_QUANTS else {}
@@ -68,13 +67,19 @@ def test_smollm2_header(smollm2_path):
     assert g.arch_value("embedding_length") == 576
     assert g.metadata["tokenizer.ggml.model"] == "gpt2"
     tokens = g.metadata["tokenizer.ggml.tokens"]
-    assert isinstance(tokens, list) and len(tokens) == 49152 and all(isinstance(t, str) for t in tokens[:100])
+    assert (
+        isinstance(tokens, list)
+        and len(tokens) == 49152
+        and all(isinstance(t, str) for t in tokens[:100])
+    )
     assert tokens[2] == "<|im_end|>"
     assert isinstance(g.metadata["tokenizer.ggml.add_bos_token"], bool)
     assert g.metadata_types["tokenizer.ggml.token_type"].element_type == GGUFValueType.INT32
     assert "output.weight" not in g.tensors  # tied embeddings
     embd = g.tensors["token_embd.weight"]
-    assert embd.qtype == Q.Q8_0 and embd.shape == (49152, 576) and embd.data.shape == (49152, 18 * 34)
+    assert (
+        embd.qtype == Q.Q8_0 and embd.shape == (49152, 576) and embd.data.shape == (49152, 18 * 34)
+    )
     q = g.tensors["blk.0.attn_q.weight"]
     assert q.qtype == Q.Q4_1 and q.shape == (576, 576) and q.data.dtype == np.uint8
     norm = g.tensors["blk.0.attn_norm.weight"]
@@ -169,9 +174,9 @@ def test_tiny_weights_have_the_requested_spread(tiny_model_factory, qtype):
 
 
 # --- round trip: anything gguf-py's writer produces reads back equal ------------------------------
+from gguf import GGML_QUANT_SIZES, GGUFWriter  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from gguf import GGML_QUANT_SIZES, GGUFWriter  # noqa: E402
 
 V = GGUFValueType
 _INT_RANGES = {
@@ -217,8 +222,11 @@ def _tensor(draw, index: int):
     return f"t{index}", qtype, shape, data.reshape(*shape[:-1], -1)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(
     entries=st.lists(_metadata_entry(), max_size=6),
     alignment=st.sampled_from([None, 1, 8, 64, 4096]),
@@ -234,8 +242,10 @@ def test_writer_round_trip(tmp_path, entries, alignment, tensors):
         key = f"test.k{i}"
         writer.add_key_value(key, value, vtype, element)
         expected[key] = value
-    for name, qtype, shape, data in tensors:
-        writer.add_tensor(name, data, raw_dtype=qtype)  # uint8 byte rows; the writer derives the shape
+    for name, qtype, _, data in tensors:
+        writer.add_tensor(
+            name, data, raw_dtype=qtype
+        )  # uint8 byte rows; the writer derives the shape
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

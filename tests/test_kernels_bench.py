@@ -29,9 +29,34 @@ def test_run_bench_reports_throughput_memory_and_start_up(tiny):
 
 
 def test_cli_bench_json(tiny, capsys):
-    assert main(["bench", str(tiny), "-p", "4", "-n", "2", "-r", "1", "-t", "1", "--skip-cold", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                str(tiny),
+                "-p",
+                "4",
+                "-n",
+                "2",
+                "-r",
+                "1",
+                "-t",
+                "1",
+                "--skip-cold",
+                "--json",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out)
-    for key in ("prefill_tok_s", "decode_tok_s", "peak_rss_mb", "kv_bytes", "warm_start_s", "threads"):
+    for key in (
+        "prefill_tok_s",
+        "decode_tok_s",
+        "peak_rss_mb",
+        "kv_bytes",
+        "warm_start_s",
+        "threads",
+    ):
         assert key in r
     assert r["threads"] == 1
 

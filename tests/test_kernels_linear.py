@@ -9,7 +9,8 @@ a multiple of the 8-token tile, and (float types) row lengths that are not a mul
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as Q
 
 from engine.kernels import quant_matmul
 from engine.kernels.compiler import KernelLibrary
@@ -36,7 +37,7 @@ def make_weight(qtype, rows, cols, rng) -> QTensor:
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     at, count = _K_SCALE_AT[qtype]
     scales = (rng.standard_normal((rows, cols // block, count)) * 0.01).astype(np.float16)
-    raw[:, :, at:at + 2 * count] = scales.view(np.uint8)
+    raw[:, :, at : at + 2 * count] = scales.view(np.uint8)
     return QTensor("w", qtype, (rows, cols), raw.reshape(rows, -1))
 
 
@@ -124,14 +125,31 @@ def test_other_instruction_set_paths(isa):
         aq = np.zeros((5, n), np.int8)
         ad = np.zeros((5, n // 32), np.float32)
         sums = np.zeros((5, n // 16), np.float32)
-        qargs = np.array([x.ctypes.data, 5, n, aq.ctypes.data, ad.ctypes.data, sums.ctypes.data], np.int64)
+        qargs = np.array(
+            [x.ctypes.data, 5, n, aq.ctypes.data, ad.ctypes.data, sums.ctypes.data], np.int64
+        )
         pool.run(lib.address("quantize_q8"), qargs.ctypes.data)
         out = np.zeros((5, 6), np.float32)
-        margs = np.array([w.data.ctypes.data, w.data.strides[0], 6, n // block, 5, aq.ctypes.data,
-                          ad.ctypes.data, sums.ctypes.data, out.ctypes.data, n, 6], np.int64)
+        margs = np.array(
+            [
+                w.data.ctypes.data,
+                w.data.strides[0],
+                6,
+                n // block,
+                5,
+                aq.ctypes.data,
+                ad.ctypes.data,
+                sums.ctypes.data,
+                out.ctypes.data,
+                n,
+                6,
+            ],
+            np.int64,
+        )
         pool.run(lib.address(f"mm_{qtype.name}"), margs.ctypes.data)
         exact = q8_round_trip(x) @ oracle_weight(w).T
-        np.testing.assert_allclose(out, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max(),
-                                   err_msg=f"{isa} {qtype.name}")
+        np.testing.assert_allclose(
+            out, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max(), err_msg=f"{isa} {qtype.name}"
+        )
     pool.close()
     assert set(quant_matmul.LAYOUTS) == {q.name for q in SIMPLE + KQUANTS}

@@ -1,13 +1,13 @@
 """Whole models on the JIT backend.
 
-  * Real models against HF transformers (fixtures made by tools/make_oracle_fixtures.py): the
-    JIT kernels quantize activations to int8 per block of 32 like llama.cpp, which moves logits
-    by tenths of a nat (llama.cpp itself differs from float references by 0.1-1 nat at the
-    top-5). Checked: top-1 at every recorded position, greedy tokens where the oracle's margin is
-    clear, and logit errors within about twice the measured ones (max/mean |error|:
-    SmolLM2 0.49/0.14, gemma-3-270m 0.65/0.17 nat).
-  * Tiny random models (every architecture) against the numpy reference backend, token by token
-    after a batched prefill, so the decode path, the prefill path and the KV cache all count.
+* Real models against HF transformers (fixtures made by tools/make_oracle_fixtures.py): the
+  JIT kernels quantize activations to int8 per block of 32 like llama.cpp, which moves logits
+  by tenths of a nat (llama.cpp itself differs from float references by 0.1-1 nat at the
+  top-5). Checked: top-1 at every recorded position, greedy tokens where the oracle's margin is
+  clear, and logit errors within about twice the measured ones (max/mean |error|:
+  SmolLM2 0.49/0.14, gemma-3-270m 0.65/0.17 nat).
+* Tiny random models (every architecture) against the numpy reference backend, token by token
+  after a batched prefill, so the decode path, the prefill path and the KV cache all count.
 """
 
 import json
@@ -46,7 +46,9 @@ def test_real_model_matches_transformers(jit, name, max_err, mean_err):
     from engine import model_files
 
     oracle = json.loads((FIXTURES / f"oracle_{name}.json").read_text())
-    path = _real(model_files.default_model_path if name == "smollm2" else model_files.gemma3_270m_path)
+    path = _real(
+        model_files.default_model_path if name == "smollm2" else model_files.gemma3_270m_path
+    )
     model = build_model(open_gguf(path), backend=jit)
     for case in oracle["cases"]:
         prompt, greedy = case["prompt_ids"], case["greedy"]
@@ -61,7 +63,7 @@ def test_real_model_matches_transformers(jit, name, max_err, mean_err):
         errors = np.abs(np.concatenate(errors))
         assert errors.max() < max_err, f"{case['name']}: max |logit error| {errors.max():.3f}"
         assert errors.mean() < mean_err, f"{case['name']}: mean |logit error| {errors.mean():.3f}"
-        for step, (expected, margin) in enumerate(zip(greedy, case["greedy_margins"])):
+        for step, (expected, margin) in enumerate(zip(greedy, case["greedy_margins"], strict=True)):
             if margin >= CLEAR_MARGIN:
                 assert int(np.argmax(logits[len(case["positions"]) + step])) == expected, step
 
@@ -75,7 +77,7 @@ def test_tiny_model_prefill_and_decode_match_reference(jit, arch):
     fc, sc = fast.new_cache(32), slow.new_cache(32)
     got = [fast.forward(tokens[:6], fc)] + [fast.forward([t], fc) for t in tokens[6:]]
     want = [slow.forward(tokens[:6], sc)] + [slow.forward([t], sc) for t in tokens[6:]]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         scale = np.abs(w).max()
         # Q8_0/Q4_0 weights: int8 activations move logits by ~1.5% of their range (measured)
         np.testing.assert_allclose(g, w, atol=0.04 * scale, rtol=0)

@@ -73,7 +73,7 @@ def test_attention(jit, tokens, p0, n_head, n_kv, hd, window, softcap):
     k = (rng.standard_normal((capacity, n_kv, hd)) * 2).astype(np.float16)
     v = rng.standard_normal((capacity, n_kv, hd)).astype(np.float16)
     q = rng.standard_normal((tokens, n_head, hd)).astype(np.float32)
-    kw = dict(p0=p0, scale=hd ** -0.5, window=window, softcap=softcap)
+    kw = dict(p0=p0, scale=hd**-0.5, window=window, softcap=softcap)
     expected = REF.attention(q, k, v, **kw)
     got = jit.attention(q, k, v, **kw)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
@@ -83,8 +83,9 @@ def test_attention(jit, tokens, p0, n_head, n_kv, hd, window, softcap):
 
 
 def test_wrong_output_shapes_are_refused_not_overrun(jit):
-    from engine.qtensor import QTensor
     from gguf import GGMLQuantizationType as Q
+
+    from engine.qtensor import QTensor
 
     w = QTensor("w", Q.F32, (8, 16), np.ones((8, 16), np.float32))
     with pytest.raises(ValueError, match="out has shape"):

@@ -30,7 +30,9 @@ def test_reserve_commit_truncate():
     assert cache.reserve(3) == 0
     cache.commit([5, 6, 7])
     assert cache.n_tokens == 3 and cache.tokens == [5, 6, 7]
-    with pytest.raises(ContextOverflowError, match="3 cached \\+ 2 new tokens exceed the context window of 4"):
+    with pytest.raises(
+        ContextOverflowError, match="3 cached \\+ 2 new tokens exceed the context window of 4"
+    ):
         cache.reserve(2)
     cache.truncate(1)
     assert cache.n_tokens == 1 and cache.tokens == [5]

@@ -63,7 +63,9 @@ def test_install_points_the_menu_entry_at_the_bundle(tmp_path):
     executable = bundle / "localchat"
     assert entry["Exec"] == f'"{executable}"'
     assert entry["TryExec"] == str(executable)
-    assert (share / "icons" / "hicolor" / "scalable" / "apps" / "localchat.svg").read_text() == ICON_SVG
+    assert (
+        share / "icons" / "hicolor" / "scalable" / "apps" / "localchat.svg"
+    ).read_text() == ICON_SVG
 
     launcher = tmp_path / "home" / "Desktop" / "localchat.desktop"
     assert read_entry(launcher)["Exec"] == f'"{executable}"'
@@ -87,7 +89,9 @@ def test_uninstall_removes_entry_icon_and_launcher(tmp_path):
     assert run_installer(tmp_path, "--uninstall").returncode == 0
     home = tmp_path / "home"
     assert not (home / "share" / "applications" / "localchat.desktop").exists()
-    assert not (home / "share" / "icons" / "hicolor" / "scalable" / "apps" / "localchat.svg").exists()
+    assert not (
+        home / "share" / "icons" / "hicolor" / "scalable" / "apps" / "localchat.svg"
+    ).exists()
     assert not (home / "Desktop" / "localchat.desktop").exists()
 
 

@@ -183,10 +183,11 @@ def test_invalid_budget_is_refused():
 
 
 # --- through the generation loop -----------------------------------------------------------------
+from fake_model import id_token_lm  # noqa: E402
+
 from engine.cancel import CancelToken  # noqa: E402
 from engine.events import Finished  # noqa: E402
 from engine.generate import GenerationRequest, generate  # noqa: E402
-from fake_model import id_token_lm  # noqa: E402
 
 
 class CountingModel:
@@ -214,16 +215,21 @@ def loop_lm(lm, monkeypatch):
 
 def finish(lm, prompt, cache=None, cancel=None, **overrides) -> Finished:
     overrides.setdefault("max_new_tokens", 8)
-    request = GenerationRequest(prompt_ids=prompt, overrides=overrides, prefix_cache=cache, speculative=False)
+    request = GenerationRequest(
+        prompt_ids=prompt, overrides=overrides, prefix_cache=cache, speculative=False
+    )
     events = list(generate(lm, request, cancel))
     assert isinstance(events[-1], Finished)
     return events[-1]
 
 
-@pytest.mark.parametrize("sampling", [dict(), dict(do_sample=True, seed=1234, temperature=1.5, top_k=0)])
+@pytest.mark.parametrize(
+    "sampling", [dict(), dict(do_sample=True, seed=1234, temperature=1.5, top_k=0)]
+)
 def test_chat_turns_with_reuse_equal_turns_without(loop_lm, sampling):
     cache = PrefixCache()
     prompt = tokens_of(30, 20)
+    previous_fed = 0
     for turn in range(3):
         reused = finish(loop_lm, prompt, cache, **sampling)
         fresh = finish(loop_lm, prompt, None, **sampling)
@@ -235,8 +241,12 @@ def test_chat_turns_with_reuse_equal_turns_without(loop_lm, sampling):
         else:
             # everything of the previous turn that was fed to the model is reused
             assert reused.usage.cached_tokens == previous_fed
-        previous_fed = len(prompt) + len(reused.token_ids) - 1  # the last sampled token is never fed
-        prompt = prompt + list(reused.token_ids) + tokens_of(31 + turn, 6)  # the user's next message
+        previous_fed = (
+            len(prompt) + len(reused.token_ids) - 1
+        )  # the last sampled token is never fed
+        prompt = (
+            prompt + list(reused.token_ids) + tokens_of(31 + turn, 6)
+        )  # the user's next message
 
 
 def test_regenerate_runs_no_prefill_pass(loop_lm):
@@ -318,14 +328,18 @@ def gemma3(gemma3_path):
 
 def chat_turn(lm, request_kwargs, cache, **overrides):
     overrides.setdefault("max_new_tokens", 6)
-    request = GenerationRequest(**request_kwargs, prefix_cache=cache, overrides=overrides, speculative=False)
+    request = GenerationRequest(
+        **request_kwargs, prefix_cache=cache, overrides=overrides, speculative=False
+    )
     done = list(generate(lm, request))[-1]
     assert done.error is None, done.error
     return done
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampling", [dict(do_sample=False), dict(do_sample=True, seed=7, temperature=0.8)])
+@pytest.mark.parametrize(
+    "sampling", [dict(do_sample=False), dict(do_sample=True, seed=7, temperature=0.8)]
+)
 def test_smollm2_chat_with_reuse_equals_without(smollm2, sampling):
     cache = PrefixCache()
     messages = []

@@ -4,11 +4,11 @@ import json
 import math
 
 import pytest
+from fake_model import FakeGGUF, fake_lm, script_tokens
 
 from engine.errors import ConfigValidationError, PresetFileError
 from engine.generation_config import MAX_NEW_TOKENS_LIMIT, GenerationConfig
 from engine.presets import gguf_sampling_values, resolve_preset
-from fake_model import FakeGGUF, fake_lm, script_tokens
 
 
 def lm_at(tmp_path, metadata=None, name="model.gguf"):
@@ -92,26 +92,57 @@ def test_gguf_sampling_keys_map_to_fields_and_temp_decides_sampling(tmp_path):
         "general.sampling.sequence": "edskypmxt",
     }
     preset = resolve_preset(lm_at(tmp_path, metadata))
-    expected = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.05,
-                "repetition_penalty": 1.1, "repeat_last_n": 128}
+    expected = {
+        "do_sample": True,
+        "temperature": 0.6,
+        "top_k": 20,
+        "top_p": 0.95,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "repeat_last_n": 128,
+    }
     for field, value in expected.items():
         assert preset.values[field] == pytest.approx(value)
         assert preset.sources[field] == "gguf metadata"
     assert preset.sources["max_new_tokens"] == "default"
     assert any("general.sampling.sequence" in note for note in preset.notes)
-    assert gguf_sampling_values({"general.sampling.temp": 0.0}) == {"do_sample": False, "temperature": 0.0}
+    assert gguf_sampling_values({"general.sampling.temp": 0.0}) == {
+        "do_sample": False,
+        "temperature": 0.0,
+    }
 
 
 def test_priority_override_over_saved_over_generation_config_over_gguf_over_default(tmp_path):
-    (tmp_path / "generation_config.json").write_text(json.dumps(
-        {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 30, "eos_token_id": [2, 7]}))
-    lm = lm_at(tmp_path, {"general.sampling.temp": 0.9, "general.sampling.top_k": 10,
-                          "general.sampling.min_p": 0.1, "general.sampling.top_p": 0.5})
-    preset = resolve_preset(lm, saved={"top_p": 0.85, "temperature": 0.5}, overrides={"temperature": 0.3})
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "do_sample": True,
+                "temperature": 0.7,
+                "top_p": 0.8,
+                "top_k": 30,
+                "eos_token_id": [2, 7],
+            }
+        )
+    )
+    lm = lm_at(
+        tmp_path,
+        {
+            "general.sampling.temp": 0.9,
+            "general.sampling.top_k": 10,
+            "general.sampling.min_p": 0.1,
+            "general.sampling.top_p": 0.5,
+        },
+    )
+    preset = resolve_preset(
+        lm, saved={"top_p": 0.85, "temperature": 0.5}, overrides={"temperature": 0.3}
+    )
     assert (preset.values["temperature"], preset.sources["temperature"]) == (0.3, "override")
     assert (preset.values["top_p"], preset.sources["top_p"]) == (0.85, "saved preset")
     assert (preset.values["top_k"], preset.sources["top_k"]) == (30, "generation_config.json")
-    assert (preset.values["do_sample"], preset.sources["do_sample"]) == (True, "generation_config.json")
+    assert (preset.values["do_sample"], preset.sources["do_sample"]) == (
+        True,
+        "generation_config.json",
+    )
     assert (preset.values["min_p"], preset.sources["min_p"]) == (0.1, "gguf metadata")
     assert (preset.values["seed"], preset.sources["seed"]) == (None, "default")
     assert preset.extra_eog_ids == {2, 7}
@@ -135,7 +166,9 @@ def test_stem_json_beside_the_model_wins_over_generation_config_json(tmp_path):
 
 
 def test_stem_json_that_is_not_a_generation_config_is_skipped_and_noted(tmp_path):
-    (tmp_path / "model.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 5}))
+    (tmp_path / "model.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 5})
+    )
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
     preset = resolve_preset(lm_at(tmp_path))
     assert preset.values["temperature"] == 0.7
@@ -174,15 +207,25 @@ def test_real_gguf_file_sampling_keys_and_generation_config_beside_it(tmp_path):
 
     from tests.tiny_models import write_tiny_model
 
-    path = write_tiny_model(tmp_path / "tiny.gguf", "llama", tokenizer=None, extra_metadata={
-        "general.sampling.temp": (0.6, GGUFValueType.FLOAT32),
-        "general.sampling.top_k": (20, GGUFValueType.INT32),
-        "general.sampling.penalty_last_n": (-1, GGUFValueType.INT32),
-    })
-    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 0.9, "transformers_version": "4.47"}))
+    path = write_tiny_model(
+        tmp_path / "tiny.gguf",
+        "llama",
+        tokenizer=None,
+        extra_metadata={
+            "general.sampling.temp": (0.6, GGUFValueType.FLOAT32),
+            "general.sampling.top_k": (20, GGUFValueType.INT32),
+            "general.sampling.penalty_last_n": (-1, GGUFValueType.INT32),
+        },
+    )
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"top_p": 0.9, "transformers_version": "4.47"})
+    )
     preset = resolve_preset(path)  # a bare path: the file is opened for its metadata
     assert preset.values["temperature"] == pytest.approx(0.6) and preset.values["do_sample"] is True
     assert (preset.values["top_k"], preset.sources["top_k"]) == (20, "gguf metadata")
-    assert (preset.values["repeat_last_n"], preset.sources["repeat_last_n"]) == (-1, "gguf metadata")
+    assert (preset.values["repeat_last_n"], preset.sources["repeat_last_n"]) == (
+        -1,
+        "gguf metadata",
+    )
     assert (preset.values["top_p"], preset.sources["top_p"]) == (0.9, "generation_config.json")
     json.dumps(preset.to_dict())

@@ -29,7 +29,9 @@ FP16_FIELDS = {
 }
 
 
-def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, n_blocks: int) -> np.ndarray:
+def random_blocks(
+    rng: np.random.Generator, qtype: GGMLQuantizationType, n_blocks: int
+) -> np.ndarray:
     """Random bytes (every bit pattern is a valid block) with finite fp16 scales of both signs."""
     type_size = GGML_QUANT_SIZES[qtype][1]
     blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
@@ -41,7 +43,9 @@ def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, n_block
 
 def random_tensor(rng, qtype, rows: int, blocks_per_row: int) -> QTensor:
     block_size, type_size = GGML_QUANT_SIZES[qtype]
-    data = random_blocks(rng, qtype, rows * blocks_per_row).reshape(rows, blocks_per_row * type_size)
+    data = random_blocks(rng, qtype, rows * blocks_per_row).reshape(
+        rows, blocks_per_row * type_size
+    )
     return QTensor("w", qtype, (rows, blocks_per_row * block_size), data)
 
 
@@ -49,7 +53,9 @@ def random_tensor(rng, qtype, rows: int, blocks_per_row: int) -> QTensor:
 def test_blocks_match_gguf_py(qtype):
     rng = np.random.default_rng(int(qtype))
     blocks = random_blocks(rng, qtype, 257)
-    np.testing.assert_array_equal(dequantize_blocks(qtype, blocks), gguf_quants.dequantize(blocks, qtype))
+    np.testing.assert_array_equal(
+        dequantize_blocks(qtype, blocks), gguf_quants.dequantize(blocks, qtype)
+    )
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
@@ -100,8 +106,16 @@ def test_rows_out_of_range_are_refused():
         dequantize_rows(t, [0, 4])
 
 
-@pytest.mark.parametrize("name", ["token_embd.weight", "blk.0.attn_k.weight", "blk.0.attn_output.weight",
-                                  "blk.0.ffn_down.weight", "blk.0.attn_norm.weight"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "token_embd.weight",
+        "blk.0.attn_k.weight",
+        "blk.0.attn_output.weight",
+        "blk.0.ffn_down.weight",
+        "blk.0.attn_norm.weight",
+    ],
+)
 def test_real_gemma3_tensors(gemma3_path, name):
     # Q8_0, Q5_0, Q4_K, Q6_K and F32 as stored in a real file; a few rows keep it fast.
     t = open_gguf(gemma3_path).tensors[name]

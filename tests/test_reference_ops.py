@@ -39,8 +39,9 @@ def test_linear_q8_0_matches_dequantized_matmul_and_writes_out():
 
 def test_embedding_picks_rows():
     table = np.arange(12, dtype=np.float32).reshape(4, 3)
-    np.testing.assert_array_equal(ops.embedding(_tensor(table), np.array([3, 0, 3])),
-                                  [[9, 10, 11], [0, 1, 2], [9, 10, 11]])
+    np.testing.assert_array_equal(
+        ops.embedding(_tensor(table), np.array([3, 0, 3])), [[9, 10, 11], [0, 1, 2], [9, 10, 11]]
+    )
 
 
 def test_rmsnorm_hand_computed():
@@ -55,9 +56,13 @@ def test_rope_norm_and_neox_pairings():
     x = np.array([[[1.0, 2.0, 3.0, 4.0]]], np.float32)
     c0, s0, c1, s1 = math.cos(1), math.sin(1), math.cos(0.1), math.sin(0.1)
     norm = ops.rope(x.copy(), np.array([1]), theta=100.0, neox=False)
-    np.testing.assert_allclose(norm[0, 0], [1 * c0 - 2 * s0, 1 * s0 + 2 * c0, 3 * c1 - 4 * s1, 3 * s1 + 4 * c1], rtol=1e-6)
+    np.testing.assert_allclose(
+        norm[0, 0], [1 * c0 - 2 * s0, 1 * s0 + 2 * c0, 3 * c1 - 4 * s1, 3 * s1 + 4 * c1], rtol=1e-6
+    )
     neox = ops.rope(x.copy(), np.array([1]), theta=100.0, neox=True)
-    np.testing.assert_allclose(neox[0, 0], [1 * c0 - 3 * s0, 2 * c1 - 4 * s1, 1 * s0 + 3 * c0, 2 * s1 + 4 * c1], rtol=1e-6)
+    np.testing.assert_allclose(
+        neox[0, 0], [1 * c0 - 3 * s0, 2 * c1 - 4 * s1, 1 * s0 + 3 * c0, 2 * s1 + 4 * c1], rtol=1e-6
+    )
     # position 0 is the identity
     np.testing.assert_array_equal(ops.rope(x.copy(), np.array([0]), theta=100.0, neox=True), x)
 
@@ -75,7 +80,9 @@ def _naive_attention(q, k, v, p0, scale, window, softcap):
                 s = softcap * np.tanh(s / softcap)
             p = np.exp(s - s.max())
             p /= p.sum()
-            out[t, h * hd:(h + 1) * hd] = sum(pj * v[j, h // group].astype(np.float64) for pj, j in zip(p, js))
+            out[t, h * hd : (h + 1) * hd] = sum(
+                pj * v[j, h // group].astype(np.float64) for pj, j in zip(p, js, strict=True)
+            )
     return out
 
 
@@ -102,7 +109,10 @@ def test_activations():
     u = np.array([[5.0, 2.0, 1.0]], np.float32)
     silu = [0.0, 1 / (1 + math.exp(-1)), -2 / (1 + math.exp(2))]
     np.testing.assert_allclose(ops.swiglu(g, u), [[0, 2 * silu[1], silu[2]]], rtol=1e-6)
-    gelu = [0.5 * a * (1 + math.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))) for a in (0.0, 1.0, -2.0)]
+    gelu = [
+        0.5 * a * (1 + math.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)))
+        for a in (0.0, 1.0, -2.0)
+    ]
     np.testing.assert_allclose(ops.geglu(g, u), [[0, 2 * gelu[1], gelu[2]]], rtol=1e-6)
 
 
@@ -130,8 +140,18 @@ def test_jit_failure_falls_back_to_numpy_with_a_warning(monkeypatch):
 def test_rope_freq_factors_divide_each_frequency():
     # head_dim 4, theta 100: inv_freq = [1, 0.1]; factors [2, 0.5] -> [0.5, 0.2]; position 3.
     x = np.array([[[1.0, 2.0, 3.0, 4.0]]], np.float32)
-    got = ops.rope(x.copy(), np.array([3]), theta=100.0, neox=True, freq_factors=np.array([2.0, 0.5], np.float32))
+    got = ops.rope(
+        x.copy(),
+        np.array([3]),
+        theta=100.0,
+        neox=True,
+        freq_factors=np.array([2.0, 0.5], np.float32),
+    )
     a0, a1 = 3 * 0.5, 3 * 0.2
-    expected = [1 * math.cos(a0) - 3 * math.sin(a0), 2 * math.cos(a1) - 4 * math.sin(a1),
-                1 * math.sin(a0) + 3 * math.cos(a0), 2 * math.sin(a1) + 4 * math.cos(a1)]
+    expected = [
+        1 * math.cos(a0) - 3 * math.sin(a0),
+        2 * math.cos(a1) - 4 * math.sin(a1),
+        1 * math.sin(a0) + 3 * math.cos(a0),
+        2 * math.sin(a1) + 4 * math.cos(a1),
+    ]
     np.testing.assert_allclose(got[0, 0], expected, rtol=1e-6)

@@ -24,7 +24,7 @@ def cfg(**values):
 
 def dist(config, logits=LOGITS):
     ids, probs = sampling_distribution(config, logits)
-    return dict(zip(ids.tolist(), probs.tolist()))
+    return dict(zip(ids.tolist(), probs.tolist(), strict=True))
 
 
 def assert_dist(actual: dict, expected: dict):
@@ -156,7 +156,12 @@ def test_repetition_penalty_window_counts_prompt_tokens():
     (process,) = make_logits_processors(whole, n_prompt=2)
     out = process([0, 1, 3], np.array([2.0, 2.0, 2.0, 2.0], np.float32))
     np.testing.assert_array_equal(out, [1.0, 1.0, 2.0, 1.0])
-    assert make_logits_processors(GenerationConfig.from_values({"repetition_penalty": 2.0, "repeat_last_n": 0})) == []
+    assert (
+        make_logits_processors(
+            GenerationConfig.from_values({"repetition_penalty": 2.0, "repeat_last_n": 0})
+        )
+        == []
+    )
 
 
 def test_presence_and_frequency_penalties_count_generated_tokens_only():

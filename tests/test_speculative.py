@@ -23,8 +23,8 @@ def brute_force_draft(seq, max_tokens, min_ngram, max_ngram, max_draft):
             continue
         suffix = seq[-n:]
         for start in range(len(seq) - n - 1, -1, -1):
-            if seq[start:start + n] == suffix:
-                return seq[start + n:start + n + limit]
+            if seq[start : start + n] == suffix:
+                return seq[start + n : start + n + limit]
     return []
 
 
@@ -67,12 +67,16 @@ def test_incremental_index_matches_brute_force(seq, steps, min_ngram, extra, max
     """Fed the sequence a few tokens at a time (as during generation), the drafter proposes
     exactly what a full scan of the sequence proposes."""
     max_ngram = min_ngram + extra
-    d = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, max_draft=max_draft, adaptive=False)
+    d = PromptLookupDrafter(
+        max_ngram=max_ngram, min_ngram=min_ngram, max_draft=max_draft, adaptive=False
+    )
     cut = 0
     for step in steps + [len(seq)]:
         cut = min(len(seq), cut + step)
         prefix = seq[:cut]
-        assert d.draft(prefix, max_tokens) == brute_force_draft(prefix, max_tokens, min_ngram, max_ngram, max_draft)
+        assert d.draft(prefix, max_tokens) == brute_force_draft(
+            prefix, max_tokens, min_ngram, max_ngram, max_draft
+        )
 
 
 def test_draft_length_grows_after_accepted_drafts_and_shrinks_after_rejected_ones():
@@ -109,13 +113,13 @@ def test_on_by_default_for_greedy_only():
 
 # --- through the generation loop, tiny real models -----------------------------------------------
 import numpy as np  # noqa: E402
+from fake_model import id_token_lm  # noqa: E402
 
 from engine.events import Finished  # noqa: E402
 from engine.generate import GenerationRequest, generate  # noqa: E402
 from engine.gguf import open_gguf  # noqa: E402
 from engine.kernels.reference import ReferenceBackend  # noqa: E402
 from engine.models import build_model  # noqa: E402
-from fake_model import id_token_lm  # noqa: E402
 
 
 @pytest.fixture(params=["llama", "gemma3"])
@@ -126,7 +130,11 @@ def tiny_lm(request, tiny_model_factory, monkeypatch):
 
 def finish(lm, prompt, speculative, **overrides) -> Finished:
     overrides.setdefault("max_new_tokens", 24)
-    events = list(generate(lm, GenerationRequest(prompt_ids=prompt, overrides=overrides, speculative=speculative)))
+    events = list(
+        generate(
+            lm, GenerationRequest(prompt_ids=prompt, overrides=overrides, speculative=speculative)
+        )
+    )
     assert isinstance(events[-1], Finished) and events[-1].error is None, events[-1].error
     return events[-1]
 
@@ -156,11 +164,13 @@ def test_a_drafter_that_is_always_right_saves_forward_passes(tiny_lm):
     class Oracle:  # drafts exactly the greedy continuation: every draft token is accepted
         def draft(self, tokens, max_tokens):
             done = len(tokens) - len(prompt)
-            return list(plain.token_ids[done:done + max_tokens])
+            return list(plain.token_ids[done : done + max_tokens])
 
     calls = []
     inner = tiny_lm.model.forward
-    tiny_lm.model.forward = lambda tokens, cache, **kw: calls.append(len(tokens)) or inner(tokens, cache, **kw)
+    tiny_lm.model.forward = lambda tokens, cache, **kw: (
+        calls.append(len(tokens)) or inner(tokens, cache, **kw)
+    )
     spec = finish(tiny_lm, prompt, Oracle())
     tiny_lm.model.forward = inner
     assert spec.token_ids == plain.token_ids
@@ -174,19 +184,33 @@ def test_seeded_sampling_with_a_drafter_equals_without(tiny_lm):
     phrase = [int(t) for t in rng.integers(10, 49152, 10)]
     prompt = phrase * 3
     sampling = dict(do_sample=True, seed=77, temperature=0.7, top_k=0)
-    assert finish(tiny_lm, prompt, True, **sampling).token_ids == finish(tiny_lm, prompt, False, **sampling).token_ids
+    assert (
+        finish(tiny_lm, prompt, True, **sampling).token_ids
+        == finish(tiny_lm, prompt, False, **sampling).token_ids
+    )
 
 
 # --- real models ---------------------------------------------------------------------------------
-PARAGRAPH = ("The quick brown fox jumps over the lazy dog near the river bank every morning before "
-             "the farmer wakes up, then runs back into the forest.")
+PARAGRAPH = (
+    "The quick brown fox jumps over the lazy dog near the river bank every morning before "
+    "the farmer wakes up, then runs back into the forest."
+)
 REAL_PROMPTS = {
-    "rewrite (repeats the prompt)": dict(messages=[{"role": "user", "content":
-        "Repeat this sentence exactly, but with 'cat' instead of 'fox':\n" + PARAGRAPH}]),
+    "rewrite (repeats the prompt)": dict(
+        messages=[
+            {
+                "role": "user",
+                "content": "Repeat this sentence exactly, but with 'cat' instead of 'fox':\n"
+                + PARAGRAPH,
+            }
+        ]
+    ),
     "free-form (no repeat)": dict(messages=[{"role": "user", "content": "Name a color."}]),
 }
 BASE_PROMPTS = {
-    "list continues a pattern": dict(prompt="Monday, Tuesday, Wednesday. Monday, Tuesday, Wednesday. Monday,"),
+    "list continues a pattern": dict(
+        prompt="Monday, Tuesday, Wednesday. Monday, Tuesday, Wednesday. Monday,"
+    ),
     "free text": dict(prompt="The history of the printing press"),
 }
 
@@ -206,8 +230,11 @@ def gemma3(gemma3_path):
 
 
 def greedy(lm, prompt, speculative, max_new_tokens):
-    request = GenerationRequest(**prompt, speculative=speculative,
-                                overrides={"max_new_tokens": max_new_tokens, "do_sample": False})
+    request = GenerationRequest(
+        **prompt,
+        speculative=speculative,
+        overrides={"max_new_tokens": max_new_tokens, "do_sample": False},
+    )
     done = list(generate(lm, request))[-1]
     assert done.error is None, done.error
     return done
@@ -242,11 +269,30 @@ def test_cli_speculative_flags_and_usage(smollm2_path, capsys):
 
     records = {}
     for flag in ("--speculative", "--no-speculative"):
-        assert main(["generate", str(smollm2_path), "Repeat exactly: one two three four five six",
-                     "--chat", "--greedy", "--max-tokens", "12", "--n-ctx", "256", "--json", flag]) == 0
+        assert (
+            main(
+                [
+                    "generate",
+                    str(smollm2_path),
+                    "Repeat exactly: one two three four five six",
+                    "--chat",
+                    "--greedy",
+                    "--max-tokens",
+                    "12",
+                    "--n-ctx",
+                    "256",
+                    "--json",
+                    flag,
+                ]
+            )
+            == 0
+        )
         records[flag] = json.loads(capsys.readouterr().out)
     on, off = records["--speculative"], records["--no-speculative"]
     assert on["ids"] == off["ids"]
     assert off["usage"]["draft_tokens_proposed"] == 0 and off["usage"]["acceptance_rate"] is None
     assert on["usage"]["draft_tokens_proposed"] > 0
-    assert on["usage"]["acceptance_rate"] == on["usage"]["draft_tokens_accepted"] / on["usage"]["draft_tokens_proposed"]
+    assert (
+        on["usage"]["acceptance_rate"]
+        == on["usage"]["draft_tokens_accepted"] / on["usage"]["draft_tokens_proposed"]
+    )

@@ -25,7 +25,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_NAMES = sorted(p.stem.removeprefix("tokenizer_") for p in FIXTURES.glob("tokenizer_*.json"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fixture(name: str) -> dict:
     return json.loads((FIXTURES / f"tokenizer_{name}.json").read_text(encoding="utf-8"))
 
@@ -43,11 +43,13 @@ def base_metadata(model: str) -> dict:
     return base_gguf(model).metadata
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokenizer_for(name: str) -> Tokenizer:
     data = fixture(name)
     metadata = {**base_metadata(data["model"]), **data["overrides"]}
-    if "token_type_patch" in data:  # some tokens made special (see tools/make_tokenizer_fixtures.py)
+    if (
+        "token_type_patch" in data
+    ):  # some tokens made special (see tools/make_tokenizer_fixtures.py)
         types = list(metadata["tokenizer.ggml.token_type"])
         for text, token_type in data["token_type_patch"].items():
             types[metadata["tokenizer.ggml.tokens"].index(text)] = token_type
@@ -99,7 +101,12 @@ def test_ids_equal_llama_cpp(name):
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_special_ids_and_flags_equal_llama_cpp(name):
     tok, data = tokenizer_for(name), fixture(name)
-    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.add_eos) == (data["bos_id"], data["eos_id"], data["add_bos"], data["add_eos"])
+    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.add_eos) == (
+        data["bos_id"],
+        data["eos_id"],
+        data["add_bos"],
+        data["add_eos"],
+    )
     assert tok.eog_ids == frozenset(data["eog_ids"])
     assert tok.vocab_size == data["n_vocab"]
 
@@ -156,8 +163,12 @@ def test_decode_equals_llama_detokenize(name):
         assert tok.decode_bytes(case["ids"]) == bytes.fromhex(case["decoded_hex"]), case["text"]
     for seq in data["decode_sequences"]:
         assert tok.decode_bytes(seq["ids"]) == bytes.fromhex(seq["decoded_hex"]), seq["ids"]
-        assert tok.decode_bytes(seq["ids"], special=True) == bytes.fromhex(seq["decoded_special_hex"]), seq["ids"]
-        assert tok.decode(seq["ids"]) == bytes.fromhex(seq["decoded_hex"]).decode("utf-8", errors="replace")
+        assert tok.decode_bytes(seq["ids"], special=True) == bytes.fromhex(
+            seq["decoded_special_hex"]
+        ), seq["ids"]
+        assert tok.decode(seq["ids"]) == bytes.fromhex(seq["decoded_hex"]).decode(
+            "utf-8", errors="replace"
+        )
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
@@ -190,7 +201,9 @@ def test_piece_shows_tokens_readably():
 
 def test_out_of_range_ids_are_typed_errors():
     tok = smollm2()
-    with pytest.raises(TokenizerError, match=r"token id 49152 is out of range: the vocabulary has ids 0..49151"):
+    with pytest.raises(
+        TokenizerError, match=r"token id 49152 is out of range: the vocabulary has ids 0..49151"
+    ):
         tok.decode([5, 49152])
     with pytest.raises(TokenizerError, match="out of range"):
         tok.piece(-1)
@@ -214,12 +227,17 @@ def _metadata(**overrides):
 
 
 def test_unknown_tokenizer_model_is_named():
-    with pytest.raises(TokenizerError, match=r"tokenizer model 'rwkv' is not supported: supported are gpt2, llama"):
+    with pytest.raises(
+        TokenizerError, match=r"tokenizer model 'rwkv' is not supported: supported are gpt2, llama"
+    ):
         Tokenizer.from_metadata(_metadata(**{"tokenizer.ggml.model": "rwkv"}))
 
 
 def test_unknown_pre_tokenizer_is_named_with_the_supported_list():
-    with pytest.raises(TokenizerError, match=r"pre-tokenizer 'made-up' \(tokenizer.ggml.pre\) is not supported: supported are .*qwen2.*smollm"):
+    with pytest.raises(
+        TokenizerError,
+        match=r"pre-tokenizer 'made-up' \(tokenizer.ggml.pre\) is not supported: supported are .*qwen2.*smollm",
+    ):
         Tokenizer.from_metadata(_metadata(**{"tokenizer.ggml.pre": "made-up"}))
     for name in ("llama3", "llama-bpe", "qwen2", "smollm", "gpt2", "gpt-2", "default"):
         assert name in PRE_TOKENIZERS
@@ -241,9 +259,17 @@ def test_missing_or_broken_vocabulary_is_a_typed_error():
     with pytest.raises(TokenizerError, match="fewer than the 49152 tokens"):
         Tokenizer.from_metadata(_metadata(**{"tokenizer.ggml.token_type": [1, 1, 1]}))
     with pytest.raises(TokenizerError, match="needs tokenizer.ggml.merges"):
-        Tokenizer.from_metadata({k: v for k, v in base_metadata("smollm2").items() if k != "tokenizer.ggml.merges"})
-    with pytest.raises(TokenizerError, match="add_bos_token is set but the file has no valid bos_token_id"):
-        md = {k: v for k, v in _metadata(**{"tokenizer.ggml.add_bos_token": True}).items() if k != "tokenizer.ggml.bos_token_id"}
+        Tokenizer.from_metadata(
+            {k: v for k, v in base_metadata("smollm2").items() if k != "tokenizer.ggml.merges"}
+        )
+    with pytest.raises(
+        TokenizerError, match="add_bos_token is set but the file has no valid bos_token_id"
+    ):
+        md = {
+            k: v
+            for k, v in _metadata(**{"tokenizer.ggml.add_bos_token": True}).items()
+            if k != "tokenizer.ggml.bos_token_id"
+        }
         Tokenizer.from_metadata(md)
 
 
@@ -299,9 +325,13 @@ def test_spm_merges_follow_piece_scores_not_ids(tmp_path, monkeypatch):
 
     monkeypatch.setattr(module, "MERGES_CACHE_DIR", tmp_path)
     # llama.cpp merges the adjacent pair whose result scores highest: "bc" (-0.5) beats "ab" (-1).
-    tok = Tokenizer.from_metadata(_tiny_spm({"a": -3.0, "b": -3.0, "c": -3.0, "ab": -1.0, "bc": -0.5}))
+    tok = Tokenizer.from_metadata(
+        _tiny_spm({"a": -3.0, "b": -3.0, "c": -3.0, "ab": -1.0, "bc": -0.5})
+    )
     assert _pieces(tok, "abc") == ["a", "bc"]
-    tok = Tokenizer.from_metadata(_tiny_spm({"a": -3.0, "b": -3.0, "c": -3.0, "ab": -0.5, "bc": -1.0}))
+    tok = Tokenizer.from_metadata(
+        _tiny_spm({"a": -3.0, "b": -3.0, "c": -3.0, "ab": -0.5, "bc": -1.0})
+    )
     assert _pieces(tok, "abc") == ["ab", "c"]
     # characters outside the vocabulary fall back to their UTF-8 bytes
     assert _pieces(tok, "aé") == ["a", "<0xC3>", "<0xA9>"]
@@ -321,7 +351,9 @@ def test_spm_merges_disk_cache_is_used_and_survives_damage(tmp_path, monkeypatch
 
     # Warm: the merges come from the file (deriving them would fail here).
     derive = module._spm_merges
-    monkeypatch.setattr(module, "_spm_merges", lambda *a: pytest.fail("merges derived despite the cache"))
+    monkeypatch.setattr(
+        module, "_spm_merges", lambda *a: pytest.fail("merges derived despite the cache")
+    )
     assert Tokenizer.from_metadata(metadata).encode("ab ab ba bab", add_special=False) == expected
     monkeypatch.setattr(module, "_spm_merges", derive)
 
@@ -330,10 +362,14 @@ def test_spm_merges_disk_cache_is_used_and_survives_damage(tmp_path, monkeypatch
     import hashlib
 
     unknown_pieces = "zz\0qq"  # a well-formed file whose pieces are not in this vocabulary
-    well_formed = f"1 {hashlib.sha256(unknown_pieces.encode()).hexdigest()}\n{unknown_pieces}".encode()
-    for damage in (good[: len(good) // 2 - 1], "x\0y".encode(), b"\xff\xfe", well_formed):
+    well_formed = (
+        f"1 {hashlib.sha256(unknown_pieces.encode()).hexdigest()}\n{unknown_pieces}".encode()
+    )
+    for damage in (good[: len(good) // 2 - 1], b"x\0y", b"\xff\xfe", well_formed):
         cache_file.write_bytes(damage)
-        assert Tokenizer.from_metadata(metadata).encode("ab ab ba bab", add_special=False) == expected
+        assert (
+            Tokenizer.from_metadata(metadata).encode("ab ab ba bab", add_special=False) == expected
+        )
         assert cache_file.read_bytes() == good
 
     # A cache directory that cannot be written is not an error.
@@ -357,7 +393,11 @@ def test_fragment_cache_gives_the_same_ids_and_stays_bounded(monkeypatch):
         text = "".join(chunk)
         uncached = [tok.bos_id] if tok.add_bos else []
         for fragment in tok._partition(text):
-            uncached += tok.hf.encode(fragment, add_special_tokens=False).ids if isinstance(fragment, str) else [fragment]
+            uncached += (
+                tok.hf.encode(fragment, add_special_tokens=False).ids
+                if isinstance(fragment, str)
+                else [fragment]
+            )
         if tok.add_eos:
             uncached.append(tok.eos_id)
         assert tok.encode(text) == uncached

@@ -38,7 +38,9 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen2": dict(rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=False),
     "qwen3": dict(rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=False),
     # Gemma 3 always ties the output to the embeddings; every 6th layer (5, 11, ..) is global.
-    "gemma3": dict(rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=True, n_layers=6, sliding_window=8),
+    "gemma3": dict(
+        rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=True, n_layers=6, sliding_window=8
+    ),
 }
 
 _FILE_TYPES = {
@@ -69,7 +71,9 @@ _K_SCALE_FIELDS: dict[GGMLQuantizationType, tuple[int, int | None, float]] = {
 
 
 @functools.lru_cache(maxsize=2)
-def tokenizer_metadata(source: str = "smollm2") -> tuple[tuple[str, Any, GGUFValueType, GGUFValueType | None], ...]:
+def tokenizer_metadata(
+    source: str = "smollm2",
+) -> tuple[tuple[str, Any, GGUFValueType, GGUFValueType | None], ...]:
     """(key, value, type, element type) of every tokenizer.* entry of a packaged real model."""
     path = {"smollm2": default_model_path, "gemma3": gemma3_270m_path}[source]()
     g = open_gguf(path)
@@ -123,8 +127,12 @@ def write_tiny_model(
     rope_freq_base = rope_freq_base if rope_freq_base is not None else defaults["rope_freq_base"]
     rms_eps = rms_eps if rms_eps is not None else defaults["rms_eps"]
     tie_embeddings = tie_embeddings if tie_embeddings is not None else defaults["tie_embeddings"]
-    sliding_window = sliding_window if sliding_window is not None else defaults.get("sliding_window")
-    embedding_qtype = GGMLQuantizationType(embedding_qtype if embedding_qtype is not None else qtype)
+    sliding_window = (
+        sliding_window if sliding_window is not None else defaults.get("sliding_window")
+    )
+    embedding_qtype = GGMLQuantizationType(
+        embedding_qtype if embedding_qtype is not None else qtype
+    )
 
     tok = tokenizer_metadata(tokenizer) if tokenizer is not None else ()
     if tok:
@@ -228,7 +236,12 @@ def _element_type(values: list) -> GGUFValueType:
 
 
 def _random_weight(
-    rng: np.random.Generator, rows: int, cols: int, qtype: GGMLQuantizationType, scale: float, name: str
+    rng: np.random.Generator,
+    rows: int,
+    cols: int,
+    qtype: GGMLQuantizationType,
+    scale: float,
+    name: str,
 ) -> np.ndarray:
     """Storage for a (rows, cols) weight of `qtype`: float array or uint8 (rows, row_bytes)."""
     if qtype in K_QUANTS:
@@ -240,12 +253,19 @@ def _random_weight(
         return values.astype(np.float16)
     block_size = GGML_QUANT_SIZES[qtype][0]
     if cols % block_size:
-        raise ValueError(f"{name}: {cols} columns is not a multiple of the {qtype.name} block size {block_size}")
+        raise ValueError(
+            f"{name}: {cols} columns is not a multiple of the {qtype.name} block size {block_size}"
+        )
     return gguf_quants.quantize(values, qtype)
 
 
 def _random_kquant(
-    rng: np.random.Generator, rows: int, cols: int, qtype: GGMLQuantizationType, scale: float, name: str
+    rng: np.random.Generator,
+    rows: int,
+    cols: int,
+    qtype: GGMLQuantizationType,
+    scale: float,
+    name: str,
 ) -> np.ndarray:
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     if cols % block_size:

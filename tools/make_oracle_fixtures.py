@@ -39,14 +39,33 @@ GREEDY_TINY = 8
 # vocabulary dominates the size), a quantized embedding and no vocabulary strings (the forward
 # pass never reads them; they would add 1.8 MB) so each file stays under ~1 MB, and a different
 # block type in the layers of each so the oracle covers several dequantizers.
-TINY_VOCAB_STRINGS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                      "tokenizer.ggml.scores", "tokenizer.chat_template")
+TINY_VOCAB_STRINGS = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+    "tokenizer.chat_template",
+)
 TINY_MODELS = {
-    "llama": dict(qtype="Q8_0", d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, n_layers=2),
-    "qwen2": dict(qtype="F16", d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, n_layers=2),
-    "qwen3": dict(qtype="Q5_1", d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, n_layers=2),
-    "gemma3": dict(qtype="Q4_1", d_model=32, n_heads=4, n_kv_heads=1, head_dim=8, d_ff=64, n_layers=6,
-                   sliding_window=8),
+    "llama": dict(
+        qtype="Q8_0", d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, n_layers=2
+    ),
+    "qwen2": dict(
+        qtype="F16", d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, n_layers=2
+    ),
+    "qwen3": dict(
+        qtype="Q5_1", d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, n_layers=2
+    ),
+    "gemma3": dict(
+        qtype="Q4_1",
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=1,
+        head_dim=8,
+        d_ff=64,
+        n_layers=6,
+        sliding_window=8,
+    ),
 }
 
 
@@ -59,18 +78,25 @@ def _load_hf(path: Path, **config_overrides):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager",
-        **config_overrides)
+        str(path.parent),
+        gguf_file=path.name,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        **config_overrides,
+    )
     model.eval()
     return model
 
 
 def _probe_ids(vocab: int, seed: int) -> list[int]:
-    return sorted(int(i) for i in np.random.default_rng(seed).choice(vocab, N_PROBES, replace=False))
+    return sorted(
+        int(i) for i in np.random.default_rng(seed).choice(vocab, N_PROBES, replace=False)
+    )
 
 
-def _record_case(model, name: str, ids: list[int], positions: list[int], n_greedy: int,
-                 probe_ids: list[int]) -> dict:
+def _record_case(
+    model, name: str, ids: list[int], positions: list[int], n_greedy: int, probe_ids: list[int]
+) -> dict:
     import torch
 
     with torch.no_grad():
@@ -93,9 +119,16 @@ def _record_case(model, name: str, ids: list[int], positions: list[int], n_greed
         topk_ids.append([int(i) for i in order])
         topk_logits.append([round(float(logits[p, i]), 5) for i in order])
         probe_logits.append([round(float(logits[p, i]), 5) for i in probe_ids])
-    return dict(name=name, prompt_ids=[int(i) for i in ids], positions=positions, topk_ids=topk_ids,
-                topk_logits=topk_logits, probe_logits=probe_logits, greedy=greedy,
-                greedy_margins=[round(m, 4) for m in margins])
+    return dict(
+        name=name,
+        prompt_ids=[int(i) for i in ids],
+        positions=positions,
+        topk_ids=topk_ids,
+        topk_logits=topk_logits,
+        probe_logits=probe_logits,
+        greedy=greedy,
+        greedy_margins=[round(m, 4) for m in margins],
+    )
 
 
 def _versions() -> str:
@@ -122,19 +155,34 @@ def make_smollm2() -> None:
 
     path = default_model_path()
     tok = _hf_tokenizer(path)
-    chat = tok.encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-                      add_special_tokens=False)
-    story = tok.encode("Once upon a time, in a small village by the sea, there lived an old fisherman who",
-                       add_special_tokens=False)
+    chat = tok.encode(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )
+    story = tok.encode(
+        "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+        add_special_tokens=False,
+    )
     model = _load_hf(path)
     vocab = model.config.vocab_size
     probes = _probe_ids(vocab, seed=1)
     cases = [
-        _record_case(model, "chat_capital", chat, [0, len(chat) // 2, len(chat) - 1], GREEDY_REAL, probes),
+        _record_case(
+            model, "chat_capital", chat, [0, len(chat) // 2, len(chat) - 1], GREEDY_REAL, probes
+        ),
         _record_case(model, "story", story, [3, len(story) - 1], GREEDY_REAL, probes),
     ]
-    _write("smollm2", dict(model="SmolLM2-135M-Instruct Q4_1", file=path.name, file_size=path.stat().st_size,
-                           source=_versions(), probe_ids=probes, cases=cases))
+    _write(
+        "smollm2",
+        dict(
+            model="SmolLM2-135M-Instruct Q4_1",
+            file=path.name,
+            file_size=path.stat().st_size,
+            source=_versions(),
+            probe_ids=probes,
+            cases=cases,
+        ),
+    )
 
 
 def make_gemma3() -> None:
@@ -152,10 +200,21 @@ def make_gemma3() -> None:
     cases = [
         _record_case(model, "capital", short, [1, len(short) - 1], GREEDY_REAL, probes),
         # Past position 512 the local layers' window drops the start of the prompt.
-        _record_case(model, "counting_long", counting, [100, 511, 512, 600, n - 1], GREEDY_REAL, probes),
+        _record_case(
+            model, "counting_long", counting, [100, 511, 512, 600, n - 1], GREEDY_REAL, probes
+        ),
     ]
-    _write("gemma3", dict(model="gemma-3-270m Q4_K_M", file=path.name, file_size=path.stat().st_size,
-                          source=_versions(), probe_ids=probes, cases=cases))
+    _write(
+        "gemma3",
+        dict(
+            model="gemma-3-270m Q4_K_M",
+            file=path.name,
+            file_size=path.stat().st_size,
+            source=_versions(),
+            probe_ids=probes,
+            cases=cases,
+        ),
+    )
 
 
 def make_tiny() -> None:
@@ -167,25 +226,45 @@ def make_tiny() -> None:
     for arch, dims in TINY_MODELS.items():
         dims = dict(dims)
         qtype = GGMLQuantizationType[dims.pop("qtype")]
-        path = write_tiny_model(tiny_model_path(arch), arch, qtype, seed=7, tie_embeddings=True,
-                                embedding_qtype=GGMLQuantizationType.Q4_0, weight_scale=0.2,
-                                omit_keys=TINY_VOCAB_STRINGS, **dims)
+        path = write_tiny_model(
+            tiny_model_path(arch),
+            arch,
+            qtype,
+            seed=7,
+            tie_embeddings=True,
+            embedding_qtype=GGMLQuantizationType.Q4_0,
+            weight_scale=0.2,
+            omit_keys=TINY_VOCAB_STRINGS,
+            **dims,
+        )
         # Without the token list transformers cannot infer the vocabulary size.
         overrides = {"vocab_size": 49152}
         if arch in ("qwen3", "gemma3"):
-            overrides["head_dim"] = dims["head_dim"]  # not mapped from GGUF key_length by transformers
+            overrides["head_dim"] = dims[
+                "head_dim"
+            ]  # not mapped from GGUF key_length by transformers
         if arch == "gemma3":
             # llama.cpp (and our engine) scale scores by 1/sqrt(head_dim); transformers takes it
             # from query_pre_attn_scalar (256 by default, == head_dim in the real 270m model).
-            overrides.update(query_pre_attn_scalar=dims["head_dim"], sliding_window=dims["sliding_window"])
+            overrides.update(
+                query_pre_attn_scalar=dims["head_dim"], sliding_window=dims["sliding_window"]
+            )
         model = _load_hf(path, **overrides)
         vocab = model.config.vocab_size
         probes = _probe_ids(vocab, seed=3)
         ids = [int(i) for i in np.random.default_rng(11).integers(0, vocab, 24)]
         case = _record_case(model, "random_ids", ids, list(range(len(ids))), GREEDY_TINY, probes)
-        _write(f"tiny_{arch}", dict(model=f"tiny random {arch}", file=path.name,
-                                    file_size=path.stat().st_size, source=_versions(),
-                                    probe_ids=probes, cases=[case]))
+        _write(
+            f"tiny_{arch}",
+            dict(
+                model=f"tiny random {arch}",
+                file=path.name,
+                file_size=path.stat().st_size,
+                source=_versions(),
+                probe_ids=probes,
+                cases=[case],
+            ),
+        )
 
 
 def main(argv: list[str]) -> None:

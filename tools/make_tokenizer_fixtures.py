@@ -45,7 +45,14 @@ STR, BOOL = GGUFValueType.STRING, GGUFValueType.BOOL
 # a leftmost-longest matcher (HF's added tokens) would take "he". Stored in the fixture as
 # "token_type_patch"; the test applies it to the real token_type array.
 OVERLAP_PATCH = {"he": 4, "ello": 3, "ll": 4, "start": 4}
-OVERLAP_TEXTS = ["hello", "Hello hello", "shell", "hellohe", "<|im_start|>user\nhello<|im_end|>", "he ello ll"]
+OVERLAP_TEXTS = [
+    "hello",
+    "Hello hello",
+    "shell",
+    "hellohe",
+    "<|im_start|>user\nhello<|im_end|>",
+    "he ello ll",
+]
 
 # name -> (base model, metadata overrides {key: (value, type)})
 VARIANTS: dict[str, tuple[str, dict[str, tuple[object, GGUFValueType]]]] = {
@@ -77,7 +84,7 @@ TEXTS: list[str] = [
     "x" + " " * 40 + "y",
     "line one\nline two\r\nline three\n\n\nend",
     "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
-    "class Foo {\n\tpublic static void main(String[] args) {\n\t\tSystem.out.println(\"hi\");\n\t}\n}\n",
+    'class Foo {\n\tpublic static void main(String[] args) {\n\t\tSystem.out.println("hi");\n\t}\n}\n',
     "for (int i = 0; i < 10; ++i) { x[i] = i * 2; }  // comment",
     "    indented\n        more\n\t\ttabs\n",
     "日本語のテキストです。東京は大きい都市です。",
@@ -103,7 +110,9 @@ TEXTS: list[str] = [
     "text<|endoftext|>more text",
     "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n",
     "<bos><eos><pad>",
-    "<|im_start", "<start_of_turn", "< |im_start|>",
+    "<|im_start",
+    "<start_of_turn",
+    "< |im_start|>",
     "literal byte piece <0x0A> and <0xFF>",
     "▁already▁escaped ▁ spaces",
     "non-breaking\u00a0space and ideographic\u3000space and thin\u2009space",
@@ -115,7 +124,7 @@ TEXTS: list[str] = [
     "https://example.com/path?query=1&x=y#frag",
     "user@example.com, @handle, #hashtag",
     "```python\nprint('hi')\n```",
-    "{\"key\": [1, 2, {\"nested\": null}], \"b\": true}",
+    '{"key": [1, 2, {"nested": null}], "b": true}',
     "  \n  \n\t \t",
     "end with newline\n",
     "Ünïcödé ÀÉÎÕÜ àéîõü 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟙𝟚𝟛 ①②③ ½ ¾ Ⅻ",
@@ -183,7 +192,9 @@ class Oracle:
             "add_bos": bool(llama_cpp.llama_vocab_get_add_bos(v)),
             "add_eos": bool(llama_cpp.llama_vocab_get_add_eos(v)),
             "eog_ids": [i for i in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(v, i)],
-            "control_ids_count": sum(1 for i in range(self.n_vocab) if llama_cpp.llama_vocab_is_control(v, i)),
+            "control_ids_count": sum(
+                1 for i in range(self.n_vocab) if llama_cpp.llama_vocab_is_control(v, i)
+            ),
         }
 
 
@@ -226,7 +237,9 @@ def fixture_for(oracle: Oracle, texts: list[str], seed: int) -> dict:
         "n_vocab": oracle.n_vocab,
         "cases": cases,
         "decode_sequences": sequences,
-        "pieces": {str(i): [oracle.piece(i, False).hex(), oracle.piece(i, True).hex()] for i in sample_ids},
+        "pieces": {
+            str(i): [oracle.piece(i, False).hex(), oracle.piece(i, True).hex()] for i in sample_ids
+        },
         "piece_digest": piece_table_digest(oracle, False),
         "piece_digest_special": piece_table_digest(oracle, True),
     }
@@ -238,7 +251,12 @@ def main() -> None:
     bases = {"smollm2": default_model_path(), "gemma3": gemma3_270m_path()}
     source = f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (llama_tokenize add_special, parse_special=True; llama_detokenize remove_special=False)"
     for name, path in bases.items():
-        data = {"source": source, "model": name, "overrides": {}, **fixture_for(Oracle(path), texts, seed=7)}
+        data = {
+            "source": source,
+            "model": name,
+            "overrides": {},
+            **fixture_for(Oracle(path), texts, seed=7),
+        }
         write(name, data)
     with tempfile.TemporaryDirectory() as tmp:
         for name, (base, overrides) in VARIANTS.items():
@@ -246,15 +264,24 @@ def main() -> None:
             path = write_tiny_model(Path(tmp) / f"{name}.gguf", arch, tokenizer=base, extra_metadata=overrides,
                                     d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128)  # fmt: skip
             plain = {k: v for k, (v, _) in overrides.items()}
-            data = {"source": source, "model": base, "overrides": plain, **fixture_for(Oracle(path), texts, seed=11)}
+            data = {
+                "source": source,
+                "model": base,
+                "overrides": plain,
+                **fixture_for(Oracle(path), texts, seed=11),
+            }
             write(name, data)
         # Overlapping special texts, on SmolLM2's vocabulary.
         token_types = list(tokenizer_metadata_value("smollm2", "tokenizer.ggml.token_type"))
         tokens = tokenizer_metadata_value("smollm2", "tokenizer.ggml.tokens")
         for text, token_type in OVERLAP_PATCH.items():
             token_types[tokens.index(text)] = token_type
-        path = write_tiny_model(Path(tmp) / "overlap.gguf", "llama", tokenizer="smollm2",
-                                extra_metadata={"tokenizer.ggml.token_type": (token_types, GGUFValueType.ARRAY)})
+        path = write_tiny_model(
+            Path(tmp) / "overlap.gguf",
+            "llama",
+            tokenizer="smollm2",
+            extra_metadata={"tokenizer.ggml.token_type": (token_types, GGUFValueType.ARRAY)},
+        )
         data = {"source": source, "model": "smollm2", "overrides": {}, "token_type_patch": OVERLAP_PATCH,
                 **fixture_for(Oracle(path), OVERLAP_TEXTS + texts, seed=13)}  # fmt: skip
         write("smollm2_overlapping_specials", data)
@@ -266,8 +293,12 @@ def tokenizer_metadata_value(model: str, key: str):
 
 def write(name: str, data: dict) -> None:
     out = FIXTURES / f"tokenizer_{name}.json"
-    out.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
-    print(f"wrote {out.relative_to(ROOT)} ({out.stat().st_size // 1024} KiB, {len(data['cases'])} texts)")
+    out.write_text(
+        json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8"
+    )
+    print(
+        f"wrote {out.relative_to(ROOT)} ({out.stat().st_size // 1024} KiB, {len(data['cases'])} texts)"
+    )
 
 
 # --- --check N: compare engine/tokenizer.py with llama.cpp on N random texts, write nothing ---
@@ -304,18 +335,28 @@ def check(n: int, seed: int) -> int:
     bases = {"smollm2": default_model_path(), "gemma3": gemma3_270m_path()}
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        configs = [(name, name, {}) for name in bases] + [(n_, b, o) for n_, (b, o) in VARIANTS.items()]
+        configs = [(name, name, {}) for name in bases] + [
+            (n_, b, o) for n_, (b, o) in VARIANTS.items()
+        ]
         for name, base, overrides in configs:
             metadata = open_gguf(bases[base]).metadata
             if overrides:
                 arch = "llama" if base == "smollm2" else "gemma3"
-                path = write_tiny_model(Path(tmp) / f"{name}.gguf", arch, tokenizer=base, extra_metadata=overrides)
-                tok = Tokenizer.from_metadata({**metadata, **{k: v for k, (v, _) in overrides.items()}})
+                path = write_tiny_model(
+                    Path(tmp) / f"{name}.gguf", arch, tokenizer=base, extra_metadata=overrides
+                )
+                tok = Tokenizer.from_metadata(
+                    {**metadata, **{k: v for k, (v, _) in overrides.items()}}
+                )
             else:
                 path, tok = bases[base], Tokenizer.from_metadata(metadata)
             oracle = Oracle(path)
             bad = [t for t in texts if tok.encode(t) != oracle.tokenize(t, True)]
-            bad_decode = [t for t in texts if tok.decode_bytes(ids := oracle.tokenize(t, True)) != oracle.detokenize(ids)]
+            bad_decode = [
+                t
+                for t in texts
+                if tok.decode_bytes(ids := oracle.tokenize(t, True)) != oracle.detokenize(ids)
+            ]
             failures += len(bad) + len(bad_decode)
             print(f"{name}: {len(bad)} encode and {len(bad_decode)} decode mismatches in {len(texts)} texts"
                   + (f", e.g. {bad[:2] or bad_decode[:2]!r}" if bad or bad_decode else ""))  # fmt: skip
@@ -324,5 +365,7 @@ def check(n: int, seed: int) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "--check":
-        sys.exit(1 if check(int(sys.argv[2]), seed=int(sys.argv[3]) if len(sys.argv) > 3 else 0) else 0)
+        sys.exit(
+            1 if check(int(sys.argv[2]), seed=int(sys.argv[3]) if len(sys.argv) > 3 else 0) else 0
+        )
     main()

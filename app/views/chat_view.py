@@ -11,7 +11,6 @@ from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
 from app.store import StoredMessage
 from app.views.message_widget import MessageWidget
 
-
 RENDER_BACKOFF = 3.0
 
 
@@ -31,7 +30,8 @@ class ChatView(QScrollArea):
         self._layout.setSpacing(10)
         self._placeholder = QLabel(
             "<h2>LocalChat</h2><p>Type a message below and press <b>Enter</b> to send "
-            "(<b>Shift+Enter</b> for a new line).<br>Everything runs on this computer.</p>")
+            "(<b>Shift+Enter</b> for a new line).<br>Everything runs on this computer.</p>"
+        )
         self._placeholder.setAlignment(Qt.AlignCenter)
         self._placeholder.setWordWrap(True)
         self._placeholder.setObjectName("placeholder")

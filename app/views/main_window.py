@@ -58,15 +58,23 @@ class InputBox(QPlainTextEdit):
     submitted = Signal()
 
     def keyPressEvent(self, event):
-        if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not event.modifiers() & Qt.ShiftModifier:
+        if (
+            event.key() in (Qt.Key_Return, Qt.Key_Enter)
+            and not event.modifiers() & Qt.ShiftModifier
+        ):
             self.submitted.emit()
             return
         super().keyPressEvent(event)
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, controller: EngineController, store: Store, settings: Settings,
-                 settings_file: SettingsFile):
+    def __init__(
+        self,
+        controller: EngineController,
+        store: Store,
+        settings: Settings,
+        settings_file: SettingsFile,
+    ):
         super().__init__()
         self.controller, self.store = controller, store
         self.settings, self.settings_file = settings, settings_file
@@ -98,9 +106,13 @@ class MainWindow(QMainWindow):
         self.chat_view = ChatView()
         self.system_prompt = QLineEdit()
         self.system_prompt.setPlaceholderText("System prompt for this chat (optional)")
-        self.system_prompt.setToolTip("Instructions the model sees before every message of this chat")
+        self.system_prompt.setToolTip(
+            "Instructions the model sees before every message of this chat"
+        )
         self.input = InputBox()
-        self.input.setPlaceholderText("Message the model — Enter to send, Shift+Enter for a new line")
+        self.input.setPlaceholderText(
+            "Message the model — Enter to send, Shift+Enter for a new line"
+        )
         self.input.setFixedHeight(78)
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("send_button")
@@ -185,7 +197,9 @@ class MainWindow(QMainWindow):
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self.send)
         self.cancel_button.clicked.connect(self.cancel)
-        self.system_prompt.editingFinished.connect(lambda: s.set_system_prompt(self.system_prompt.text()))
+        self.system_prompt.editingFinished.connect(
+            lambda: s.set_system_prompt(self.system_prompt.text())
+        )
         self.json_bar.modeChanged.connect(self.session.set_json_mode)
 
         s.messageAdded.connect(self._on_message_added)
@@ -256,7 +270,9 @@ class MainWindow(QMainWindow):
         self.settings.remember_model(info.path)
         self.settings_file.save(self.settings)
         self.model_bar.set_recent(self.settings.recent_models)
-        self.model_bar.show_loaded(info.name, f"{info.architecture} · context {info.n_ctx:,} · {info.template}")
+        self.model_bar.show_loaded(
+            info.name, f"{info.architecture} · context {info.n_ctx:,} · {info.template}"
+        )
         self._set_busy(self.session.busy)
         self.input.setFocus()
 
@@ -269,7 +285,8 @@ class MainWindow(QMainWindow):
     # --- chats ----------------------------------------------------------------------------------
     def _refresh_sidebar(self) -> None:
         self.sidebar.set_conversations(
-            self.store.list_conversations(self.sidebar.search.text()), self.session.conversation_id)
+            self.store.list_conversations(self.sidebar.search.text()), self.session.conversation_id
+        )
 
     def _open_conversation(self, conversation_id: int) -> None:
         self.session.open_conversation(conversation_id)
@@ -280,7 +297,8 @@ class MainWindow(QMainWindow):
         self._refresh_sidebar()
         replies = [m for m in messages if m.role == "assistant" and m.status != "streaming"]
         self.ttft_panel.set_history(
-            [m.usage["ttft_ms"] for m in replies if m.usage and m.usage.get("ttft_ms") is not None])
+            [m.usage["ttft_ms"] for m in replies if m.usage and m.usage.get("ttft_ms") is not None]
+        )
         if replies:
             self.select_message(replies[-1].id)
         else:
@@ -298,8 +316,9 @@ class MainWindow(QMainWindow):
         if not text.strip():
             return
         if self.controller.model is None:
-            self.state_label.setText("The model is still loading…" if self.controller.loading
-                                     else "Open a model first")
+            self.state_label.setText(
+                "The model is still loading…" if self.controller.loading else "Open a model first"
+            )
             return
         self.session.set_system_prompt(self.system_prompt.text())
         if self.session.send(text):
@@ -316,8 +335,11 @@ class MainWindow(QMainWindow):
         if message is None or self.session.busy:
             return
         text, ok = QInputDialog.getMultiLineText(
-            self, "Edit message", "Edit your message; the reply is generated again from here:",
-            message.content)
+            self,
+            "Edit message",
+            "Edit your message; the reply is generated again from here:",
+            message.content,
+        )
         if ok and text.strip():
             self.session.edit_and_regenerate(message_id, text)
 
@@ -417,9 +439,13 @@ class MainWindow(QMainWindow):
     # --- export ---------------------------------------------------------------------------------
     def ask_export(self) -> None:
         conv = self.store.conversation(self.session.ensure_conversation())
-        suggested = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "chat"
+        suggested = (
+            "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip()
+            or "chat"
+        )
         path, _ = QFileDialog.getSaveFileName(
-            self, "Export chat", suggested + ".md", "Markdown (*.md);;JSON (*.json)")
+            self, "Export chat", suggested + ".md", "Markdown (*.md);;JSON (*.json)"
+        )
         if path:
             self.export_to(path)
 

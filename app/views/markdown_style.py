@@ -3,7 +3,14 @@ tinted background so they stand apart from prose."""
 
 from __future__ import annotations
 
-from PySide6.QtGui import QColor, QPalette, QTextBlockFormat, QTextCursor, QTextDocument, QTextFormat
+from PySide6.QtGui import (
+    QColor,
+    QPalette,
+    QTextBlockFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFormat,
+)
 
 
 def code_background(palette: QPalette) -> QColor:

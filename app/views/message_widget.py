@@ -81,16 +81,22 @@ class MessageWidget(QFrame):
         header.addWidget(self.copy_button)
         if message.role == "user":
             self.edit_button = self._action(
-                "Edit", "Edit this message and regenerate the reply from here",
-                lambda: self.editRequested.emit(self.message.id))
+                "Edit",
+                "Edit this message and regenerate the reply from here",
+                lambda: self.editRequested.emit(self.message.id),
+            )
             header.addWidget(self.edit_button)
         if message.role == "assistant":
             self.details_button = self._action(
-                "Details", "Show this reply's usage and its tokens (token inspector)",
-                lambda: self.selected.emit(self.message.id))
+                "Details",
+                "Show this reply's usage and its tokens (token inspector)",
+                lambda: self.selected.emit(self.message.id),
+            )
             self.regenerate_button = self._action(
-                "Regenerate", "Generate this reply again (Ctrl+R)",
-                lambda: self.regenerateRequested.emit(self.message.id))
+                "Regenerate",
+                "Generate this reply again (Ctrl+R)",
+                lambda: self.regenerateRequested.emit(self.message.id),
+            )
             header.addWidget(self.details_button)
             header.addWidget(self.regenerate_button)
         layout.addLayout(header)
@@ -165,7 +171,9 @@ class MessageWidget(QFrame):
         if json_mode and (self.text or not streaming):
             view = render_json_reply(self.text, streaming=streaming)
             set_markdown(self.body.document(), view.markdown, self.palette())
-            self.json_status.setText(("✔ " if view.ok else "✖ " if not streaming else "") + view.status)
+            self.json_status.setText(
+                ("✔ " if view.ok else "✖ " if not streaming else "") + view.status
+            )
             # Direct colour: a dynamic-property selector would need a re-polish on every change.
             color = "#2e8b57" if view.ok else ("#c0392b" if not streaming else "gray")
             self.json_status.setStyleSheet(f"color: {color};")
@@ -174,8 +182,11 @@ class MessageWidget(QFrame):
             self.body.setPlainText(self.text)
             self.json_status.setVisible(False)
         else:
-            set_markdown(self.body.document(), self.text if self.text else ("…" if streaming else ""),
-                         self.palette())
+            set_markdown(
+                self.body.document(),
+                self.text if self.text else ("…" if streaming else ""),
+                self.palette(),
+            )
             self.json_status.setVisible(False)
         has_reasoning = bool(self.reasoning)
         self.reasoning_toggle.setVisible(has_reasoning)
@@ -184,7 +195,10 @@ class MessageWidget(QFrame):
             words = len(self.reasoning.split())
             self.reasoning_toggle.setText(f"Reasoning ({words} words)")
         status = "streaming" if streaming else m.status
-        for button in (getattr(self, "regenerate_button", None), getattr(self, "details_button", None)):
+        for button in (
+            getattr(self, "regenerate_button", None),
+            getattr(self, "details_button", None),
+        ):
             if button is not None:
                 button.setVisible(not streaming)
         self.status_label.setText(STATUS_NOTES.get(status, ""))

@@ -60,7 +60,9 @@ class ModelBar(QWidget):
         self.recent_button.setEnabled(bool(paths))
 
     def ask_open(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open a GGUF model", "", "GGUF models (*.gguf);;All files (*)"
+        )
         if path:
             self.openRequested.emit(path)
 

@@ -21,8 +21,13 @@ from app.preset_state import format_value
 
 SOURCE_COLORS = {"override": "#c05a00", "saved preset": "#2a7ab8"}
 # Short labels so the value column keeps its room; the tooltip says it in full.
-SOURCE_LABELS = {"generation_config.json": "gen. config", "gguf metadata": "GGUF", "override": "you (unsaved)",
-                 "saved preset": "your preset", "default": "default"}
+SOURCE_LABELS = {
+    "generation_config.json": "gen. config",
+    "gguf metadata": "GGUF",
+    "override": "you (unsaved)",
+    "saved preset": "your preset",
+    "default": "default",
+}
 SOURCE_TIPS = {
     "generation_config.json": "From the checkpoint's generation_config.json beside the model file",
     "gguf metadata": "From the model file's general.sampling.* metadata",
@@ -41,8 +46,10 @@ class PresetPanel(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        self.hint = QLabel("Values used for the next reply. Double-click a value to change it; "
-                           "“Source” says where it comes from (hover for details).")
+        self.hint = QLabel(
+            "Values used for the next reply. Double-click a value to change it; "
+            "“Source” says where it comes from (hover for details)."
+        )
         self.hint.setWordWrap(True)
         self.table = QTableWidget(0, 3)
         self.table.setHorizontalHeaderLabels(["Setting", "Value", "Source"])
@@ -65,7 +72,9 @@ class PresetPanel(QWidget):
         self.save_button.setToolTip("Use these values every time this model is loaded")
         self.save_button.clicked.connect(self.saveRequested)
         self.reset_button = QPushButton("Reset to checkpoint")
-        self.reset_button.setToolTip("Forget your changes and the saved preset; use the model's own values")
+        self.reset_button.setToolTip(
+            "Forget your changes and the saved preset; use the model's own values"
+        )
         self.reset_button.clicked.connect(self.resetRequested)
         buttons.addWidget(self.save_button)
         buttons.addWidget(self.reset_button)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from PySide6.QtWidgets import QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QSpinBox, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QLabel,
+    QSpinBox,
+    QWidget,
+)
 
 from app.settings import CONTEXT_SIZE_RANGE, FONT_SIZE_RANGE, THEMES, Settings
 

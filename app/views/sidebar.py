@@ -91,7 +91,11 @@ class Sidebar(QWidget):
         if item is None:
             return
         answer = QMessageBox.question(
-            self, "Delete chat", f"Delete “{item.text()}” and all its messages?",
-            QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
+            self,
+            "Delete chat",
+            f"Delete “{item.text()}” and all its messages?",
+            QMessageBox.Yes | QMessageBox.No,
+            QMessageBox.No,
+        )
         if answer == QMessageBox.Yes:
             self.deleteRequested.emit(item.data(Qt.UserRole))

@@ -37,8 +37,9 @@ class TokenInspector(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        self.hint = QLabel("Click a token to see the alternatives the model considered. "
-                           "Darker = less certain.")
+        self.hint = QLabel(
+            "Click a token to see the alternatives the model considered. Darker = less certain."
+        )
         self.hint.setWordWrap(True)
         self.tokens_view = QTextBrowser()
         self.tokens_view.setOpenLinks(False)
@@ -97,12 +98,19 @@ class TokenInspector(QWidget):
                 f'background-color: rgba(220,120,40,{alpha:.2f});" '
                 f'title="p={p:.3f}">{html.escape(_visible(t["text"]))}</a>'
             )
-        tail = (f"<p><i>Only the first {MAX_SHOWN:,} tokens of a reply are kept for the "
-                "inspector.</i></p>" if len(self.tokens) >= MAX_SHOWN else "")
+        tail = (
+            f"<p><i>Only the first {MAX_SHOWN:,} tokens of a reply are kept for the "
+            "inspector.</i></p>"
+            if len(self.tokens) >= MAX_SHOWN
+            else ""
+        )
         # Hair spaces between chips: visibly separate, without looking like the text's own spaces
         # (those are drawn as "·").
-        self.tokens_view.setHtml("<p style='line-height:150%'>" + "\u200a".join(chips) + "</p>" + tail
-                                 if chips else "<i>No tokens recorded for this reply.</i>")
+        self.tokens_view.setHtml(
+            "<p style='line-height:150%'>" + "\u200a".join(chips) + "</p>" + tail
+            if chips
+            else "<i>No tokens recorded for this reply.</i>"
+        )
 
     def _on_anchor(self, url: QUrl) -> None:
         text = url.toString()
@@ -113,9 +121,11 @@ class TokenInspector(QWidget):
         token = self.tokens[index]
         p = math.exp(token["logprob"])
         self.selected_label.setText(
-            f"Token #{index}: “{_visible(token['text'])}” — chosen with p = {p:.1%}. Alternatives:")
-        rows = token["top"] or [{"token_id": token["token_id"], "text": token["text"],
-                                 "logprob": token["logprob"]}]
+            f"Token #{index}: “{_visible(token['text'])}” — chosen with p = {p:.1%}. Alternatives:"
+        )
+        rows = token["top"] or [
+            {"token_id": token["token_id"], "text": token["text"], "logprob": token["logprob"]}
+        ]
         self.table.setRowCount(len(rows))
         for r, alt in enumerate(rows):
             marker = "▶ " if alt["token_id"] == token["token_id"] else ""

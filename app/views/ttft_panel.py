@@ -44,8 +44,9 @@ class TtftStrip(QWidget):
             bar = QRectF(x, rect.bottom() - height, slot * 0.7, height)
             painter.fillRect(bar, accent if i == len(self.values_ms) - 1 else older)
         painter.setPen(palette.color(QPalette.WindowText))
-        painter.drawText(self.rect().adjusted(2, 0, -2, 0), Qt.AlignBottom | Qt.AlignLeft,
-                         f"max {top:,.0f} ms")
+        painter.drawText(
+            self.rect().adjusted(2, 0, -2, 0), Qt.AlignBottom | Qt.AlignLeft, f"max {top:,.0f} ms"
+        )
 
 
 class TtftPanel(QGroupBox):
@@ -55,8 +56,10 @@ class TtftPanel(QGroupBox):
         layout.setContentsMargins(8, 8, 8, 8)
         self.current = QLabel("—")
         self.current.setObjectName("ttft_current")
-        self.current.setToolTip("From sending to the first generated token; prefill is the part "
-                                "spent reading the prompt")
+        self.current.setToolTip(
+            "From sending to the first generated token; prefill is the part "
+            "spent reading the prompt"
+        )
         self.strip = TtftStrip()
         layout.addWidget(self.current)
         layout.addWidget(self.strip)

@@ -47,7 +47,9 @@ class UsagePanel(QGroupBox):
         self.context_bar.setValue(0)
         self.context_bar.setFormat("no reply yet")
 
-    def show_usage(self, usage: dict | None, finish_reason: str | None = None, live: bool = False) -> None:
+    def show_usage(
+        self, usage: dict | None, finish_reason: str | None = None, live: bool = False
+    ) -> None:
         self.setTitle("Usage — generating…" if live else "Usage — selected reply")
         if not usage or "error" in usage:
             self.clear()

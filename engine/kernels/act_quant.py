@@ -46,11 +46,15 @@ def module_ir() -> str:
     f(f"store <32 x i8> {q8}, ptr {f.gep(aq, e)}, align 1")
     f(f"store float {d}, ptr {f.op(f'getelementptr inbounds float, ptr {ad}, i64 %b')}, align 4")
     for h in (0, 1):
-        half = f.op(f"shufflevector <32 x i32> {qi}, <32 x i32> poison, {mask(range(16 * h, 16 * h + 16))}")
+        half = f.op(
+            f"shufflevector <32 x i32> {qi}, <32 x i32> poison, {mask(range(16 * h, 16 * h + 16))}"
+        )
         s = f.op(f"call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> {half})")
         sd = f.op(f"fmul float {f.op(f'sitofp i32 {s} to float')}, {d}")
         idx = f.op(f"add i64 {f.op('shl i64 %b, 1')}, {h}")
-        f(f"store float {sd}, ptr {f.op(f'getelementptr inbounds float, ptr {as_}, i64 {idx}')}, align 4")
+        f(
+            f"store float {sd}, ptr {f.op(f'getelementptr inbounds float, ptr {as_}, i64 {idx}')}, align 4"
+        )
     f("%b_next = add i64 %b, 1")
     f("br label %head")
     f.put_label("exit")
@@ -65,5 +69,3 @@ entry:
 {f.text()}
 }}
 """
-
-

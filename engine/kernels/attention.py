@@ -17,7 +17,15 @@ Argument slots: 0 q (T, H, hd) f32, 1 k cache, 2 v cache, 3 out (T, H*hd) f32, 4
 from __future__ import annotations
 
 from engine.kernels.ir import Fn
-from engine.kernels.vec16 import MASKED_F32_DECLS, V16F, float_arg, masked_load16, masked_store16, mask16, splat16
+from engine.kernels.vec16 import (
+    MASKED_F32_DECLS,
+    V16F,
+    float_arg,
+    mask16,
+    masked_load16,
+    masked_store16,
+    splat16,
+)
 from engine.kernels.vmath import VEXP16
 
 V16H = "<16 x half>"
@@ -39,7 +47,9 @@ def attention_ir() -> str:
     i0 = f.op("sext i32 %tid to i64")
     step = f.op("sext i32 %nth to i64")
     tid64 = f.op("sext i32 %tid to i64")
-    sc = f.op(f"getelementptr inbounds float, ptr {scratch}, i64 {f.op(f'mul i64 {sstride}, {tid64}')}")
+    sc = f.op(
+        f"getelementptr inbounds float, ptr {scratch}, i64 {f.op(f'mul i64 {sstride}, {tid64}')}"
+    )
     f("br label %item_h")
     f.put_label("item_h")
     f(f"%it = phi i64 [{i0}, %entry], [%it_next, %p3_end]")
@@ -70,7 +80,9 @@ def attention_ir() -> str:
     f("br i1 %j_more, label %p1_b, label %p2_pre")
     f.put_label("p1_b")
     krow_at = f.op(f"mul i64 %j, {kv_stride}")
-    krow = f.op(f"getelementptr inbounds half, ptr {kc}, i64 {f.op(f'add i64 {krow_at}, {kv_off}')}")
+    krow = f.op(
+        f"getelementptr inbounds half, ptr {kc}, i64 {f.op(f'add i64 {krow_at}, {kv_off}')}"
+    )
     f("br label %d1_h")
     f.put_label("d1_h")
     f("%d = phi i64 [0, %p1_b], [%d_next, %d1_b]")
@@ -78,13 +90,17 @@ def attention_ir() -> str:
     f(f"%d_more = icmp ult i64 %d, {hd}")
     f("br i1 %d_more, label %d1_b, label %d1_done")
     f.put_label("d1_b")
-    kv = f.op(f"fpext {V16H} {f.load(V16H, f.op(f'getelementptr inbounds half, ptr {krow}, i64 %d'), 2)} to {V16F}")
+    kv = f.op(
+        f"fpext {V16H} {f.load(V16H, f.op(f'getelementptr inbounds half, ptr {krow}, i64 %d'), 2)} to {V16F}"
+    )
     qv = f.load(V16F, f.op(f"getelementptr inbounds float, ptr {qrow}, i64 %d"), 4)
     f(f"%acc_next = call {V16F} @llvm.fma.v16f32({V16F} {kv}, {V16F} {qv}, {V16F} %acc)")
     f("%d_next = add i64 %d, 16")
     f("br label %d1_h")
     f.put_label("d1_done")
-    s = f.op(f"fmul float {f.op(f'call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} %acc)')}, {scale}")
+    s = f.op(
+        f"fmul float {f.op(f'call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} %acc)')}, {scale}"
+    )
     f(f"br i1 {has_cap}, label %p1_cap, label %p1_store")
     f.put_label("p1_cap")  # soft-cap only when asked: tanh is a libm call per key
     ratio = f.op(f"fdiv float {s}, {softcap}")
@@ -93,7 +109,9 @@ def attention_ir() -> str:
     f.put_label("p1_store")
     s = f.op(f"phi float [{s}, %d1_done], [{capped}, %p1_cap]")
     slot = f.op(f"sub i64 %j, {lo}")
-    f(f"store float {s}, ptr {f.op(f'getelementptr inbounds float, ptr {sc}, i64 {slot}')}, align 4")
+    f(
+        f"store float {s}, ptr {f.op(f'getelementptr inbounds float, ptr {sc}, i64 {slot}')}, align 4"
+    )
     f(f"%mx_next = call float @llvm.maxnum.f32(float %mx, float {s})")
     f("%j_next = add i64 %j, 1")
     f("br label %p1_h")
@@ -125,7 +143,9 @@ def attention_ir() -> str:
     f(f"%z_more = icmp ult i64 %z, {hd}")
     f("br i1 %z_more, label %z_b, label %p3_h0")
     f.put_label("z_b")
-    f(f"store {V16F} zeroinitializer, ptr {f.op(f'getelementptr inbounds float, ptr {orow}, i64 %z')}, align 4")
+    f(
+        f"store {V16F} zeroinitializer, ptr {f.op(f'getelementptr inbounds float, ptr {orow}, i64 %z')}, align 4"
+    )
     f("%z_next = add i64 %z, 16")
     f("br label %z_h")
     f.put_label("p3_h0")
@@ -135,20 +155,28 @@ def attention_ir() -> str:
     f(f"%k_more = icmp ult i64 %k, {hi}")
     f("br i1 %k_more, label %p3_b, label %p3_end")
     f.put_label("p3_b")
-    p = f.load("float", f.op(f"getelementptr inbounds float, ptr {sc}, i64 {f.op(f'sub i64 %k, {lo}')}"), 4)
+    p = f.load(
+        "float", f.op(f"getelementptr inbounds float, ptr {sc}, i64 {f.op(f'sub i64 %k, {lo}')}"), 4
+    )
     pv = splat16(f, f.op(f"fmul float {p}, {inv}"))
     vrow_at = f.op(f"mul i64 %k, {kv_stride}")
-    vrow = f.op(f"getelementptr inbounds half, ptr {vc}, i64 {f.op(f'add i64 {vrow_at}, {kv_off}')}")
+    vrow = f.op(
+        f"getelementptr inbounds half, ptr {vc}, i64 {f.op(f'add i64 {vrow_at}, {kv_off}')}"
+    )
     f("br label %d3_h")
     f.put_label("d3_h")
     f("%d3 = phi i64 [0, %p3_b], [%d3_next, %d3_b]")
     f(f"%d3_more = icmp ult i64 %d3, {hd}")
     f("br i1 %d3_more, label %d3_b, label %d3_done")
     f.put_label("d3_b")
-    vv = f.op(f"fpext {V16H} {f.load(V16H, f.op(f'getelementptr inbounds half, ptr {vrow}, i64 %d3'), 2)} to {V16F}")
+    vv = f.op(
+        f"fpext {V16H} {f.load(V16H, f.op(f'getelementptr inbounds half, ptr {vrow}, i64 %d3'), 2)} to {V16F}"
+    )
     op = f.op(f"getelementptr inbounds float, ptr {orow}, i64 %d3")
     o = f.load(V16F, op, 4)
-    f(f"store {V16F} {f.op(f'call {V16F} @llvm.fma.v16f32({V16F} {vv}, {V16F} {pv}, {V16F} {o})')}, ptr {op}, align 4")
+    f(
+        f"store {V16F} {f.op(f'call {V16F} @llvm.fma.v16f32({V16F} {vv}, {V16F} {pv}, {V16F} {o})')}, ptr {op}, align 4"
+    )
     f("%d3_next = add i64 %d3, 16")
     f("br label %d3_h")
     f.put_label("d3_done")
@@ -163,10 +191,12 @@ def attention_ir() -> str:
 
 
 def module_ir() -> str:
-    return "\n".join([
-        VEXP16,
-        MASKED_F32_DECLS,
-        "declare float @llvm.maxnum.f32(float, float)",
-        "declare float @llvm.tanh.f32(float)",
-        attention_ir(),
-    ])
+    return "\n".join(
+        [
+            VEXP16,
+            MASKED_F32_DECLS,
+            "declare float @llvm.maxnum.f32(float, float)",
+            "declare float @llvm.tanh.f32(float)",
+            attention_ir(),
+        ]
+    )

@@ -24,7 +24,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -47,8 +48,9 @@ class Backend(Protocol):
         """out[t, :] = W[ids[t], :] dequantized. w: (n_vocab, d); ids: (T,) int32/int64 in range;
         out: (T, d) float32."""
 
-    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float,
-                out: np.ndarray | None = None) -> np.ndarray:
+    def rmsnorm(
+        self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """out[r, :] = x[r, :] / sqrt(mean(x[r, :]**2) + eps) * weight.
 
         x: (R, d) float32 (R rows: tokens, or tokens*heads for per-head q/k norms); weight: (d,)
@@ -56,8 +58,16 @@ class Backend(Protocol):
         out may be x itself (in place). Accumulate in float32 or wider.
         """
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, *, theta: float, neox: bool,
-             freq_scale: float = 1.0, freq_factors: np.ndarray | None = None) -> np.ndarray:
+    def rope(
+        self,
+        x: np.ndarray,
+        positions: np.ndarray,
+        *,
+        theta: float,
+        neox: bool,
+        freq_scale: float = 1.0,
+        freq_factors: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Rotary position embedding, IN PLACE on x: (T, n_heads, head_dim) float32; returns x.
 
         positions: (T,) int absolute positions. For pair index i in [0, head_dim/2):
@@ -72,9 +82,18 @@ class Backend(Protocol):
           (a, b) -> (a cos f - b sin f, a sin f + b cos f).
         """
 
-    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, *, p0: int,
-                  scale: float, window: int = 0, softcap: float = 0.0,
-                  out: np.ndarray | None = None) -> np.ndarray:
+    def attention(
+        self,
+        q: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        *,
+        p0: int,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Causal multi-head attention of T new queries over the cached keys/values.
 
         q: (T, n_head, head_dim) float32, already RoPE'd; query t sits at position p0 + t.
@@ -103,8 +122,9 @@ def _reference() -> Backend:
     return ReferenceBackend()
 
 
-def get_backend(n_threads: int | None = None,
-                progress: Callable[[str, float], None] | None = None) -> Backend:
+def get_backend(
+    n_threads: int | None = None, progress: Callable[[str, float], None] | None = None
+) -> Backend:
     """The fastest backend that works here: the JIT backend unless LOCALCHAT_KERNELS=numpy, its
     module is absent, or compiling it failed (then a warning names why and numpy runs)."""
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
@@ -117,6 +137,9 @@ def get_backend(n_threads: int | None = None,
 
         return JitBackend(n_threads=n_threads, progress=progress)
     except Exception as exc:  # any compile/load failure must not stop the app from working
-        warnings.warn(f"JIT kernels unavailable ({type(exc).__name__}: {exc}); using numpy kernels",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"JIT kernels unavailable ({type(exc).__name__}: {exc}); using numpy kernels",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return _reference()

@@ -13,13 +13,14 @@ and asm printer are initialised.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -164,10 +165,8 @@ class KernelLibrary:
         # Older builds of the same module (previous kernel or LLVM versions) are dead weight.
         for stale in path.parent.glob(f"{name}-*.o"):
             if stale != path:
-                try:
+                with contextlib.suppress(OSError):
                     stale.unlink()
-                except OSError:
-                    pass
 
     def address(self, symbol: str) -> int:
         addr = self._addresses.get(symbol)

@@ -15,8 +15,17 @@ Argument slots:
 from __future__ import annotations
 
 from engine.kernels.ir import Fn, f32, thread_range
-from engine.kernels.vec16 import MASKED_F32_DECLS, V16F, float_arg, masked_load16, masked_store16, mask16, splat16
+from engine.kernels.vec16 import (
+    MASKED_F32_DECLS,
+    V16F,
+    float_arg,
+    mask16,
+    masked_load16,
+    masked_store16,
+    splat16,
+)
 from engine.kernels.vmath import VEXP16
+
 
 def rmsnorm_ir() -> str:
     f = Fn()
@@ -95,7 +104,9 @@ def glu_ir(kind: str) -> str:
         act = f.op(f"fdiv {V16F} {g}, {den}")
     else:
         g3 = f.op(f"fmul {V16F} {f.op(f'fmul {V16F} {g}, {g}')}, {g}")
-        inner = f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {g3}, {V16F} splat (float {f32(0.044715)}), {V16F} {g})")
+        inner = f.op(
+            f"call {V16F} @llvm.fma.v16f32({V16F} {g3}, {V16F} splat (float {f32(0.044715)}), {V16F} {g})"
+        )
         y2 = f.op(f"fmul {V16F} {inner}, splat (float {f32(2.0 * 0.7978845608028654)})")
         e = f.op(f"call {V16F} @vexp16({V16F} {y2})")
         # tanh(y) = 1 - 2 / (exp(2y) + 1); exact limits at +-inf
@@ -143,7 +154,9 @@ def rope_ir() -> str:
     c = f.op(f"fptrunc double {f.op(f'call double @llvm.cos.f64(double {ang})')} to float")
     s = f.op(f"fptrunc double {f.op(f'call double @llvm.sin.f64(double {ang})')} to float")
     ia = f.op(f"select i1 {neox}, i64 %i, i64 {f.op('shl i64 %i, 1')}")
-    ib = f.op(f"select i1 {neox}, i64 {f.op(f'add i64 %i, {half}')}, i64 {f.op(f'add i64 {ia}, 1')}")
+    ib = f.op(
+        f"select i1 {neox}, i64 {f.op(f'add i64 %i, {half}')}, i64 {f.op(f'add i64 {ia}, 1')}"
+    )
     f("%i_next = add i64 %i, 1")
     f("br label %hh")
     f.put_label("hh")
@@ -168,11 +181,16 @@ def rope_ir() -> str:
 
 
 def module_ir() -> str:
-    return "\n".join([
-        VEXP16,
-        MASKED_F32_DECLS,
-        "declare float @llvm.sqrt.f32(float)",
-        "declare double @llvm.cos.f64(double)",
-        "declare double @llvm.sin.f64(double)",
-        rmsnorm_ir(), glu_ir("swiglu"), glu_ir("geglu"), rope_ir(),
-    ])
+    return "\n".join(
+        [
+            VEXP16,
+            MASKED_F32_DECLS,
+            "declare float @llvm.sqrt.f32(float)",
+            "declare double @llvm.cos.f64(double)",
+            "declare double @llvm.sin.f64(double)",
+            rmsnorm_ir(),
+            glu_ir("swiglu"),
+            glu_ir("geglu"),
+            rope_ir(),
+        ]
+    )

@@ -26,7 +26,9 @@ def _widen(f: Fn, kind: str, ptr: str, vector: bool) -> str:
         if kind == "F16":
             return f.op(f"fpext <16 x half> {raw} to {V16F}")
         wide = f.op(f"zext <16 x i16> {raw} to <16 x i32>")
-        return f.op(f"bitcast <16 x i32> {f.op(f'shl <16 x i32> {wide}, splat (i32 16)')} to {V16F}")
+        return f.op(
+            f"bitcast <16 x i32> {f.op(f'shl <16 x i32> {wide}, splat (i32 16)')} to {V16F}"
+        )
     raw = f.load(ty, ptr, 1, "w")
     if kind == "F32":
         return raw

@@ -22,7 +22,9 @@ def f32(x: float) -> str:
     """A float constant LLVM accepts exactly (hex form of the double of a float32)."""
     import struct
 
-    bits = struct.unpack("<Q", struct.pack("<d", float(struct.unpack("<f", struct.pack("<f", x))[0])))[0]
+    bits = struct.unpack(
+        "<Q", struct.pack("<d", float(struct.unpack("<f", struct.pack("<f", x))[0]))
+    )[0]
     return f"0x{bits:016X}"
 
 

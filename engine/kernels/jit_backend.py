@@ -15,13 +15,13 @@ from one thread at a time, as the generation worker does. Separate backends are 
 
 from __future__ import annotations
 
-import threading
-from typing import Callable
-
-import numpy as np
-
+import contextlib
 import ctypes
 import functools
+import threading
+from collections.abc import Callable
+
+import numpy as np
 
 from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
 from engine.kernels.compiler import HostCPU, KernelLibrary
@@ -87,9 +87,21 @@ _F32 = np.dtype(np.float32)
 class _WeightCall:
     """Everything a linear on one weight needs, prepared once: its argument block and kernel."""
 
-    __slots__ = ("weight", "data", "args", "args_ptr", "kernel", "quantized", "rows", "cols", "bufs")
+    __slots__ = (
+        "weight",
+        "data",
+        "args",
+        "args_ptr",
+        "kernel",
+        "quantized",
+        "rows",
+        "cols",
+        "bufs",
+    )
 
-    def __init__(self, weight: QTensor, data: np.ndarray, args: np.ndarray, kernel: int, quantized: bool):
+    def __init__(
+        self, weight: QTensor, data: np.ndarray, args: np.ndarray, kernel: int, quantized: bool
+    ):
         self.weight, self.data, self.args, self.kernel = weight, data, args, kernel
         self.args_ptr = args.ctypes.data
         self.quantized = quantized
@@ -123,11 +135,15 @@ class JitBackend(ReferenceBackend):
         self._quantize_direct = _KERNEL_FN(self._quantize)
         self._kernels = {q: self.library.address(f"mm_{q}") for q in quant_matmul.LAYOUTS}
         self._float_kernels = {k: self.library.address(f"mmf_{k}") for k in float_matmul.ELEM}
-        self._direct = {name: _KERNEL_FN(self.library.address(name))
-                        for name in ("rmsnorm", "rope", "swiglu", "geglu")}
+        self._direct = {
+            name: _KERNEL_FN(self.library.address(name))
+            for name in ("rmsnorm", "rope", "swiglu", "geglu")
+        }
         self._attention = self.library.address("attention")
-        self._op_args = {name: np.zeros(16, np.int64) for name in
-                         ("rmsnorm", "rope", "swiglu", "geglu", "attention")}
+        self._op_args = {
+            name: np.zeros(16, np.int64)
+            for name in ("rmsnorm", "rope", "swiglu", "geglu", "attention")
+        }
         self._op_args_ptr = {name: a.ctypes.data for name, a in self._op_args.items()}
         self._positions = np.zeros(256, np.int64)
         self._inv_freq: dict[tuple[float, int, float], np.ndarray] = {}
@@ -140,10 +156,8 @@ class JitBackend(ReferenceBackend):
         self.pool.close()
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     # --- helpers -------------------------------------------------------------------------------
     def _ptr(self, arr: np.ndarray) -> int:
@@ -159,7 +173,7 @@ class JitBackend(ReferenceBackend):
             self._ptrs[id(arr)] = (arr, p)
         return p
 
-    def _weight_args(self, w: QTensor) -> "_WeightCall":
+    def _weight_args(self, w: QTensor) -> _WeightCall:
         data = w.data
         if data.ndim != 2 or data.shape[0] != w.rows or not data.flags.c_contiguous:
             data = np.ascontiguousarray(data).reshape(w.rows, -1)
@@ -202,7 +216,9 @@ class JitBackend(ReferenceBackend):
         target = out
         if out is not None:
             if out.shape != (tokens, rows):
-                raise ValueError(f"linear {w.name}: out has shape {out.shape}, expected {(tokens, rows)}")
+                raise ValueError(
+                    f"linear {w.name}: out has shape {out.shape}, expected {(tokens, rows)}"
+                )
             if out.dtype is not _F32 or not out.flags.c_contiguous:
                 out = None
         if out is None:
@@ -244,8 +260,9 @@ class JitBackend(ReferenceBackend):
     def _usable(*arrays: np.ndarray) -> bool:
         return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
 
-    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float,
-                out: np.ndarray | None = None) -> np.ndarray:
+    def rmsnorm(
+        self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None
+    ) -> np.ndarray:
         if out is None:
             out = np.empty_like(x)
         if x.ndim != 2 or not self._usable(x, weight, out) or out.shape != x.shape:
@@ -259,7 +276,9 @@ class JitBackend(ReferenceBackend):
         self._run_small("rmsnorm", x.size)
         return out
 
-    def _glu(self, name: str, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    def _glu(
+        self, name: str, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None
+    ) -> np.ndarray:
         if out is None:
             out = np.empty_like(gate)
         if not self._usable(gate, up, out) or gate.shape != up.shape or out.shape != gate.shape:
@@ -278,8 +297,15 @@ class JitBackend(ReferenceBackend):
     def geglu(self, gate, up, out=None):
         return self._glu("geglu", gate, up, out)
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, *, theta: float, neox: bool,
-             freq_scale: float = 1.0) -> np.ndarray:
+    def rope(
+        self,
+        x: np.ndarray,
+        positions: np.ndarray,
+        *,
+        theta: float,
+        neox: bool,
+        freq_scale: float = 1.0,
+    ) -> np.ndarray:
         if x.ndim != 3 or not self._usable(x) or x.shape[-1] % 2:
             return super().rope(x, positions, theta=theta, neox=neox, freq_scale=freq_scale)
         tokens, heads, head_dim = x.shape
@@ -301,24 +327,44 @@ class JitBackend(ReferenceBackend):
         self._run_small("rope", x.size)
         return x
 
-    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, *, p0: int,
-                  scale: float, window: int = 0, softcap: float = 0.0,
-                  out: np.ndarray | None = None) -> np.ndarray:
+    def attention(
+        self,
+        q: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        *,
+        p0: int,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         tokens, n_head, head_dim = q.shape
         capacity, n_kv, _ = k_cache.shape
         if out is not None and out.shape != (tokens, n_head * head_dim):
-            raise ValueError(f"attention: out has shape {out.shape}, expected {(tokens, n_head * head_dim)}")
+            raise ValueError(
+                f"attention: out has shape {out.shape}, expected {(tokens, n_head * head_dim)}"
+            )
         if p0 + tokens > capacity or k_cache.shape != v_cache.shape:
-            raise ValueError(f"attention: {p0 + tokens} positions do not fit caches of shape "
-                             f"{k_cache.shape} / {v_cache.shape}")
+            raise ValueError(
+                f"attention: {p0 + tokens} positions do not fit caches of shape "
+                f"{k_cache.shape} / {v_cache.shape}"
+            )
         target = out
         if out is None or not self._usable(out):
             out = np.empty((tokens, n_head * head_dim), np.float32)
-        if (head_dim % 16 or n_head % n_kv or not self._usable(q)
-                or k_cache.dtype != np.float16 or v_cache.dtype != np.float16
-                or not k_cache.flags.c_contiguous or not v_cache.flags.c_contiguous):
-            return super().attention(q, k_cache, v_cache, p0=p0, scale=scale, window=window,
-                                     softcap=softcap, out=target)
+        if (
+            head_dim % 16
+            or n_head % n_kv
+            or not self._usable(q)
+            or k_cache.dtype != np.float16
+            or v_cache.dtype != np.float16
+            or not k_cache.flags.c_contiguous
+            or not v_cache.flags.c_contiguous
+        ):
+            return super().attention(
+                q, k_cache, v_cache, p0=p0, scale=scale, window=window, softcap=softcap, out=target
+            )
         n_keys = p0 + tokens
         stride = (n_keys + 15) // 16 * 16
         need = stride * self.pool.default_chunks  # one scratch row per chunk

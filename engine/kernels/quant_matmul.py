@@ -102,6 +102,7 @@ def _s(f: Fn, opname: str, v: str, k: int) -> str:
 def _sor(f: Fn, a: str, b: str) -> str:
     return f.op(f"or i8 {a}, {b}")
 
+
 def _nibbles(f: Fn, ptr: str) -> str:
     """16 bytes -> 32 values: low nibbles then high nibbles (Q4_0/Q4_1/Q5_x element order)."""
     q = f.load("<16 x i8>", ptr)
@@ -193,10 +194,7 @@ def unpack_q4_k(f, blk, c):
     dmin = f.half_to_float(f.gep(blk, 2))
     sc, m = _scale_min_k4(f, f.gep(blk, 4), c)
     q = f.load(V32I8, f.gep(blk, 16 + 32 * (c // 2)))
-    if c % 2 == 0:
-        u = _v(f, "and", q, 15)
-    else:
-        u = _v(f, "lshr", q, 4)
+    u = _v(f, "and", q, 15) if c % 2 == 0 else _v(f, "lshr", q, 4)
     s = _fmul(f, d, _u8_to_float(f, sc))
     b = _fneg(f, _fmul(f, dmin, _u8_to_float(f, m)))
     return Chunk(u, (s, s), (b, b))
@@ -207,10 +205,7 @@ def unpack_q5_k(f, blk, c):
     dmin = f.half_to_float(f.gep(blk, 2))
     sc, m = _scale_min_k4(f, f.gep(blk, 4), c)
     q = f.load(V32I8, f.gep(blk, 48 + 32 * (c // 2)))
-    if c % 2 == 0:
-        lo = _v(f, "and", q, 15)
-    else:
-        lo = _v(f, "lshr", q, 4)
+    lo = _v(f, "and", q, 15) if c % 2 == 0 else _v(f, "lshr", q, 4)
     qh = f.load(V32I8, f.gep(blk, 16))
     hb = _v(f, "and", _v(f, "lshr", qh, c), 1)
     u = _vor(f, lo, _v(f, "shl", hb, 4))
@@ -253,11 +248,14 @@ def unpack_q3_k(f, blk, c):
     hb = _v(f, "and", _v(f, "lshr", hm, 4 * n + j), 1)
     u = _vor(f, lo, _v(f, "shl", hb, 2))  # q + 4, in 0..7
     d = f.half_to_float(f.gep(blk, 108))
-    s, b = [], []
+    s = []
     for h in (0, 1):
         i = 8 * n + 2 * j + h
-        low4 = (_s(f, "and", _byte(f, blk, 96 + i), 15) if i < 8
-                else _s(f, "lshr", _byte(f, blk, 96 + i - 8), 4))
+        low4 = (
+            _s(f, "and", _byte(f, blk, 96 + i), 15)
+            if i < 8
+            else _s(f, "lshr", _byte(f, blk, 96 + i - 8), 4)
+        )
         high2 = _s(f, "and", _s(f, "lshr", _byte(f, blk, 96 + 8 + i % 4), 2 * (i // 4)), 3)
         sc6 = _sor(f, low4, _s(f, "shl", high2, 4))
         sc = f.op(f"sub i8 {sc6}, 32")
@@ -266,30 +264,46 @@ def unpack_q3_k(f, blk, c):
 
 
 UNPACK = {
-    "Q4_0": unpack_q4_0, "Q4_1": unpack_q4_1, "Q5_0": unpack_q5_0, "Q5_1": unpack_q5_1,
-    "Q8_0": unpack_q8_0, "Q2_K": unpack_q2_k, "Q3_K": unpack_q3_k, "Q4_K": unpack_q4_k,
-    "Q5_K": unpack_q5_k, "Q6_K": unpack_q6_k,
+    "Q4_0": unpack_q4_0,
+    "Q4_1": unpack_q4_1,
+    "Q5_0": unpack_q5_0,
+    "Q5_1": unpack_q5_1,
+    "Q8_0": unpack_q8_0,
+    "Q2_K": unpack_q2_k,
+    "Q3_K": unpack_q3_k,
+    "Q4_K": unpack_q4_k,
+    "Q5_K": unpack_q5_k,
+    "Q6_K": unpack_q6_k,
 }
 
 
 # --- the u8 x s8 dot product per ISA ------------------------------------------------------------
 
+
 def udot(f: Fn, isa: str, u: str, a: str, acc: str = "zeroinitializer") -> str:
     """<8 x i32>: acc + (lane i = sum of u[4i+k] * a[4i+k], k < 4), u unsigned, a signed."""
     if isa == "vnni":
-        return f.op(f"call {V8I32} @llvm.x86.avx512.vpdpbusd.256({V8I32} {acc}, "
-                    f"{V32I8} {u}, {V32I8} {a})", "dot")
+        return f.op(
+            f"call {V8I32} @llvm.x86.avx512.vpdpbusd.256({V8I32} {acc}, {V32I8} {u}, {V32I8} {a})",
+            "dot",
+        )
     if isa == "avx2":
         p16 = f.op(f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({V32I8} {u}, {V32I8} {a})")
-        d = f.op(f"call {V8I32} @llvm.x86.avx2.pmadd.wd(<16 x i16> {p16}, "
-                 f"<16 x i16> {splat(16, 'i16', 1)})")
+        d = f.op(
+            f"call {V8I32} @llvm.x86.avx2.pmadd.wd(<16 x i16> {p16}, "
+            f"<16 x i16> {splat(16, 'i16', 1)})"
+        )
         return d if acc == "zeroinitializer" else f.op(f"add {V8I32} {d}, {acc}", "dot")
     uw = f.op(f"zext {V32I8} {u} to <32 x i32>")
     aw = f.op(f"sext {V32I8} {a} to <32 x i32>")
     p = f.op(f"mul <32 x i32> {uw}, {aw}")
-    parts = [f.op(f"shufflevector <32 x i32> {p}, <32 x i32> poison, "
-                  f"{mask([4 * k + i for i in range(4)] + [16 + 4 * k + i for i in range(4)])}")
-             for k in range(4)]
+    parts = [
+        f.op(
+            f"shufflevector <32 x i32> {p}, <32 x i32> poison, "
+            f"{mask([4 * k + i for i in range(4)] + [16 + 4 * k + i for i in range(4)])}"
+        )
+        for k in range(4)
+    ]
     s01 = f.op(f"add {V8I32} {parts[0]}, {parts[1]}")
     s23 = f.op(f"add {V8I32} {parts[2]}, {parts[3]}")
     d = f.op(f"add {V8I32} {s01}, {s23}", "dot")
@@ -326,15 +340,23 @@ def _scale_vec(f: Fn, s0: str, s1: str) -> str:
 def udot512(f: Fn, isa: str, u: str, a: str, acc: str = "zeroinitializer") -> str:
     """<16 x i32> dot of <64 x i8> vectors (two chunks); one vpdpbusd on zmm with VNNI."""
     if isa == "vnni":
-        return f.op(f"call {V16I32} @llvm.x86.avx512.vpdpbusd.512({V16I32} {acc}, "
-                    f"{V64I8} {u}, {V64I8} {a})", "dot")
+        return f.op(
+            f"call {V16I32} @llvm.x86.avx512.vpdpbusd.512({V16I32} {acc}, "
+            f"{V64I8} {u}, {V64I8} {a})",
+            "dot",
+        )
     halves = []
     for h in (0, 1):
         sel = mask(range(32 * h, 32 * h + 32))
         uh = f.op(f"shufflevector {V64I8} {u}, {V64I8} poison, {sel}")
         ah = f.op(f"shufflevector {V64I8} {a}, {V64I8} poison, {sel}")
-        acc_h = acc if acc == "zeroinitializer" else f.op(
-            f"shufflevector {V16I32} {acc}, {V16I32} poison, {mask(range(8 * h, 8 * h + 8))}")
+        acc_h = (
+            acc
+            if acc == "zeroinitializer"
+            else f.op(
+                f"shufflevector {V16I32} {acc}, {V16I32} poison, {mask(range(8 * h, 8 * h + 8))}"
+            )
+        )
         halves.append(udot(f, isa, uh, ah, acc_h))
     return f.op(f"shufflevector {V8I32} {halves[0]}, {V8I32} {halves[1]}, {mask(range(16))}", "dot")
 
@@ -353,7 +375,7 @@ def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v,
         lanes = 8 * width
         vf = f"<{lanes} x float>"
         per_chunk = [[UNPACK[qname](f, blk, c) for blk in blk_of(db)] for db, c in unit]
-        rows = list(zip(*per_chunk))  # rows[i] = chunks of row i in this unit
+        rows = list(zip(*per_chunk, strict=True))  # rows[i] = chunks of row i in this unit
         db0, c0 = unit[0]
         b0 = f.op(f"add i64 {b}, {db0}")
         e = f.op(f"add i64 {f.op(f'mul i64 {b0}, {lay.block}')}, {32 * c0}", "e")
@@ -369,10 +391,20 @@ def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v,
                 svs.append(_scale_vec(f, chs[0].s[0], chs[0].s[1]))
             else:
                 us.append(_concat(f, "i8", 32, chs[0].u, chs[1].u))
-                sgn.append(None if chs[0].signed_src is None
-                           else _concat(f, "i8", 32, chs[0].signed_src, chs[1].signed_src))
-                svs.append(_concat(f, "float", 8, _scale_vec(f, chs[0].s[0], chs[0].s[1]),
-                                   _scale_vec(f, chs[1].s[0], chs[1].s[1])))
+                sgn.append(
+                    None
+                    if chs[0].signed_src is None
+                    else _concat(f, "i8", 32, chs[0].signed_src, chs[1].signed_src)
+                )
+                svs.append(
+                    _concat(
+                        f,
+                        "float",
+                        8,
+                        _scale_vec(f, chs[0].s[0], chs[0].s[1]),
+                        _scale_vec(f, chs[1].s[0], chs[1].s[1]),
+                    )
+                )
         vi8 = f"<{32 * width} x i8>"
         vi32 = f"<{lanes} x i32>"
         for j, (_tj, aq, ad, as_) in enumerate(toks):
@@ -382,7 +414,9 @@ def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v,
                 da = _bcast(f, f.load("float", dap, 4, "da"))
             else:
                 d2 = f.load("<2 x float>", dap, 4, "da")
-                da = f.op(f"shufflevector <2 x float> {d2}, <2 x float> poison, {mask([0] * 8 + [1] * 8)}")
+                da = f.op(
+                    f"shufflevector <2 x float> {d2}, <2 x float> poison, {mask([0] * 8 + [1] * 8)}"
+                )
             dot_fn = udot if width == 1 else udot512
             start = "zeroinitializer"
             if offset:
@@ -394,7 +428,9 @@ def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v,
                 sp = f.op(f"getelementptr inbounds float, ptr {as_}, i64 {i16_}")
                 sums = [f.load("float", f.gep(sp, 4 * k), 4, "sa") for k in range(2 * width)]
                 # per-32 sums, shared by the tile's rows (formats with one min per 32 values)
-                sums32 = [f.op(f"fadd float {sums[2 * k]}, {sums[2 * k + 1]}") for k in range(width)]
+                sums32 = [
+                    f.op(f"fadd float {sums[2 * k]}, {sums[2 * k + 1]}") for k in range(width)
+                ]
             na = None
             for i in range(nrow):
                 ai = a
@@ -406,15 +442,23 @@ def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v,
                 dot = dot_fn(f, isa, us[i], ai, start)
                 df = f.op(f"sitofp {vi32} {dot} to {vf}")
                 sda = f.op(f"fmul {vf} {svs[i]}, {da}")
-                cur_v[i, j] = f.op(f"call {vf} @llvm.fma.v{lanes}f32({vf} {df}, {vf} {sda}, {vf} {cur_v[i, j]})")
+                cur_v[i, j] = f.op(
+                    f"call {vf} @llvm.fma.v{lanes}f32({vf} {df}, {vf} {sda}, {vf} {cur_v[i, j]})"
+                )
                 if sums is not None:
                     # sums already carry the activation scale: sa_h = da * sum_h(q)
                     for k, ch in enumerate(rows[i]):
                         if ch.b[0] == ch.b[1]:  # one offset per 32 values: one fma
-                            cur_s[i, j] = f.op(f"call float @llvm.fma.f32(float {ch.b[0]}, float {sums32[k]}, float {cur_s[i, j]})")
+                            cur_s[i, j] = f.op(
+                                f"call float @llvm.fma.f32(float {ch.b[0]}, float {sums32[k]}, float {cur_s[i, j]})"
+                            )
                             continue
-                        acc = f.op(f"call float @llvm.fma.f32(float {ch.b[0]}, float {sums[2 * k]}, float {cur_s[i, j]})")
-                        cur_s[i, j] = f.op(f"call float @llvm.fma.f32(float {ch.b[1]}, float {sums[2 * k + 1]}, float {acc})")
+                        acc = f.op(
+                            f"call float @llvm.fma.f32(float {ch.b[0]}, float {sums[2 * k]}, float {cur_s[i, j]})"
+                        )
+                        cur_s[i, j] = f.op(
+                            f"call float @llvm.fma.f32(float {ch.b[1]}, float {sums[2 * k + 1]}, float {acc})"
+                        )
 
 
 def tile_function(qname: str, isa: str, nrow: int, ntok: int) -> str:
@@ -445,7 +489,7 @@ def tile_function(qname: str, isa: str, nrow: int, ntok: int) -> str:
     passes = [("m", "0", main_end, step, units, 16)]
     if chunks == 1:
         passes.append(("t", main_end, "%nblocks", 1, [[(0, 0)]], 8))
-    prev_label, prev_v, prev_s = "entry", None, {k: "0.0" for k in keys}
+    prev_label, prev_s = "entry", {k: "0.0" for k in keys}
     finals_v = []
     for tag, b_start, b_end, bstep, unit_list, lanes in passes:
         vf = f"<{lanes} x float>"
@@ -477,30 +521,50 @@ def tile_function(qname: str, isa: str, nrow: int, ntok: int) -> str:
         _emit_units(f, qname, isa, blk_of, b, unit_list, toks, cur_v, cur_s)
         phis = []
         for k in keys:
-            phis.append(f"  {accv[k]} = phi {vf} [zeroinitializer, %{prev_label}], [{cur_v[k]}, %{tag}_body]")
-            phis.append(f"  {accs[k]} = phi float [{prev_s[k]}, %{prev_label}], [{cur_s[k]}, %{tag}_body]")
+            phis.append(
+                f"  {accv[k]} = phi {vf} [zeroinitializer, %{prev_label}], [{cur_v[k]}, %{tag}_body]"
+            )
+            phis.append(
+                f"  {accs[k]} = phi float [{prev_s[k]}, %{prev_label}], [{cur_s[k]}, %{tag}_body]"
+            )
         f.lines[phi_at:phi_at] = phis
         f(f"%{tag}_b_next = add i64 {b}, {bstep}")
         f(f"br label %{tag}_head")
         f.put_label(f"{tag}_done")
         finals_v.append((accv, lanes))
         prev_label, prev_s = f"{tag}_done", accs
-    for (i, j) in keys:
+    for i, j in keys:
         tj = toks[j][0]
         tot = prev_s[i, j]
         for accv, lanes in finals_v:
-            red = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v{lanes}f32(float 0.0, <{lanes} x float> {accv[i, j]})")
+            red = f.op(
+                f"call reassoc float @llvm.vector.reduce.fadd.v{lanes}f32(float 0.0, <{lanes} x float> {accv[i, j]})"
+            )
             tot = f.op(f"fadd float {red}, {tot}")
         idx = f.op(f"add i64 {f.op(f'mul i64 {tj}, %ostride')}, {f.op(f'add i64 %r, {i}')}")
-        f(f"store float {tot}, ptr {f.op(f'getelementptr inbounds float, ptr %out, i64 {idx}')}, align 4")
+        f(
+            f"store float {tot}, ptr {f.op(f'getelementptr inbounds float, ptr %out, i64 {idx}')}, align 4"
+        )
     f("ret void")
-    return (f"define internal void @tile_{qname}_{nrow}x{ntok}(ptr %w, i64 %row_bytes, i64 %nblocks, "
-            f"ptr %aq, ptr %ad, ptr %as, i64 %n, i64 %t, ptr %out, i64 %ostride, i64 %r) alwaysinline {{\n"
-            f"entry:\n  %nb32 = lshr i64 %n, 5\n  %nb16 = lshr i64 %n, 4\n{f.text()}\n}}\n")
+    return (
+        f"define internal void @tile_{qname}_{nrow}x{ntok}(ptr %w, i64 %row_bytes, i64 %nblocks, "
+        f"ptr %aq, ptr %ad, ptr %as, i64 %n, i64 %t, ptr %out, i64 %ostride, i64 %r) alwaysinline {{\n"
+        f"entry:\n  %nb32 = lshr i64 %n, 5\n  %nb16 = lshr i64 %n, 4\n{f.text()}\n}}\n"
+    )
 
 
-def _token_loop(f: Fn, qname: str, nrow: int, common: str, ntok: str, out: str, ostride: str,
-                wrow: str, tag: str, after: str) -> None:
+def _token_loop(
+    f: Fn,
+    qname: str,
+    nrow: int,
+    common: str,
+    ntok: str,
+    out: str,
+    ostride: str,
+    wrow: str,
+    tag: str,
+    after: str,
+) -> None:
     """Emit: all tokens (TILE at a time, then one by one) for `nrow` rows at %r; then br after."""
     pre = f.cur
     f(f"br label %{tag}_th")
@@ -510,7 +574,9 @@ def _token_loop(f: Fn, qname: str, nrow: int, common: str, ntok: str, out: str, 
     f(f"%{tag}_fits = icmp ule i64 %{tag}_te, {ntok}")
     f(f"br i1 %{tag}_fits, label %{tag}_tb, label %{tag}_rh")
     f.put_label(f"{tag}_tb")
-    f(f"call void @tile_{qname}_{nrow}x{TILE}(ptr {wrow}, {common}, i64 %{tag}_t, ptr {out}, i64 {ostride}, i64 %r)")
+    f(
+        f"call void @tile_{qname}_{nrow}x{TILE}(ptr {wrow}, {common}, i64 %{tag}_t, ptr {out}, i64 {ostride}, i64 %r)"
+    )
     f(f"%{tag}_tn = add i64 %{tag}_t, {TILE}")
     f(f"br label %{tag}_th")
     f.put_label(f"{tag}_rh")
@@ -518,7 +584,9 @@ def _token_loop(f: Fn, qname: str, nrow: int, common: str, ntok: str, out: str, 
     f(f"%{tag}_more = icmp ult i64 %{tag}_t1, {ntok}")
     f(f"br i1 %{tag}_more, label %{tag}_rb, label %{after}")
     f.put_label(f"{tag}_rb")
-    f(f"call void @tile_{qname}_{nrow}x1(ptr {wrow}, {common}, i64 %{tag}_t1, ptr {out}, i64 {ostride}, i64 %r)")
+    f(
+        f"call void @tile_{qname}_{nrow}x1(ptr {wrow}, {common}, i64 %{tag}_t1, ptr {out}, i64 {ostride}, i64 %r)"
+    )
     f(f"%{tag}_t1n = add i64 %{tag}_t1, 1")
     f(f"br label %{tag}_rh")
 
@@ -569,9 +637,11 @@ def kernel_function(qname: str) -> str:
 
 def module_ir(qname: str, isa: str) -> str:
     """One module per quant type: the tile shapes plus the threaded driver."""
-    return "\n".join([
-        DECLARATIONS,
-        "declare float @llvm.fma.f32(float, float, float)",
-        *(tile_function(qname, isa, nr, nt) for nr in (ROWS, 1) for nt in (TILE, 1)),
-        kernel_function(qname),
-    ])
+    return "\n".join(
+        [
+            DECLARATIONS,
+            "declare float @llvm.fma.f32(float, float, float)",
+            *(tile_function(qname, isa, nr, nt) for nr in (ROWS, 1) for nt in (TILE, 1)),
+            kernel_function(qname),
+        ]
+    )

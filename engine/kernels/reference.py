@@ -23,7 +23,9 @@ def dequantize_rows_range(w: QTensor, r0: int, r1: int) -> np.ndarray:
     except ImportError:
         from gguf.quants import dequantize
 
-        return np.asarray(dequantize(w.data[r0:r1], w.qtype), dtype=np.float32).reshape(r1 - r0, w.cols)
+        return np.asarray(dequantize(w.data[r0:r1], w.qtype), dtype=np.float32).reshape(
+            r1 - r0, w.cols
+        )
     return dequantize_rows(w, np.arange(r0, r1))
 
 
@@ -35,7 +37,9 @@ def dequantize_rows_at(w: QTensor, rows: np.ndarray) -> np.ndarray:
     except ImportError:
         from gguf.quants import dequantize
 
-        return np.asarray(dequantize(w.data[rows], w.qtype), dtype=np.float32).reshape(len(rows), w.cols)
+        return np.asarray(dequantize(w.data[rows], w.qtype), dtype=np.float32).reshape(
+            len(rows), w.cols
+        )
     return dequantize_rows(w, rows)
 
 
@@ -51,7 +55,11 @@ def dequantize_full(w: QTensor) -> np.ndarray:
 
 
 def _gelu_tanh(g: np.ndarray) -> np.ndarray:
-    return 0.5 * g * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (g + np.float32(0.044715) * g * g * g)))
+    return (
+        0.5
+        * g
+        * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (g + np.float32(0.044715) * g * g * g)))
+    )
 
 
 def _silu(g: np.ndarray) -> np.ndarray:
@@ -82,8 +90,9 @@ class ReferenceBackend:
         out[...] = rows
         return out
 
-    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float,
-                out: np.ndarray | None = None) -> np.ndarray:
+    def rmsnorm(
+        self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None
+    ) -> np.ndarray:
         mean_sq = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
         inv = (1.0 / np.sqrt(mean_sq + eps)).astype(np.float32)
         if out is None:
@@ -92,8 +101,16 @@ class ReferenceBackend:
         out *= weight
         return out
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, *, theta: float, neox: bool,
-             freq_scale: float = 1.0, freq_factors: np.ndarray | None = None) -> np.ndarray:
+    def rope(
+        self,
+        x: np.ndarray,
+        positions: np.ndarray,
+        *,
+        theta: float,
+        neox: bool,
+        freq_scale: float = 1.0,
+        freq_factors: np.ndarray | None = None,
+    ) -> np.ndarray:
         head_dim = x.shape[-1]
         half = head_dim // 2
         inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)
@@ -112,9 +129,18 @@ class ReferenceBackend:
             x[..., 1::2] = a * sin + b * cos
         return x
 
-    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, *, p0: int,
-                  scale: float, window: int = 0, softcap: float = 0.0,
-                  out: np.ndarray | None = None) -> np.ndarray:
+    def attention(
+        self,
+        q: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        *,
+        p0: int,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         n_tokens, n_head, head_dim = q.shape
         n_kv = k_cache.shape[1]
         group = n_head // n_kv
@@ -122,8 +148,12 @@ class ReferenceBackend:
         keys = k_cache[:n_keys].astype(np.float32)  # (n_keys, n_kv, head_dim)
         values = v_cache[:n_keys].astype(np.float32)
         # Batched matmul over (kv head, group) rather than einsum, which takes a slow non-BLAS path.
-        qg = q.reshape(n_tokens, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # (n_kv, group, T, hd)
-        scores = (qg @ keys.transpose(1, 2, 0)[:, None]) * np.float32(scale)  # (n_kv, group, T, n_keys)
+        qg = q.reshape(n_tokens, n_kv, group, head_dim).transpose(
+            1, 2, 0, 3
+        )  # (n_kv, group, T, hd)
+        scores = (qg @ keys.transpose(1, 2, 0)[:, None]) * np.float32(
+            scale
+        )  # (n_kv, group, T, n_keys)
         if softcap > 0.0:
             scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
         query_pos = p0 + np.arange(n_tokens)[:, None]
@@ -135,7 +165,7 @@ class ReferenceBackend:
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
-        mixed = (probs @ values.transpose(1, 0, 2)[:, None])  # (n_kv, group, T, hd)
+        mixed = probs @ values.transpose(1, 0, 2)[:, None]  # (n_kv, group, T, hd)
         mixed = mixed.transpose(2, 0, 1, 3).reshape(n_tokens, n_head * head_dim)
         if out is None:
             return np.ascontiguousarray(mixed, dtype=np.float32)

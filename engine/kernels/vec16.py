@@ -22,7 +22,9 @@ def mask16(f: Fn, i: str, n: str) -> str:
 
 def masked_load16(f: Fn, base: str, i: str, m: str) -> str:
     p = f.op(f"getelementptr inbounds float, ptr {base}, i64 {i}")
-    return f.op(f"call {V16F} @llvm.masked.load.v16f32.p0(ptr {p}, i32 4, <16 x i1> {m}, {V16F} zeroinitializer)")
+    return f.op(
+        f"call {V16F} @llvm.masked.load.v16f32.p0(ptr {p}, i32 4, <16 x i1> {m}, {V16F} zeroinitializer)"
+    )
 
 
 def masked_store16(f: Fn, v: str, base: str, i: str, m: str) -> None:
@@ -41,8 +43,10 @@ def float_arg(f: Fn, slot: int) -> str:
 
 
 # What a module using masked_load16 / masked_store16 must declare.
-MASKED_F32_DECLS = "\n".join([
-    f"declare {V16F} @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, {V16F})",
-    f"declare void @llvm.masked.store.v16f32.p0({V16F}, ptr, i32, <16 x i1>)",
-    f"declare float @llvm.vector.reduce.fadd.v16f32(float, {V16F})",
-])
+MASKED_F32_DECLS = "\n".join(
+    [
+        f"declare {V16F} @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, {V16F})",
+        f"declare void @llvm.masked.store.v16f32.p0({V16F}, ptr, i32, <16 x i1>)",
+        f"declare float @llvm.vector.reduce.fadd.v16f32(float, {V16F})",
+    ]
+)

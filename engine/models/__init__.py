@@ -7,8 +7,9 @@ from engine.config import ModelConfig
 from engine.models.transformer import DEFAULT_MAX_BATCH, TransformerModel
 
 
-def build_model(gguf_file, config: ModelConfig | None = None, backend=None,
-                max_batch: int = DEFAULT_MAX_BATCH) -> TransformerModel:
+def build_model(
+    gguf_file, config: ModelConfig | None = None, backend=None, max_batch: int = DEFAULT_MAX_BATCH
+) -> TransformerModel:
     """A ready-to-run model over the file's memory-mapped weights (nothing is dequantized up
     front except the tiny norm vectors)."""
     if config is None:

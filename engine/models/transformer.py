@@ -62,8 +62,13 @@ class _RunState:
 
 
 class TransformerModel:
-    def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], backend,
-                 max_batch: int = DEFAULT_MAX_BATCH):
+    def __init__(
+        self,
+        config: ModelConfig,
+        tensors: dict[str, QTensor],
+        backend,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ):
         self.config = config
         self.backend = backend
         self.max_batch = max_batch
@@ -75,8 +80,10 @@ class TransformerModel:
         self.output_norm = _vector(_require(tensors, "output_norm.weight"))
         self.layers = [self._load_layer(tensors, i) for i in range(config.n_layers)]
         # Per layer: (RoPE base, RoPE frequency scale, attention window), looked up once.
-        self._layer_attention = [(config.layer_rope_theta(i), config.layer_rope_freq_scale(i),
-                                  config.layer_window(i)) for i in range(config.n_layers)]
+        self._layer_attention = [
+            (config.layer_rope_theta(i), config.layer_rope_freq_scale(i), config.layer_window(i))
+            for i in range(config.n_layers)
+        ]
         self._rope, self._rope_extra = self._choose_rope(tensors)
         self._state = _RunState(config, max_batch)
 
@@ -89,8 +96,10 @@ class TransformerModel:
             return self.backend.rope, {}
         factors = _vector(factors_tensor)
         if factors.shape != (self.config.head_dim // 2,) or not np.all(factors > 0):
-            raise ModelFileError(f"tensor 'rope_freqs.weight' must hold {self.config.head_dim // 2} "
-                                 f"positive values; got shape {factors.shape}")
+            raise ModelFileError(
+                f"tensor 'rope_freqs.weight' must hold {self.config.head_dim // 2} "
+                f"positive values; got shape {factors.shape}"
+            )
         rope = self.backend.rope
         if "freq_factors" not in inspect.signature(rope).parameters:
             rope = ReferenceBackend().rope
@@ -108,10 +117,14 @@ class TransformerModel:
 
         layer = Layer(
             attn_norm=vector("attn_norm"),
-            attn_q=need("attn_q"), attn_k=need("attn_k"), attn_v=need("attn_v"),
+            attn_q=need("attn_q"),
+            attn_k=need("attn_k"),
+            attn_v=need("attn_v"),
             attn_output=need("attn_output"),
             ffn_norm=vector("ffn_norm"),
-            ffn_gate=need("ffn_gate"), ffn_up=need("ffn_up"), ffn_down=need("ffn_down"),
+            ffn_gate=need("ffn_gate"),
+            ffn_up=need("ffn_up"),
+            ffn_down=need("ffn_down"),
         )
         if cfg.qkv_bias:
             layer.attn_q_bias = vector("attn_q", ".bias")
@@ -136,8 +149,9 @@ class TransformerModel:
     def new_cache(self, n_ctx: int) -> KVCache:
         return KVCache.for_config(self.config, n_ctx)
 
-    def forward(self, tokens, cache: KVCache, *, all_logits: bool = False,
-                logits_at=None) -> np.ndarray:
+    def forward(
+        self, tokens, cache: KVCache, *, all_logits: bool = False, logits_at=None
+    ) -> np.ndarray:
         """Append `tokens` at positions cache.n_tokens.. and return float32 logits.
 
         Default: (n_vocab,) for the last token. all_logits=True: (T, n_vocab) for every token.
@@ -152,7 +166,9 @@ class TransformerModel:
             raise ValueError("forward() needs at least one token")
         bad = (ids < 0) | (ids >= self.config.n_vocab)
         if bad.any():
-            raise ValueError(f"token id {int(ids[bad][0])} is out of range [0, {self.config.n_vocab})")
+            raise ValueError(
+                f"token id {int(ids[bad][0])} is out of range [0, {self.config.n_vocab})"
+            )
         if not all_logits and logits_at is None and n <= self.max_batch:
             # The common case (decode, short prefill): one chunk, last row only.
             cache.reserve(n)
@@ -169,7 +185,7 @@ class TransformerModel:
         cache.reserve(n)
         rows: list[np.ndarray] = []
         for c0 in range(0, n, self.max_batch):
-            chunk = ids[c0:c0 + self.max_batch]
+            chunk = ids[c0 : c0 + self.max_batch]
             in_chunk = unique[(unique >= c0) & (unique < c0 + chunk.size)] - c0
             rows.append(self._forward_chunk(chunk, cache, in_chunk))
         logits = np.concatenate(rows, axis=0)
@@ -197,7 +213,9 @@ class TransformerModel:
         gate, up = st.gate[:n], st.up[:n]
         q_heads = q.reshape(n, cfg.n_head, cfg.head_dim)
         k_heads = k.reshape(n, cfg.n_kv_head, cfg.head_dim)
-        for li, (layer, (theta, fscale, window)) in enumerate(zip(self.layers, self._layer_attention)):
+        for li, (layer, (theta, fscale, window)) in enumerate(
+            zip(self.layers, self._layer_attention, strict=True)
+        ):
             # --- attention ---
             ops.rmsnorm(x, layer.attn_norm, cfg.norm_eps, out=h)
             ops.linear(layer.attn_q, h, out=q)
@@ -216,10 +234,18 @@ class TransformerModel:
             self._rope(q_heads, positions, **rope_args)
             self._rope(k_heads, positions, **rope_args)
             k_cache, v_cache = cache.layer(li)
-            k_cache[p0:p0 + n] = k_heads
-            v_cache[p0:p0 + n] = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
-            ops.attention(q_heads, k_cache, v_cache, p0=p0, scale=cfg.attn_scale,
-                          window=window, softcap=cfg.attn_logit_softcap, out=att)
+            k_cache[p0 : p0 + n] = k_heads
+            v_cache[p0 : p0 + n] = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
+            ops.attention(
+                q_heads,
+                k_cache,
+                v_cache,
+                p0=p0,
+                scale=cfg.attn_scale,
+                window=window,
+                softcap=cfg.attn_logit_softcap,
+                out=att,
+            )
             ops.linear(layer.attn_output, att, out=proj)
             if layer.post_attention_norm is not None:
                 ops.rmsnorm(proj, layer.post_attention_norm, cfg.norm_eps, out=proj)
@@ -242,10 +268,14 @@ class TransformerModel:
             return np.zeros((0, cfg.n_vocab), np.float32)
         if logit_rows.size == 1:
             # The decode case: reuse the preallocated single-row buffers.
-            ops.rmsnorm(x[logit_rows[0]:logit_rows[0] + 1], self.output_norm, cfg.norm_eps, out=st.last)
+            ops.rmsnorm(
+                x[logit_rows[0] : logit_rows[0] + 1], self.output_norm, cfg.norm_eps, out=st.last
+            )
             logits = ops.linear(self.output, st.last, out=st.logits).copy()
         else:
-            normed = ops.rmsnorm(np.ascontiguousarray(x[logit_rows]), self.output_norm, cfg.norm_eps)
+            normed = ops.rmsnorm(
+                np.ascontiguousarray(x[logit_rows]), self.output_norm, cfg.norm_eps
+            )
             logits = ops.linear(self.output, normed)
         if cfg.final_logit_softcap > 0.0:
             cap = np.float32(cfg.final_logit_softcap)
