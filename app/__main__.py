@@ -62,8 +62,9 @@ def run_smoke(prompt: str, model: str | None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.controller import EngineController
-    from app.engine_bridge import ChatRequest, RealEngine
+    from app.engine_bridge import RealEngine
     from app.icon import app_icon
+    from engine.types import FinishReason, GenerationRequest
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setWindowIcon(app_icon())  # exercises QtSvg + image plugins in a frozen bundle
@@ -86,7 +87,7 @@ def run_smoke(prompt: str, model: str | None) -> int:
 
     def on_loaded(_info) -> None:
         controller.generate(
-            ChatRequest(
+            GenerationRequest(
                 messages=({"role": "user", "content": prompt},),
                 overrides={"do_sample": False, "max_new_tokens": SMOKE_MAX_TOKENS},
                 top_logprobs=0,
@@ -94,7 +95,7 @@ def run_smoke(prompt: str, model: str | None) -> int:
         )
 
     def on_finished(finished) -> None:
-        if finished.finish_reason == "error":
+        if finished.finish_reason == FinishReason.ERROR:
             fail(finished.error or "generation failed")
             return
         text = finished.text or "".join(pieces)

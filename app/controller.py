@@ -17,10 +17,11 @@ import time
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
-from app.engine_bridge import ChatRequest, EngineBridge, ModelInfo, PresetView
+from app.engine_bridge import EngineBridge
 from app.worker import EngineWorker, EventBatch
 from engine.cancel import CancelToken
 from engine.events import Finished
+from engine.types import GenerationRequest, ModelInfo, ResolvedPreset
 
 # At most ~100 drains a second: far above a real model's token rate (so no visible delay), and
 # far below what would starve timers, painting and input.
@@ -90,7 +91,7 @@ class EngineController(QObject):
         self.loading = True
         self._load.emit(str(path), int(n_ctx), int(n_threads))
 
-    def generate(self, request: ChatRequest) -> int:
+    def generate(self, request: GenerationRequest) -> int:
         if self._active is not None:
             raise RuntimeError("a reply is already being generated")
         self._request_id += 1
@@ -103,7 +104,7 @@ class EngineController(QObject):
         if self._cancel is not None:
             self._cancel.cancel()
 
-    def resolve_preset(self, saved: dict | None, overrides: dict | None) -> PresetView:
+    def resolve_preset(self, saved: dict | None, overrides: dict | None) -> ResolvedPreset:
         """Runs on the GUI thread: configuration logic only (see app/engine_bridge.py)."""
         if self._worker.lm is None:
             raise RuntimeError("no model loaded")

@@ -10,40 +10,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 from engine.cancel import CancelToken
-
-JSON_MODES = ("off", "object", "schema")
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """What the window asks for; the bridge turns it into the engine's GenerationRequest."""
-
-    messages: tuple[dict, ...]  # {"role": ..., "content": ...}, system prompt first if any
-    overrides: dict = field(default_factory=dict)
-    saved_preset: dict | None = None
-    json_mode: str = "off"
-    json_schema: dict | None = None
-    top_logprobs: int = 5
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    path: str
-    name: str
-    architecture: str
-    n_ctx: int
-    template: str  # chat template name, "(fallback)" appended when the model has none
-
-
-@dataclass(frozen=True)
-class PresetView:
-    values: dict
-    sources: dict  # field -> "override" / "saved preset" / "generation_config.json" / ...
+from engine.types import GenerationRequest, ModelInfo, ResolvedPreset
 
 
 @dataclass(frozen=True)
@@ -80,10 +52,10 @@ class EngineBridge(Protocol):
 
     def resolve_preset(
         self, lm: object, saved: dict | None, overrides: dict | None
-    ) -> PresetView: ...
+    ) -> ResolvedPreset: ...
 
     def generate(
-        self, lm: object, request: ChatRequest, cancel: CancelToken
+        self, lm: object, request: GenerationRequest, cancel: CancelToken
     ) -> Iterator[object]: ...
 
 
@@ -159,29 +131,20 @@ class RealEngine:
             template=template_name,
         )
 
-    def resolve_preset(self, lm, saved, overrides) -> PresetView:
+    def resolve_preset(self, lm, saved, overrides) -> ResolvedPreset:
         from engine.presets import resolve_preset
 
-        resolved = resolve_preset(lm, saved=saved or None, overrides=overrides or None)
-        return PresetView(values=dict(resolved.values), sources=dict(resolved.sources))
+        return resolve_preset(lm, saved=saved or None, overrides=overrides or None)
 
-    def generate(self, lm, request: ChatRequest, cancel):
-        from engine.generate import GenerationRequest, generate
+    def generate(self, lm, request: GenerationRequest, cancel):
+        from engine.generate import generate
 
         messages, trimmed = self._fit(lm, request)
-        engine_request = GenerationRequest(
-            messages=messages,
-            overrides=dict(request.overrides),
-            saved_preset=request.saved_preset or None,
-            json_mode=request.json_mode,
-            json_schema=request.json_schema,
-            top_logprobs=request.top_logprobs,
-            prefix_cache=self._prefix_cache,
-        )
+        engine_request = replace(request, messages=messages, prefix_cache=self._prefix_cache)
         events = generate(lm, engine_request, cancel)
         return itertools.chain([trimmed], events) if trimmed is not None else events
 
-    def _fit(self, lm, request: ChatRequest) -> tuple[list[dict], ContextTrimmed | None]:
+    def _fit(self, lm, request: GenerationRequest) -> tuple[list[dict], ContextTrimmed | None]:
         """Drop the oldest turns (never the system prompt or the last message) when the chat
         plus the reply's room no longer fits the context. Raises ContextOverflowError when even
         the last message does not fit."""

@@ -8,9 +8,14 @@ import json
 from pathlib import Path
 
 from app.store import Conversation, StoredMessage
+from engine.types import MessageStatus, Role
 
 EXPORT_FORMAT_VERSION = 1
-ROLE_TITLES = {"system": "System", "user": "You", "assistant": "Assistant"}
+ROLE_TITLES = {
+    Role.SYSTEM: "System",
+    Role.USER: "You",
+    Role.ASSISTANT: "Assistant",
+}  # also on screen
 
 
 def to_markdown(conversation: Conversation, messages: list[StoredMessage]) -> str:
@@ -19,7 +24,7 @@ def to_markdown(conversation: Conversation, messages: list[StoredMessage]) -> st
         lines += ["**System prompt:**", "", conversation.system_prompt, ""]
     for m in messages:
         heading = f"## {ROLE_TITLES.get(m.role, m.role)}"
-        if m.status != "complete":
+        if m.status != MessageStatus.COMPLETE:
             heading += f" ({m.status})"
         lines += [heading, ""]
         if m.reasoning:

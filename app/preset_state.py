@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.engine_bridge import PresetView
 from engine.errors import EngineError
+from engine.types import ResolvedPreset
 
-Resolver = Callable[[dict | None, dict | None], PresetView]
+Resolver = Callable[[dict | None, dict | None], ResolvedPreset]
 
 
 class PresetState:
@@ -20,7 +20,7 @@ class PresetState:
         self._resolve = resolve
         self.saved: dict = dict(saved or {})
         self.overrides: dict = {}
-        self.view: PresetView = resolve(self.saved or None, None)
+        self.view: ResolvedPreset = resolve(self.saved or None, None)
 
     def try_set(self, field: str, value) -> str | None:
         """Apply an override; returns the error message if the engine refuses it."""

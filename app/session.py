@@ -13,13 +13,13 @@ import time
 from PySide6.QtCore import QObject, Signal
 
 from app.controller import EngineController
-from app.engine_bridge import ChatRequest, ModelInfo
 from app.preset_state import PresetState
 from app.reply_recorder import ReplyRecorder
 from app.settings import Settings, SettingsFile
-from app.store import STATUS_ERROR, Store, StoredMessage
+from app.store import Store, StoredMessage
 from engine.errors import EngineError
 from engine.events import Finished
+from engine.types import GenerationRequest, JsonMode, MessageStatus, ModelInfo, Role
 
 TOP_LOGPROBS = 5
 
@@ -51,7 +51,7 @@ class ChatSession(QObject):
         self.controller, self.store = controller, store
         self.settings, self.settings_file = settings, settings_file
         self.conversation_id: int | None = None
-        self.json_mode = "off"
+        self.json_mode = JsonMode.OFF
         self.json_schema: dict | None = None
         self.presets: PresetState | None = None
         self._recorder: ReplyRecorder | None = None
@@ -126,7 +126,7 @@ class ChatSession(QObject):
             return False
         cid = self.ensure_conversation()
         first_message = not self.store.messages(cid)
-        user_id = self.store.add_message(cid, "user", text)
+        user_id = self.store.add_message(cid, Role.USER, text)
         if first_message:
             # Name the chat after its first question so the sidebar is readable at a glance.
             self.store.rename_conversation(cid, _title_from(text))
@@ -140,7 +140,7 @@ class ChatSession(QObject):
         if self.busy or self.controller.model is None or self.conversation_id is None:
             return False
         messages = self.store.messages(self.conversation_id)
-        while messages and messages[-1].role != "user":
+        while messages and messages[-1].role != Role.USER:
             messages.pop()
         if not messages:
             return False
@@ -150,12 +150,17 @@ class ChatSession(QObject):
         """Answer again the user message this reply answered; the reply and everything after it
         are dropped (the same as editing that user message without changing it)."""
         reply = self.store.message(message_id)
-        if reply is None or reply.role != "assistant" or self.busy or self.controller.model is None:
+        if (
+            reply is None
+            or reply.role != Role.ASSISTANT
+            or self.busy
+            or self.controller.model is None
+        ):
             return False
         earlier_users = [
             m
             for m in self.store.messages(reply.conversation_id)
-            if m.role == "user" and m.position < reply.position
+            if m.role == Role.USER and m.position < reply.position
         ]
         if not earlier_users:
             return False
@@ -163,7 +168,12 @@ class ChatSession(QObject):
 
     def edit_and_regenerate(self, message_id: int, new_text: str) -> bool:
         message = self.store.message(message_id)
-        if message is None or message.role != "user" or self.busy or self.controller.model is None:
+        if (
+            message is None
+            or message.role != Role.USER
+            or self.busy
+            or self.controller.model is None
+        ):
             return False
         self.store.update_message_content(message_id, new_text.strip() or message.content)
         return self._regenerate_after(self.store.message(message_id))
@@ -178,25 +188,25 @@ class ChatSession(QObject):
     def cancel(self) -> None:
         self.controller.cancel()
 
-    def build_request(self, conversation_id: int) -> ChatRequest:
+    def build_request(self, conversation_id: int) -> GenerationRequest:
         conv = self.store.conversation(conversation_id)
         messages = []
         if conv.system_prompt.strip():
-            messages.append({"role": "system", "content": conv.system_prompt.strip()})
+            messages.append({"role": Role.SYSTEM, "content": conv.system_prompt.strip()})
         for m in self.store.messages(conversation_id):
             if (
-                m.role in ("user", "assistant")
-                and m.status != "streaming"
-                and (m.content or m.role == "user")
+                m.role in (Role.USER, Role.ASSISTANT)
+                and m.status != MessageStatus.STREAMING
+                and (m.content or m.role == Role.USER)
             ):
                 messages.append({"role": m.role, "content": m.content})
         presets = self.presets
-        return ChatRequest(
+        return GenerationRequest(
             messages=tuple(messages),
             overrides=dict(presets.overrides) if presets else {},
             saved_preset=dict(presets.saved) if presets and presets.saved else None,
             json_mode=self.json_mode,
-            json_schema=self.json_schema if self.json_mode == "schema" else None,
+            json_schema=self.json_schema if self.json_mode == JsonMode.SCHEMA else None,
             top_logprobs=TOP_LOGPROBS,
         )
 
@@ -211,13 +221,13 @@ class ChatSession(QObject):
         self.busyChanged.emit(True)
         self.controller.generate(request)
 
-    def _estimate_prompt_tokens(self, cid: int, request: ChatRequest) -> int:
+    def _estimate_prompt_tokens(self, cid: int, request: GenerationRequest) -> int:
         """For the live context bar until the engine reports the exact count: the last reply's
         exact context use plus ~4 characters per token for what was added since (+ template)."""
         replies = [
             m
             for m in self.store.messages(cid)
-            if m.role == "assistant" and m.usage and "context_used" in m.usage
+            if m.role == Role.ASSISTANT and m.usage and "context_used" in m.usage
         ]
         if replies:
             last = replies[-1]
@@ -302,7 +312,7 @@ class ChatSession(QObject):
         self.busyChanged.emit(False)
         if stored is None:
             return  # its chat was deleted while it streamed
-        if status == STATUS_ERROR:
+        if status == MessageStatus.ERROR:
             self.replyFailed.emit(finished.error or "Generation failed.", stored)
         else:
             self.replyFinished.emit(stored)

@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.engine_bridge import ModelInfo, PresetView
 from engine.events import FINISH_STOP, Finished, TextDelta, TokenSampled, TopAlternative, Usage
+from engine.types import ModelInfo, ResolvedPreset
 
 HEARTBEAT_MS = 5
 
@@ -50,7 +50,7 @@ class FloodEngine:
         )
 
     def resolve_preset(self, lm, saved, overrides):
-        return PresetView({"temperature": 0.0}, {"temperature": "default"})
+        return ResolvedPreset({"temperature": 0.0}, {"temperature": "default"})
 
     def generate(self, lm, request, cancel):
         words = [

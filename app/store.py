@@ -24,15 +24,17 @@ from pathlib import Path
 
 import platformdirs
 
+from engine.types import MessageStatus
+
 SCHEMA_VERSION = 2
 DEFAULT_TITLE = "New chat"
 
-# Message status values.
-STATUS_COMPLETE = "complete"
-STATUS_STREAMING = "streaming"  # a reply being generated right now (partial text saved)
-STATUS_CANCELLED = "cancelled"  # the user stopped it; the partial text is kept
-STATUS_ERROR = "error"
-STATUS_INTERRUPTED = "interrupted"  # was streaming when the app died; found on the next open
+# Message status values (engine/types.py says what each means).
+STATUS_COMPLETE = MessageStatus.COMPLETE
+STATUS_STREAMING = MessageStatus.STREAMING
+STATUS_CANCELLED = MessageStatus.CANCELLED
+STATUS_ERROR = MessageStatus.ERROR
+STATUS_INTERRUPTED = MessageStatus.INTERRUPTED
 
 
 @dataclass

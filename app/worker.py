@@ -19,9 +19,10 @@ import traceback
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from app.engine_bridge import ChatRequest, ContextTrimmed, EngineBridge
+from app.engine_bridge import ContextTrimmed, EngineBridge
 from engine.cancel import CancelToken
 from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Usage
+from engine.types import GenerationRequest
 
 
 class RequestFailed:
@@ -124,7 +125,7 @@ class EngineWorker(QObject):
         self.modelLoaded.emit(info)
 
     @Slot(int, object, object)
-    def generate(self, request_id: int, request: ChatRequest, cancel: CancelToken) -> None:
+    def generate(self, request_id: int, request: GenerationRequest, cancel: CancelToken) -> None:
         if self.lm is None:
             self._put(request_id, RequestFailed("No model is loaded yet."))
             return

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ConfigValidationError, EngineError
+from engine.types import JsonMode
 
 MODEL_ALIASES = ("default", "gemma3")
 SCORE_LOGITS_BUDGET = 2**26  # floats of logits per scoring forward (256 MiB)
@@ -386,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--json-mode",
-        choices=["off", "object", "schema"],
+        choices=list(JsonMode),
         help="constrain the output to any JSON object, or to --json-schema",
     )
     p.add_argument(

@@ -40,8 +40,7 @@ import llguidance
 import numpy as np
 
 from engine.errors import ConfigValidationError, ConstraintError
-
-JSON_MODES = ("off", "object", "schema")
+from engine.types import JsonMode
 
 # Bounded whitespace (see the module docstring); no whitespace before the value itself.
 _JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"(?:\x20|\x0A\x20{0,20})"}
@@ -129,11 +128,11 @@ def json_grammar(
     the schema (not JSON, not an object, unsatisfiable, unsupported keyword, bad regex, ...).
     Passing the tokenizer also checks the grammar against its vocabulary.
     """
-    if mode not in ("object", "schema"):
+    if mode not in (JsonMode.OBJECT, JsonMode.SCHEMA):
         raise ConfigValidationError(
-            "json_mode", mode, "one of " + ", ".join(repr(m) for m in JSON_MODES)
+            "json_mode", mode, "one of " + ", ".join(repr(str(m)) for m in JsonMode)
         )
-    if mode == "object":
+    if mode == JsonMode.OBJECT:
         schema = _ANY_OBJECT_SCHEMA
     elif schema is None:
         raise ConstraintError('json_mode "schema" needs a JSON schema, and none was given')
@@ -261,7 +260,7 @@ def _first_line(message: str) -> str:
 
 def make_json_constraint(tokenizer, mode: str = "off", schema: Any = None) -> JsonConstraint | None:
     """The JSON-mode processor for a request, or None when mode is "off"."""
-    if mode == "off":
+    if mode == JsonMode.OFF:
         return None
     llg_tok = llg_tokenizer_for(tokenizer)
     return JsonConstraint(llg_tok, json_grammar(mode, schema, llg_tok))

@@ -10,21 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Finish reasons, and what each means.
-FINISH_STOP = "stop"  # an end-of-generation token id was sampled (not included in the output)
-FINISH_STOP_SEQUENCE = "stop_sequence"  # a user stop string matched (not included in the output)
-FINISH_LENGTH = "length"  # max_new_tokens or the context limit was reached
-FINISH_CANCELLED = "cancelled"  # the CancelToken was set; everything emitted so far is kept
-FINISH_GRAMMAR_COMPLETE = "grammar_complete"  # JSON mode: the value is complete and valid
-FINISH_ERROR = "error"  # an exception ended the request; `Finished.error` says what
-FINISH_REASONS = (
-    FINISH_STOP,
-    FINISH_STOP_SEQUENCE,
-    FINISH_LENGTH,
-    FINISH_CANCELLED,
-    FINISH_GRAMMAR_COMPLETE,
-    FINISH_ERROR,
-)
+from engine.types import FinishReason
+
+# The finish reasons under their long-standing names (the same members as FinishReason).
+FINISH_STOP = FinishReason.STOP
+FINISH_STOP_SEQUENCE = FinishReason.STOP_SEQUENCE
+FINISH_LENGTH = FinishReason.LENGTH
+FINISH_CANCELLED = FinishReason.CANCELLED
+FINISH_GRAMMAR_COMPLETE = FinishReason.GRAMMAR_COMPLETE
+FINISH_ERROR = FinishReason.ERROR
+FINISH_REASONS = tuple(FinishReason)
 
 
 @dataclass(frozen=True)
@@ -87,7 +82,7 @@ class Usage:
 
 @dataclass(frozen=True)
 class Finished:
-    finish_reason: str
+    finish_reason: FinishReason
     usage: Usage
     text: str  # the whole answer as emitted (concatenation of TextDelta)
     reasoning: str = ""  # concatenation of ReasoningDelta

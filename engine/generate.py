@@ -18,9 +18,9 @@ The iterator is a stack of small generators, each adding one thing:
     _events             steps -> end-of-generation ids, detokenizer, stop strings, <think> split
                         -> TokenSampled / TextDelta / ReasoningDelta, then Finished with Usage
 
-Seams for decoding features (helper "decoding" provides the implementations):
+Seams for decoding features (`GenerationRequest` and these seams are typed in engine/types.py):
 
-- Prefix cache: `GenerationRequest.prefix_cache`, an object with
+- Prefix cache: `GenerationRequest.prefix_cache`, a `SupportsPrefixReuse` (engine/prefix_cache.py):
       lookup(lm, prompt_ids, min_capacity) -> PrefixHit | None
       store(lm, token_ids, cache, next_logits) -> None
   `lookup` returns a KVCache the loop may write to (a copy), holding prompt_ids[:n_tokens], with
@@ -100,41 +100,11 @@ from engine.sampling import (
     top_ids,
 )
 from engine.stopping import StopStringMatcher, decide_finish_reason
+from engine.types import GenerationRequest, JsonMode, PrefixHit
 
 PREFILL_CHUNK = 256  # tokens per prefill forward; the cancel token is checked between chunks
 MAX_TOP_LOGPROBS = 20
 MAX_DRAFT_TOKENS = 16
-JSON_MODES = ("off", "object", "schema")
-
-
-@dataclass
-class GenerationRequest:
-    messages: list[dict] | None = None  # chat messages, rendered with the model's chat template
-    prompt: str | None = None  # raw text, tokenized with BOS as the model's metadata says
-    prompt_ids: Sequence[int] | None = None  # already-tokenized prompt (exactly as given)
-    overrides: dict = field(default_factory=dict)  # per-request values (GenerationConfig fields)
-    saved_preset: dict | None = None  # the user's saved values for this model
-    json_mode: str = "off"  # "off" | "object" | "schema"
-    json_schema: Any = None  # dict or JSON text, for json_mode="schema"
-    speculative: Any = None  # None (engine default) | False | True | a drafter object
-    top_logprobs: int = 0  # alternatives per TokenSampled (0..MAX_TOP_LOGPROBS)
-    kv_budget_bytes: int | None = None  # None: default_kv_budget_bytes()
-    prefix_cache: Any = None  # see the module docstring
-
-
-@dataclass
-class PrefixHit:
-    cache: Any  # KVCache holding prompt_ids[:n_tokens]; the loop owns it from now on
-    n_tokens: int
-    next_logits: np.ndarray | None = None  # logits after those tokens (required for a full hit)
-
-
-class PrefixCache(Protocol):
-    def lookup(self, lm, prompt_ids: Sequence[int], min_capacity: int) -> PrefixHit | None: ...
-
-    def store(
-        self, lm, token_ids: Sequence[int], cache, next_logits: np.ndarray | None
-    ) -> None: ...
 
 
 class Drafter(Protocol):
@@ -235,10 +205,8 @@ def plan_request(lm, request: GenerationRequest) -> _Plan:
         raise ConfigValidationError(
             "top_logprobs", request.top_logprobs, f"an integer in [0, {MAX_TOP_LOGPROBS}]"
         )
-    if request.json_mode not in JSON_MODES:
-        raise ConfigValidationError(
-            "json_mode", request.json_mode, f"one of {', '.join(JSON_MODES)}"
-        )
+    if request.json_mode not in tuple(JsonMode):
+        raise ConfigValidationError("json_mode", request.json_mode, f"one of {', '.join(JsonMode)}")
     budget = (
         default_kv_budget_bytes()
         if request.kv_budget_bytes is None
@@ -250,7 +218,7 @@ def plan_request(lm, request: GenerationRequest) -> _Plan:
     if config.do_sample:
         seed = config.seed if config.seed is not None else secrets.randbits(63)
     constraint = None
-    if request.json_mode != "off":
+    if request.json_mode != JsonMode.OFF:
         from engine.constrained import make_json_constraint
 
         constraint = make_json_constraint(lm.tokenizer, request.json_mode, request.json_schema)

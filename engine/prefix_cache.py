@@ -5,7 +5,7 @@ the new tokens, an edited or regenerated turn recomputes from the first changed 
 exact repeat of a prompt runs no forward pass at all (the entry keeps the logits after it).
 
 Contract with the generation loop (engine/generate.py, "Prefix cache" seam):
-    hit = cache.lookup(lm, prompt_ids, min_capacity)      # -> PrefixReuse | None
+    hit = cache.lookup(lm, prompt_ids, min_capacity)      # -> PrefixHit | None
     cache.store(lm, token_ids, kv_cache, next_logits)     # after prefill, and at a clean end
 
 Why it is exact and transactional:
@@ -37,19 +37,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import ConfigValidationError
+from engine.types import PrefixHit
 
 DEFAULT_BUDGET_BYTES = 512 * 2**20  # a few long chats of a small model; the app may set its own
-
-
-@dataclass
-class PrefixReuse:
-    """What `lookup` returns (the loop's PrefixHit shape): a KVCache holding the first n_tokens
-    of the prompt, which the request owns, and the logits after them when the prompt is a
-    complete stored prefix."""
-
-    cache: object
-    n_tokens: int
-    next_logits: np.ndarray | None = None
 
 
 @dataclass
@@ -77,7 +67,8 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PrefixCache:
-    """LRU store of KV prefixes, shared by the requests of one app session (thread-safe)."""
+    """LRU store of KV prefixes, shared by the requests of one app session (thread-safe); the
+    generation loop's `SupportsPrefixReuse` seam (engine/types.py)."""
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, *, min_reuse_tokens: int = 1):
         if not isinstance(budget_bytes, int) or budget_bytes < 0:
@@ -108,7 +99,7 @@ class PrefixCache:
             self._entries.clear()
 
     # --- the loop's seam -------------------------------------------------------------------------
-    def lookup(self, lm, prompt_ids: Sequence[int], min_capacity: int) -> PrefixReuse | None:
+    def lookup(self, lm, prompt_ids: Sequence[int], min_capacity: int) -> PrefixHit | None:
         """The longest stored prefix of prompt_ids, copied into a new KVCache of min_capacity."""
         model = lm.model
         prompt = [int(t) for t in prompt_ids]
@@ -139,7 +130,7 @@ class PrefixCache:
             cache.v[:, :best_n] = entry.v[:, :best_n]
             cache.commit(prompt[:best_n])
             self.reused_tokens += best_n
-            return PrefixReuse(cache, best_n, None if logits is None else logits.copy())
+            return PrefixHit(cache, best_n, None if logits is None else logits.copy())
 
     def store(self, lm, token_ids: Sequence[int], cache, next_logits: np.ndarray | None) -> None:
         """Keep a copy of the K/V rows of token_ids (all of `cache`), and next_logits after them."""

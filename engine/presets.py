@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import ConfigValidationError, PresetFileError
 from engine.generation_config import GenerationConfig
+from engine.types import ResolvedPreset
 
 SOURCE_OVERRIDE = "override"
 SOURCE_SAVED = "saved preset"
@@ -82,32 +82,6 @@ _GGUF_FIELDS = {
     "penalty_last_n": "repeat_last_n",
 }
 _GGUF_PREFIX = "general.sampling."
-
-
-@dataclass(frozen=True)
-class ResolvedPreset:
-    values: dict  # field -> value, every GenerationConfig field present, JSON-serializable
-    sources: dict  # field -> one of SOURCES
-    notes: tuple[str, ...] = ()  # things the user may want to know (skipped files, ignored keys)
-    extra_eog_ids: frozenset[int] = field(default_factory=frozenset)  # from generation_config.json
-
-    @property
-    def config(self) -> GenerationConfig:
-        return GenerationConfig.from_values(self.values)
-
-    def to_dict(self) -> dict:
-        """{"values": {...}, "sources": {...}, "notes": [...]}: what the CLI and the app show."""
-        return {
-            "values": dict(self.values),
-            "sources": dict(self.sources),
-            "notes": list(self.notes),
-        }
-
-    def records(self) -> dict:
-        """field -> {"value": v, "source": s}, for a table of values with provenance."""
-        return {
-            name: {"value": self.values[name], "source": self.sources[name]} for name in self.values
-        }
 
 
 def resolve_preset(

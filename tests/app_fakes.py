@@ -19,7 +19,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from app.engine_bridge import ChatRequest, ModelInfo, PresetView
 from engine.errors import ConfigValidationError, ModelFileError
 from engine.events import (
     FINISH_CANCELLED,
@@ -32,6 +31,7 @@ from engine.events import (
     TopAlternative,
     Usage,
 )
+from engine.types import GenerationRequest, JsonMode, ModelInfo, ResolvedPreset
 
 CHECKPOINT_PRESET = {
     "temperature": 0.2,
@@ -62,7 +62,7 @@ class FakeEngine:
     token_delay_s: float = 0.0
     pause_after: int | None = None
     gate: threading.Event = field(default_factory=threading.Event)
-    requests: list[ChatRequest] = field(default_factory=list)
+    requests: list[GenerationRequest] = field(default_factory=list)
     load_stages: tuple = (("reading model", 0.3), ("compiling kernels", 0.8), ("ready", 1.0))
     fail_generate_with: Exception | None = None
     unloaded: list[str] = field(default_factory=list)
@@ -103,9 +103,9 @@ class FakeEngine:
             )
         if not isinstance(values["top_p"], (int, float)) or not 0 < values["top_p"] <= 1:
             raise ConfigValidationError("top_p", values["top_p"], "a number in (0, 1]")
-        return PresetView(values, sources)
+        return ResolvedPreset(values, sources)
 
-    def generate(self, lm, request: ChatRequest, cancel):
+    def generate(self, lm, request: GenerationRequest, cancel):
         self.requests.append(request)
         if self.fail_generate_with is not None:
             raise self.fail_generate_with
@@ -136,7 +136,7 @@ class FakeEngine:
             if self.token_delay_s:
                 time.sleep(self.token_delay_s)
         else:
-            if request.json_mode != "off":
+            if request.json_mode != JsonMode.OFF:
                 reason = FINISH_GRAMMAR_COMPLETE
         end = time.perf_counter()
         first = first or end

@@ -113,9 +113,10 @@ def test_smoke_mode_prints_a_reply(model_path):
 
 def test_long_chat_is_fitted_by_dropping_oldest_turns(model_path):
     """RealEngine fits a chat longer than the context (n_ctx=256) with engine.context_fit."""
-    from app.engine_bridge import ChatRequest, ContextTrimmed
+    from app.engine_bridge import ContextTrimmed
     from engine.cancel import CancelToken
     from engine.events import Finished
+    from engine.types import GenerationRequest
 
     engine = RealEngine()
     lm = engine.load(model_path, n_ctx=256, n_threads=None, progress=lambda *a: None)
@@ -130,7 +131,7 @@ def test_long_chat_is_fitted_by_dropping_oldest_turns(model_path):
         events = list(
             engine.generate(
                 lm,
-                ChatRequest(messages=tuple(history), overrides={"max_new_tokens": 4}),
+                GenerationRequest(messages=tuple(history), overrides={"max_new_tokens": 4}),
                 CancelToken(),
             )
         )

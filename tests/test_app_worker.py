@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from app.controller import EngineController
-from app.engine_bridge import ChatRequest
 from engine.errors import ContextOverflowError
+from engine.types import GenerationRequest
 from tests.app_fakes import FakeEngine
 
 
@@ -58,7 +58,7 @@ def test_one_token_reply_signals_in_strict_order(qtbot, make_controller):
     with qtbot.waitSignals(
         [c.replyTokens, c.replyText, c.replyFinished], order="strict", timeout=5000
     ):
-        c.generate(ChatRequest(messages=({"role": "user", "content": "hello"},)))
+        c.generate(GenerationRequest(messages=({"role": "user", "content": "hello"},)))
     tokens, text, finished = got
     assert [t.text for t in tokens] == ["Hi"] and text == "Hi" and finished.text == "Hi"
 
@@ -70,7 +70,7 @@ def test_reply_streams_in_order_and_finishes(qtbot, make_controller):
     c.replyText.connect(lambda t: log.append(("text", t)))
     c.replyTokens.connect(lambda ts: log.append(("tokens", [t.index for t in ts])))
     with qtbot.waitSignal(c.replyFinished, timeout=5000) as sig:
-        c.generate(ChatRequest(messages=({"role": "user", "content": "count"},)))
+        c.generate(GenerationRequest(messages=({"role": "user", "content": "count"},)))
     finished = sig.args[0]
     texts = [t for kind, t in log if kind == "text"]
     indices = [i for kind, ts in log if kind == "tokens" for i in ts]
@@ -87,7 +87,7 @@ def test_cancel_from_gui_thread_stops_busy_worker(qtbot, make_controller):
     texts = []
     c.replyText.connect(texts.append)
     with qtbot.waitSignal(c.replyFinished, timeout=5000) as sig:
-        c.generate(ChatRequest(messages=({"role": "user", "content": "go"},)))
+        c.generate(GenerationRequest(messages=({"role": "user", "content": "go"},)))
         qtbot.waitUntil(lambda: "".join(texts) == "a b c")
         c.cancel()  # direct: the worker is blocked inside generate(), no slot could run
         engine.gate.set()
@@ -104,7 +104,7 @@ def test_refused_request_becomes_errored_signal(qtbot, make_controller):
     c = make_controller(engine)
     load(qtbot, c)
     with qtbot.waitSignal(c.replyErrored, timeout=5000) as sig:
-        c.generate(ChatRequest(messages=({"role": "user", "content": "x"},)))
+        c.generate(GenerationRequest(messages=({"role": "user", "content": "x"},)))
     assert "context 4096" in sig.args[0] and not c.busy
 
 
@@ -114,7 +114,7 @@ def test_unexpected_exception_names_its_type(qtbot, make_controller):
     c = make_controller(engine)
     load(qtbot, c)
     with qtbot.waitSignal(c.replyErrored, timeout=5000) as sig:
-        c.generate(ChatRequest(messages=({"role": "user", "content": "x"},)))
+        c.generate(GenerationRequest(messages=({"role": "user", "content": "x"},)))
     assert sig.args[0].startswith("Unexpected error: KeyError")
 
 
@@ -142,7 +142,7 @@ def test_a_flood_of_tokens_crosses_threads_in_few_batches(qtbot, make_controller
     c.replyText.connect(texts.append)
     c.replyTokens.connect(lambda ts: indices.extend(t.index for t in ts))
     with qtbot.waitSignal(c.replyFinished, timeout=20000):
-        c.generate(ChatRequest(messages=({"role": "user", "content": "flood"},)))
+        c.generate(GenerationRequest(messages=({"role": "user", "content": "flood"},)))
     assert "".join(texts) == words
     assert indices == list(range(5000))
     assert len(wakeups) < 500 and len(texts) < 500

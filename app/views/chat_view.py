@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.store import StoredMessage
 from app.views.message_widget import MessageWidget
+from engine.types import MessageStatus
 
 RENDER_BACKOFF = 3.0
 
@@ -69,7 +70,7 @@ class ChatView(QScrollArea):
         self._layout.insertWidget(self._layout.count() - 1, widget)
         self.widgets.append(widget)
         self._placeholder.setVisible(False)
-        if message.status == "streaming":
+        if message.status == MessageStatus.STREAMING:
             self._streaming = widget
             widget.refresh(streaming=True)
         if scroll:

@@ -17,8 +17,13 @@ from PySide6.QtWidgets import (
 )
 
 from app.schema_check import EXAMPLE_SCHEMA, check_schema
+from engine.types import JsonMode
 
-MODES = (("off", "Off"), ("object", "Any JSON object"), ("schema", "JSON schema…"))
+MODES = (
+    (JsonMode.OFF, "Off"),
+    (JsonMode.OBJECT, "Any JSON object"),
+    (JsonMode.SCHEMA, "JSON schema…"),
+)
 
 
 class SchemaDialog(QDialog):
@@ -81,23 +86,23 @@ class JsonModeBar(QWidget):
 
     def _on_mode(self, index: int) -> None:
         mode = self.combo.itemData(index)
-        if mode == "schema" and self.schema is None and not self.edit_schema():
+        if mode == JsonMode.SCHEMA and self.schema is None and not self.edit_schema():
             self.combo.blockSignals(True)
             self.combo.setCurrentIndex(self._previous_index)  # no valid schema: stay as before
             self.combo.blockSignals(False)
             return
         self._previous_index = index
-        self.edit_button.setVisible(mode == "schema")
+        self.edit_button.setVisible(mode == JsonMode.SCHEMA)
         self._update_label()
-        self.modeChanged.emit(mode, self.schema if mode == "schema" else None)
+        self.modeChanged.emit(mode, self.schema if mode == JsonMode.SCHEMA else None)
 
     def edit_schema(self) -> bool:
         dialog = SchemaDialog(self.schema_text, self)
         if dialog.exec() != QDialog.Accepted or dialog.schema is None:
             return False
         self.set_schema(dialog.editor.toPlainText(), dialog.schema)
-        if self.mode == "schema":
-            self.modeChanged.emit("schema", self.schema)
+        if self.mode == JsonMode.SCHEMA:
+            self.modeChanged.emit(JsonMode.SCHEMA, self.schema)
         return True
 
     def set_schema(self, text: str, schema: dict) -> None:
@@ -105,7 +110,7 @@ class JsonModeBar(QWidget):
         self._update_label()
 
     def _update_label(self) -> None:
-        if self.mode == "schema" and self.schema:
+        if self.mode == JsonMode.SCHEMA and self.schema:
             props = list((self.schema.get("properties") or {}).keys())
             self.schema_label.setText("fields: " + ", ".join(props[:5]) if props else "schema set")
         else:

@@ -30,7 +30,6 @@ from PySide6.QtWidgets import (
 )
 
 from app.controller import EngineController
-from app.engine_bridge import ModelInfo, PresetView
 from app.export import render_export, write_export
 from app.icon import app_icon
 from app.preset_state import parse_value
@@ -48,6 +47,7 @@ from app.views.sidebar import Sidebar
 from app.views.token_inspector import TokenInspector
 from app.views.ttft_panel import TtftPanel
 from app.views.usage_panel import UsagePanel
+from engine.types import MessageStatus, ModelInfo, ResolvedPreset, Role
 
 FRAME_MS = 33  # ~30 Hz: smooth enough for text, cheap enough for markdown re-rendering
 
@@ -295,7 +295,9 @@ class MainWindow(QMainWindow):
         self.chat_view.show_messages(messages)
         self.system_prompt.setText(conversation.system_prompt)
         self._refresh_sidebar()
-        replies = [m for m in messages if m.role == "assistant" and m.status != "streaming"]
+        replies = [
+            m for m in messages if m.role == Role.ASSISTANT and m.status != MessageStatus.STREAMING
+        ]
         self.ttft_panel.set_history(
             [m.usage["ttft_ms"] for m in replies if m.usage and m.usage.get("ttft_ms") is not None]
         )
@@ -345,7 +347,7 @@ class MainWindow(QMainWindow):
 
     def _on_message_added(self, message: StoredMessage) -> None:
         self.chat_view.add_message(message)
-        if message.role == "assistant":
+        if message.role == Role.ASSISTANT:
             self.selected_message_id = message.id
             self.token_inspector.set_tokens([])
             self.usage_panel.show_usage(self.session.live_usage(), live=True)
@@ -378,7 +380,7 @@ class MainWindow(QMainWindow):
         self.ttft_panel.add_reply(usage.get("ttft_ms"), usage.get("prefill_ms"))
         self.selected_message_id = stored.id
         self.usage_panel.show_usage(stored.usage, stored.finish_reason)
-        if stored.status == "cancelled":
+        if stored.status == MessageStatus.CANCELLED:
             self.state_label.setText("Stopped — partial reply kept")
         elif not self.state_label.text().startswith("Older turns"):
             self.state_label.setText("")
@@ -391,10 +393,10 @@ class MainWindow(QMainWindow):
 
     def select_message(self, message_id: int) -> None:
         message = self.store.message(message_id)
-        if message is None or message.role != "assistant":
+        if message is None or message.role != Role.ASSISTANT:
             return
         self.selected_message_id = message_id
-        if message.status == "streaming" and self.session.busy:
+        if message.status == MessageStatus.STREAMING and self.session.busy:
             return
         self.usage_panel.show_usage(message.usage, message.finish_reason)
         if message.usage and "ttft_ms" in message.usage:
@@ -413,7 +415,7 @@ class MainWindow(QMainWindow):
             self.state_label.setText("")
 
     # --- presets --------------------------------------------------------------------------------
-    def _on_preset_changed(self, view: PresetView) -> None:
+    def _on_preset_changed(self, view: ResolvedPreset) -> None:
         self.preset_panel.show_preset(view)
 
     def _on_preset_problem(self, message: str) -> None:

@@ -15,18 +15,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.export import ROLE_TITLES
 from app.json_reply import render_json_reply
 from app.store import StoredMessage
 from app.views.markdown_style import set_markdown
+from engine.types import JsonMode, MessageStatus, Role
 
 LIVE_MARKDOWN_CHARS = 12_000  # beyond this a streaming reply is drawn as plain text until it ends
 MARKDOWN_CHARS = 200_000  # beyond this even a finished reply stays plain text (render cost)
-ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STATUS_NOTES = {
-    "cancelled": "■ cancelled — partial reply kept",
-    "error": "⚠ failed",
-    "interrupted": "⚠ interrupted (the app closed while this reply was streaming)",
-    "streaming": "generating…",
+    MessageStatus.CANCELLED: "■ cancelled — partial reply kept",
+    MessageStatus.ERROR: "⚠ failed",
+    MessageStatus.INTERRUPTED: "⚠ interrupted (the app closed while this reply was streaming)",
+    MessageStatus.STREAMING: "generating…",
 }
 
 
@@ -167,7 +168,7 @@ class MessageWidget(QFrame):
     def refresh(self, streaming: bool = False) -> None:
         self._plain_streaming = False
         m = self.message
-        json_mode = m.role == "assistant" and m.json_mode != "off"
+        json_mode = m.role == Role.ASSISTANT and m.json_mode != JsonMode.OFF
         if json_mode and (self.text or not streaming):
             view = render_json_reply(self.text, streaming=streaming)
             set_markdown(self.body.document(), view.markdown, self.palette())
@@ -194,7 +195,7 @@ class MessageWidget(QFrame):
             self.reasoning_view.setPlainText(self.reasoning)
             words = len(self.reasoning.split())
             self.reasoning_toggle.setText(f"Reasoning ({words} words)")
-        status = "streaming" if streaming else m.status
+        status = MessageStatus.STREAMING if streaming else m.status
         for button in (
             getattr(self, "regenerate_button", None),
             getattr(self, "details_button", None),
@@ -214,7 +215,7 @@ class MessageWidget(QFrame):
         QGuiApplication.clipboard().setText(self.text)
 
     def eventFilter(self, obj, event):
-        if event.type() == QEvent.MouseButtonPress and self.message.role == "assistant":
+        if event.type() == QEvent.MouseButtonPress and self.message.role == Role.ASSISTANT:
             self.selected.emit(self.message.id)
         return False
 

@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine_bridge import PresetView
 from app.preset_state import format_value
+from engine.types import ResolvedPreset
 
 SOURCE_COLORS = {"override": "#c05a00", "saved preset": "#2a7ab8"}
 # Short labels so the value column keeps its room; the tooltip says it in full.
@@ -82,11 +82,11 @@ class PresetPanel(QWidget):
         layout.addWidget(self.table, 1)
         layout.addWidget(self.error_label)
         layout.addLayout(buttons)
-        self.view: PresetView | None = None
+        self.view: ResolvedPreset | None = None
         self._filling = False
         self.setEnabled(False)
 
-    def show_preset(self, view: PresetView) -> None:
+    def show_preset(self, view: ResolvedPreset) -> None:
         self.view = view
         self._filling = True
         self.table.setRowCount(len(view.values))

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QWidget
 
+from engine.types import FinishReason
+
 FINISH_EXPLAINED = {
-    "stop": "stop (end of turn)",
-    "stop_sequence": "stop string matched",
-    "length": "length limit reached",
-    "cancelled": "cancelled by you",
-    "grammar_complete": "JSON complete",
-    "error": "error",
+    FinishReason.STOP: "stop (end of turn)",
+    FinishReason.STOP_SEQUENCE: "stop string matched",
+    FinishReason.LENGTH: "length limit reached",
+    FinishReason.CANCELLED: "cancelled by you",
+    FinishReason.GRAMMAR_COMPLETE: "JSON complete",
+    FinishReason.ERROR: "error",
 }
 
 

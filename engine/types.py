@@ -1,0 +1,135 @@
+"""The engine's shared vocabulary: the values and records that cross from one module to another and
+from the engine to the app. One definition each, and no numpy, no Qt: the app imports this module
+on the GUI thread before numpy and the kernels are loaded (the window opens first).
+
+The enums are `StrEnum`s, so a member equals its string ("stop" == FinishReason.STOP): values
+read back from the database, JSON or the command line compare and serialise as plain strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from engine.generation_config import GenerationConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+class JsonMode(StrEnum):
+    """How the reply is constrained (engine/constrained.py builds the grammar)."""
+
+    OFF = "off"  # free text
+    OBJECT = "object"  # any JSON object
+    SCHEMA = "schema"  # a JSON value matching the request's schema
+
+
+class FinishReason(StrEnum):
+    """Why a request ended (`Finished.finish_reason`); engine/stopping.py orders them."""
+
+    STOP = "stop"  # an end-of-generation token id was sampled (not included in the output)
+    STOP_SEQUENCE = "stop_sequence"  # a user stop string matched (not included in the output)
+    LENGTH = "length"  # max_new_tokens or the context limit was reached
+    CANCELLED = "cancelled"  # the CancelToken was set; everything emitted so far is kept
+    GRAMMAR_COMPLETE = "grammar_complete"  # JSON mode: the value is complete and valid
+    ERROR = "error"  # an exception ended the request; `Finished.error` says what
+
+
+class MessageStatus(StrEnum):
+    """The state of a stored chat message (the app's store, views and export read it); a reply's
+    final status follows from its finish reason (app/reply_recorder.py)."""
+
+    COMPLETE = "complete"
+    STREAMING = "streaming"  # a reply being generated right now (partial text saved)
+    CANCELLED = "cancelled"  # the user stopped it; the partial text is kept
+    ERROR = "error"
+    INTERRUPTED = "interrupted"  # was streaming when the app died; found on the next open
+
+
+class Role(StrEnum):
+    """Chat message roles, as chat templates and the store spell them."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+@dataclass
+class GenerationRequest:
+    """One request to `engine.generate.generate` (the module docstring there explains each seam)."""
+
+    messages: Sequence[dict] | None = None  # chat messages, rendered with the model's template
+    prompt: str | None = None  # raw text, tokenized with BOS as the model's metadata says
+    prompt_ids: Sequence[int] | None = None  # already-tokenized prompt (exactly as given)
+    overrides: dict = field(default_factory=dict)  # per-request values (GenerationConfig fields)
+    saved_preset: dict | None = None  # the user's saved values for this model
+    json_mode: str = JsonMode.OFF
+    json_schema: Any = None  # dict or JSON text, for JsonMode.SCHEMA
+    speculative: Any = None  # None (engine default) | False | True | a drafter object
+    top_logprobs: int = 0  # alternatives per TokenSampled (0..generate.MAX_TOP_LOGPROBS)
+    kv_budget_bytes: int | None = None  # None: generate.default_kv_budget_bytes()
+    prefix_cache: SupportsPrefixReuse | None = None
+
+
+@dataclass
+class PrefixHit:
+    """A prefix cache's answer to `lookup`: a KVCache holding the first n_tokens of the prompt,
+    which the request owns from now on, and the logits after them when the prompt is exactly a
+    stored prefix (then the request needs no forward pass before sampling)."""
+
+    cache: Any  # engine.kv_cache.KVCache
+    n_tokens: int
+    next_logits: np.ndarray | None = None
+
+
+class SupportsPrefixReuse(Protocol):
+    """The generation loop's prefix-cache seam (engine.prefix_cache.PrefixCache implements it)."""
+
+    def lookup(self, lm, prompt_ids: Sequence[int], min_capacity: int) -> PrefixHit | None: ...
+
+    def store(
+        self, lm, token_ids: Sequence[int], cache, next_logits: np.ndarray | None
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class ResolvedPreset:
+    """A request's sampling values and where each came from (engine.presets.resolve_preset); the
+    app's preset panel shows it as is."""
+
+    values: dict  # field -> value, every GenerationConfig field present, JSON-serializable
+    sources: dict  # field -> one of engine.presets.SOURCES
+    notes: tuple[str, ...] = ()  # things the user may want to know (skipped files, ignored keys)
+    extra_eog_ids: frozenset[int] = field(default_factory=frozenset)  # from generation_config.json
+
+    @property
+    def config(self) -> GenerationConfig:
+        return GenerationConfig.from_values(self.values)
+
+    def to_dict(self) -> dict:
+        """{"values": {...}, "sources": {...}, "notes": [...]}: what the CLI and the app show."""
+        return {
+            "values": dict(self.values),
+            "sources": dict(self.sources),
+            "notes": list(self.notes),
+        }
+
+    def records(self) -> dict:
+        """field -> {"value": v, "source": s}, for a table of values with provenance."""
+        return {
+            name: {"value": self.values[name], "source": self.sources[name]} for name in self.values
+        }
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Plain facts about a loaded model, safe to hand to another thread (the app's model bar)."""
+
+    path: str
+    name: str
+    architecture: str
+    n_ctx: int
+    template: str  # chat template name, "(fallback)" appended when the model has none
