@@ -1,4 +1,4 @@
-"""The only place the app calls the engine (and fits long chats into the context on the way). Everything here runs on the worker thread except
+"""The only place the app calls the engine. Everything here runs on the worker thread except
 `resolve_preset`, which is pure configuration logic (no model compute) and is cheap enough for the
 GUI thread, so the preset panel can validate an edit immediately even while a reply streams.
 
@@ -37,8 +37,6 @@ class ContextTrimmed:
 
 
 ProgressCallback = Callable[[str, float], None]
-# Room kept for the reply when fitting a chat whose preset says "until the context is full".
-DEFAULT_REPLY_RESERVE = 512
 
 
 class EngineBridge(Protocol):
@@ -72,7 +70,7 @@ class RealEngine:
 
     def load(self, path, *, n_ctx, n_threads, progress):
         from engine.errors import ConfigValidationError
-        from engine.loader import load_model
+        from engine.loader import load_model, warm_up
         from engine.prefix_cache import PrefixCache
 
         try:
@@ -86,32 +84,8 @@ class RealEngine:
             # shorter context gets the engine's default window for it instead of a refusal.
             lm = load_model(path, n_ctx=None, n_threads=n_threads or None, progress=progress)
         self._prefix_cache = PrefixCache(self.PREFIX_CACHE_BYTES)  # entries of the old model go
-        self._warm_up(lm)
+        warm_up(lm)
         return lm
-
-    @staticmethod
-    def _warm_up(lm) -> None:
-        """Generate one token from a one-token prompt, so the first request does not pay the
-        one-off Python work: importing the generation modules and building every weight's
-        kernel argument block (measured: ~30 ms planning + ~110 ms first forward cold, vs
-        ~2 ms + ~25 ms warm). That work holds the GIL, and while the worker holds it every
-        GIL acquisition on the GUI thread waits; here it happens during the load, not after
-        the user pressed Send. Numerics are untouched: a throwaway KV cache, no prefix cache.
-        A preset problem is reported by the first real request, with its full message."""
-        from engine.errors import EngineError
-        from engine.generate import GenerationRequest, generate
-
-        bos = getattr(lm.tokenizer, "bos_id", None)
-        request = GenerationRequest(
-            prompt_ids=[0 if bos is None else int(bos)],
-            overrides={"max_new_tokens": 1},
-            top_logprobs=5,
-        )
-        try:
-            for _ in generate(lm, request):
-                pass
-        except EngineError:
-            pass
 
     def unload(self, lm) -> None:
         """Stop the model's native kernel threads now, not at interpreter teardown (threads still
@@ -137,36 +111,20 @@ class RealEngine:
         return resolve_preset(lm, saved=saved or None, overrides=overrides or None)
 
     def generate(self, lm, request: GenerationRequest, cancel):
+        """Resolve the preset once, fit the chat into the context (the oldest turns go first), and
+        start the engine's generation; a ContextTrimmed leads the stream when turns were left out."""
+        from engine.context_fit import fit_chat
         from engine.generate import generate
-
-        messages, trimmed = self._fit(lm, request)
-        engine_request = replace(request, messages=messages, prefix_cache=self._prefix_cache)
-        events = generate(lm, engine_request, cancel)
-        return itertools.chain([trimmed], events) if trimmed is not None else events
-
-    def _fit(self, lm, request: GenerationRequest) -> tuple[list[dict], ContextTrimmed | None]:
-        """Drop the oldest turns (never the system prompt or the last message) when the chat
-        plus the reply's room no longer fits the context. Raises ContextOverflowError when even
-        the last message does not fit."""
-        from engine.context_fit import fit_conversation
-        from engine.errors import EngineError
         from engine.presets import resolve_preset
 
-        messages = [dict(m) for m in request.messages]
-        try:
-            preset = resolve_preset(
-                lm, saved=request.saved_preset or None, overrides=dict(request.overrides) or None
+        preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
+        fit = fit_chat(lm, [dict(m) for m in request.messages], preset.values["max_new_tokens"])
+        trimmed = None
+        if fit is not None and fit.dropped:
+            request = replace(request, messages=fit.messages)
+            trimmed = ContextTrimmed(
+                fit.dropped_turns, len(fit.dropped), fit.prompt_tokens, fit.context_limit
             )
-        except EngineError:
-            return messages, None  # generate() raises the same error with its full message
-        reserve = preset.values.get("max_new_tokens")
-        if reserve is None:
-            reserve = min(DEFAULT_REPLY_RESERVE, lm.n_ctx // 4)
-        if reserve >= lm.n_ctx:
-            return messages, None  # generate() refuses this with ContextOverflowError
-        fit = fit_conversation(lm, messages, reserve_tokens=int(reserve), policy="drop_oldest")
-        if not fit.dropped:
-            return messages, None
-        return fit.messages, ContextTrimmed(
-            fit.dropped_turns, len(fit.dropped), fit.prompt_tokens, fit.context_limit
-        )
+        request = replace(request, prefix_cache=self._prefix_cache)
+        events = generate(lm, request, cancel, preset=preset)
+        return itertools.chain([trimmed], events) if trimmed is not None else events

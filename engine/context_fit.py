@@ -124,3 +124,20 @@ def fit_conversation(
         reserve_tokens,
         limit,
     )
+
+
+# Room kept for the reply of a chat whose preset says "until the context is full" (no max).
+DEFAULT_REPLY_RESERVE = 512
+
+
+def fit_chat(lm, messages: list[dict], max_new_tokens: int | None) -> FitResult | None:
+    """A chat as the app sends it: drop the oldest turns ("drop_oldest") so the prompt plus the
+    reply's room fit the context. The room is the preset's max_new_tokens, or with no maximum
+    min(DEFAULT_REPLY_RESERVE, n_ctx // 4). None when the room alone fills the context: nothing
+    can be fitted, and generate() refuses the request with ContextOverflowError naming both."""
+    reserve = (
+        min(DEFAULT_REPLY_RESERVE, lm.n_ctx // 4) if max_new_tokens is None else max_new_tokens
+    )
+    if reserve >= lm.n_ctx:
+        return None
+    return fit_conversation(lm, messages, reserve_tokens=int(reserve), policy="drop_oldest")

@@ -195,8 +195,9 @@ def check_ceilings(
     return max_new_tokens, capacity
 
 
-def plan_request(lm, request: GenerationRequest) -> _Plan:
-    preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
+def plan_request(lm, request: GenerationRequest, preset: ResolvedPreset | None = None) -> _Plan:
+    if preset is None:
+        preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
     config = preset.config
     if (
         not isinstance(request.top_logprobs, int)
@@ -257,10 +258,19 @@ def _choose_drafter(lm, request: GenerationRequest, config: GenerationConfig):
     return choice
 
 
-def generate(lm, request: GenerationRequest, cancel: CancelToken | None = None) -> Iterator[object]:
-    """Validate and plan the request (raising typed errors), then return the event iterator."""
+def generate(
+    lm,
+    request: GenerationRequest,
+    cancel: CancelToken | None = None,
+    *,
+    preset: ResolvedPreset | None = None,
+) -> Iterator[object]:
+    """Validate and plan the request (raising typed errors), then return the event iterator.
+
+    `preset`: the request's preset when the caller already resolved it (from the same
+    saved_preset and overrides), so a send resolves it once; None resolves it here."""
     started = time.perf_counter()
-    plan = plan_request(lm, request)
+    plan = plan_request(lm, request, preset)
     return _events(lm, plan, cancel or CancelToken(), started)
 
 

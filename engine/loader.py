@@ -103,6 +103,31 @@ def load_model(
     return loaded
 
 
+def warm_up(lm: LoadedModel) -> None:
+    """Generate one token from a one-token prompt, so the first real request does not pay the
+    one-off Python work: importing the generation modules and building every weight's kernel
+    argument block (measured: ~30 ms planning + ~110 ms first forward cold, vs ~2 ms + ~25 ms
+    warm). In the app that work holds the GIL on the worker thread and stalls the GUI; done here
+    it happens during the load, not after the user pressed Send. Numerics are untouched: a
+    throwaway KV cache, no prefix cache. A preset problem (e.g. an unreadable
+    generation_config.json) is left for the first real request to report with its full message."""
+    from engine.errors import EngineError
+    from engine.generate import generate
+    from engine.types import GenerationRequest
+
+    bos = getattr(lm.tokenizer, "bos_id", None)
+    request = GenerationRequest(
+        prompt_ids=[0 if bos is None else int(bos)],
+        overrides={"max_new_tokens": 1},
+        top_logprobs=5,
+    )
+    try:
+        for _ in generate(lm, request):
+            pass
+    except EngineError:
+        pass
+
+
 def _resolve_n_ctx(n_ctx: int | None, config: ModelConfig) -> int:
     if n_ctx is None:
         return min(config.context_length, DEFAULT_MAX_CONTEXT)
