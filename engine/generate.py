@@ -35,7 +35,7 @@ Seams for decoding features (`GenerationRequest` and these seams are typed in en
   chosen token, and its `is_complete` property ends the request with "grammar_complete".
 - Speculative decoding: a drafter, `draft(tokens, max_tokens) -> list[int]` (cheap guesses of
   the next tokens, e.g. prompt lookup). `GenerationRequest.speculative` is None (engine default:
-  `engine.speculative.default_drafter(lm, config)` if that module exists), False (off), True
+  `engine.speculative.default_drafter(lm, config)`), False (off), True
   (`engine.speculative.default_drafter(lm, config, required=True)`), or a drafter object.
   The loop verifies a draft with one `model.forward([last] + draft, cache, all_logits=True)`
   and picks tokens position by position with the very same processors + constraint + sampler
@@ -99,6 +99,7 @@ from engine.sampling import (
     make_sampler,
     top_ids,
 )
+from engine.speculative import default_drafter
 from engine.stopping import StopStringMatcher, decide_finish_reason
 from engine.types import GenerationRequest, JsonMode, PrefixHit
 
@@ -244,12 +245,6 @@ def _choose_drafter(lm, request: GenerationRequest, config: GenerationConfig):
     if choice is False:
         return None
     if choice is None or choice is True:
-        try:
-            from engine.speculative import default_drafter
-        except ImportError:
-            if choice is True:
-                raise EngineError("Speculative decoding is not available in this build") from None
-            return None
         return default_drafter(lm, config, required=choice is True)
     if not callable(getattr(choice, "draft", None)):
         raise ConfigValidationError(

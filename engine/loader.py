@@ -47,8 +47,8 @@ class LoadedModel:
 
     @cached_property
     def tokenizer(self):
-        """engine.tokenizer.Tokenizer built from the file's vocabulary (built at load time when
-        that module is present, so a bad vocabulary fails the load, not the first request)."""
+        """engine.tokenizer.Tokenizer built from the file's vocabulary (load_model builds it, so a
+        bad vocabulary fails the load, not the first request)."""
         from engine.tokenizer import Tokenizer
 
         return Tokenizer.from_gguf(self.gguf)

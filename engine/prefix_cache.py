@@ -80,9 +80,6 @@ class PrefixCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # oldest first
         self._next_id = 0
         self._lock = threading.Lock()
-        # Counters for the app's status line and the benchmark.
-        self.lookups = 0
-        self.reused_tokens = 0
 
     # --- inspection ------------------------------------------------------------------------------
     @property
@@ -104,7 +101,6 @@ class PrefixCache:
         model = lm.model
         prompt = [int(t) for t in prompt_ids]
         with self._lock:
-            self.lookups += 1
             self._drop_dead_models()
             best_id, best_n = None, 0
             for entry_id, entry in self._entries.items():
@@ -129,7 +125,6 @@ class PrefixCache:
             cache.k[:, :best_n] = entry.k[:, :best_n]
             cache.v[:, :best_n] = entry.v[:, :best_n]
             cache.commit(prompt[:best_n])
-            self.reused_tokens += best_n
             return PrefixHit(cache, best_n, None if logits is None else logits.copy())
 
     def store(self, lm, token_ids: Sequence[int], cache, next_logits: np.ndarray | None) -> None:

@@ -2,8 +2,8 @@
 
 Two independent checks, in this order for every sampled token:
 
-1. End-of-generation ids (`is_end_of_generation`): the token id is checked before it is
-   detokenized, so an end-of-generation token never reaches the output.
+1. End-of-generation ids (the generation loop's `eog_ids`): the token id is checked before it
+   is detokenized, so an end-of-generation token never reaches the output.
 2. Stop strings (`StopStringMatcher`): matched on the detokenized text stream, across token
    boundaries. Text is held back only while it could still be the start of a stop string:
    exactly the longest suffix of the unreleased text that is a proper prefix of some stop
@@ -51,10 +51,6 @@ def decide_finish_reason(reasons) -> str | None:
         if reason in present:
             return reason
     return None
-
-
-def is_end_of_generation(token_id: int, eog_ids: frozenset[int]) -> bool:
-    return token_id in eog_ids
 
 
 class StopStringMatcher:

@@ -48,8 +48,6 @@ CHUNKS_PER_THREAD = 4
 _SPIN_TICKS = 200_000
 _YIELD_TICKS = 30_000_000
 
-KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
-
 
 def _sleep_ir(linux: bool) -> str:
     """`wait_sleep(ptr gen, i32 seen)`: block until *gen != seen (futex on Linux)."""

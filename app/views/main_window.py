@@ -81,7 +81,6 @@ class MainWindow(QMainWindow):
         self.session = ChatSession(controller, store, settings, settings_file, self)
         self.selected_message_id: int | None = None
         self.notice = ""  # the last notice about the current reply (e.g. context trimming)
-        self._loading_path: str | None = None
         self._export_tasks: set = set()
 
         self.setWindowTitle("LocalChat")
@@ -261,7 +260,6 @@ class MainWindow(QMainWindow):
         self.open_model(path)
 
     def open_model(self, path: str) -> None:
-        self._loading_path = path
         self.model_bar.show_loading(path)
         self._set_busy(self.session.busy)
         self.controller.load_model(path, self.settings.context_size, self.settings.threads)

@@ -2,9 +2,8 @@
 
 Two implementations share this contract:
   * `engine.kernels.reference.ReferenceBackend` - plain numpy, the oracle for tests;
-  * the llvmlite JIT backend (helper "kernels"), module `engine.kernels.jit_backend`, class
-    `JitBackend(n_threads=None, progress=None)`, picked by `get_backend()` when it imports and
-    compiles.
+  * `engine.kernels.jit_backend.JitBackend(n_threads=None, progress=None)` - llvmlite-compiled
+    kernels, picked by `get_backend()` when they compile.
 
 Conventions shared by every op (kernels may rely on them; models guarantee them):
   * activations are float32, C-contiguous; T is the number of tokens in the batch (1 for decode);
@@ -21,7 +20,6 @@ Conventions shared by every op (kernels may rely on them; models guarantee them)
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import warnings
 from collections.abc import Callable
@@ -125,12 +123,9 @@ def _reference() -> Backend:
 def get_backend(
     n_threads: int | None = None, progress: Callable[[str, float], None] | None = None
 ) -> Backend:
-    """The fastest backend that works here: the JIT backend unless LOCALCHAT_KERNELS=numpy, its
-    module is absent, or compiling it failed (then a warning names why and numpy runs)."""
+    """The fastest backend that works here: the JIT backend unless LOCALCHAT_KERNELS=numpy or
+    compiling it failed (then a warning names why and numpy runs)."""
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
-        return _reference()
-    if importlib.util.find_spec("engine.kernels.jit_backend") is None:
-        # The JIT backend is not part of this build; the reference is complete, only slower.
         return _reference()
     try:
         from engine.kernels.jit_backend import JitBackend

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.qtensor import QTensor
+from engine.quants import dequantize, dequantize_rows
 
 # Rows dequantized per slice in `linear`: bounded so a 262k-row tied embedding never turns into
 # one 670 MB float32 temporary.
@@ -18,39 +19,16 @@ _SLICE_FLOATS = 1 << 22
 
 def dequantize_rows_range(w: QTensor, r0: int, r1: int) -> np.ndarray:
     """Rows r0..r1-1 of a 2-D weight as float32 (r1 - r0, cols)."""
-    try:
-        from engine.quants import dequantize_rows
-    except ImportError:
-        from gguf.quants import dequantize
-
-        return np.asarray(dequantize(w.data[r0:r1], w.qtype), dtype=np.float32).reshape(
-            r1 - r0, w.cols
-        )
     return dequantize_rows(w, np.arange(r0, r1))
 
 
 def dequantize_rows_at(w: QTensor, rows: np.ndarray) -> np.ndarray:
     """The given rows of a 2-D weight as float32 (len(rows), cols)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    try:
-        from engine.quants import dequantize_rows
-    except ImportError:
-        from gguf.quants import dequantize
-
-        return np.asarray(dequantize(w.data[rows], w.qtype), dtype=np.float32).reshape(
-            len(rows), w.cols
-        )
-    return dequantize_rows(w, rows)
+    return dequantize_rows(w, np.asarray(rows, dtype=np.int64))
 
 
 def dequantize_full(w: QTensor) -> np.ndarray:
     """A whole (small) tensor as float32 in its numpy shape: for norm weights and biases."""
-    try:
-        from engine.quants import dequantize
-    except ImportError:
-        from gguf.quants import dequantize as gguf_dequantize
-
-        return np.asarray(gguf_dequantize(w.data, w.qtype), dtype=np.float32).reshape(w.shape)
     return np.asarray(dequantize(w), dtype=np.float32).reshape(w.shape)
 
 
