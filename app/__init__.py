@@ -14,5 +14,5 @@ How the pieces fit (one direction for data, signals back):
 The GUI thread never runs a forward pass, a model load or a JIT compile. Streaming text is
 drawn by a ~30 Hz frame timer (views/main_window.py), and worker events are merged into
 batches before they cross threads, so a fast model cannot flood the event loop
-(`python -m app.stall_probe` measures the stall).
+(`python -m tools.stall_probe` measures the stall).
 """

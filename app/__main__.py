@@ -4,8 +4,6 @@ Other modes:
   --smoke PROMPT [--model PATH]   headless: load the model (the embedded default if none), generate
                                   a short greedy reply through the real engine on the worker
                                   thread, print it, exit 0 (non-zero with the error on stderr)
-  --demo-screenshot DIR           play a scripted conversation and save PNGs of the main states
-                                  (see app/demo.py and tools/screenshot.sh)
   --data-dir DIR                  keep the chats database and settings in DIR instead of the
                                   platform's user directories
 """
@@ -29,18 +27,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--data-dir", type=Path, help="directory for chats.sqlite3 and settings.json"
-    )
-    parser.add_argument(
-        "--demo-screenshot",
-        type=Path,
-        metavar="DIR",
-        help="play a scripted conversation and save screenshots into DIR",
-    )
-    parser.add_argument(
-        "--demo-engine",
-        choices=("real", "fake"),
-        default="real",
-        help="engine for --demo-screenshot (fake needs the tests/ folder)",
     )
     args = parser.parse_args(argv)
     args.model = args.model_option or args.model_path
@@ -163,10 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.smoke is not None:
         return run_smoke(args.smoke, args.model)
-    if args.demo_screenshot is not None:
-        from app.demo import run_demo
-
-        return run_demo(args.demo_screenshot, args.demo_engine, args.model)
     return run_gui(args)
 
 

@@ -31,7 +31,7 @@ MIN_DRAIN_INTERVAL_S = 0.010
 # While it does, each GIL acquisition on the GUI thread (every Python slot, override, timer tick)
 # waits up to the interpreter's switch interval, and one frame needs many of them: at the default
 # 5 ms, a worker busy in Python for 300 ms stalled the GUI for 80-180 ms; at 1 ms, 3-19 ms
-# (app.stall_probe with a spinning bridge).
+# (tools/stall_probe.py with a spinning bridge).
 # Process-wide; it costs a little only while two threads want the GIL at once.
 GIL_SWITCH_INTERVAL_S = 0.001
 

@@ -133,7 +133,7 @@ def test_worker_never_runs_on_gui_thread(qtbot, make_controller):
 
 def test_a_flood_of_tokens_crosses_threads_in_few_batches(qtbot, make_controller):
     """Structural, not timed: 5000 tokens emitted with no delay reach the GUI in far fewer
-    wake-ups than tokens, complete and in order (app.stall_probe measures the stall itself)."""
+    wake-ups than tokens, complete and in order (tools/stall_probe.py measures the stall itself)."""
     words = " ".join(f"w{i}" for i in range(5000))
     c = make_controller(FakeEngine(replies=[words]))
     load(qtbot, c)

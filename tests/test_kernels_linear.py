@@ -15,8 +15,8 @@ from gguf import GGMLQuantizationType as Q
 from engine.kernels import quant_matmul
 from engine.kernels.compiler import KernelLibrary
 from engine.kernels.jit_backend import JitBackend, kernel_modules
+from engine.kernels.threads import ThreadPool
 from engine.qtensor import QTensor
-from engine.threads import ThreadPool
 
 SIMPLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 KQUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]

@@ -8,7 +8,7 @@ import pytest
 
 from engine.errors import ConfigValidationError
 from engine.kernels.compiler import KernelLibrary
-from engine.threads import ThreadPool, physical_cores, pool_ir
+from engine.kernels.threads import ThreadPool, physical_cores, pool_ir
 
 # Adds (tid + 1) to counts[tid] and counts[n] += 1 atomically: shows who ran, and how often.
 MARK_IR = """

@@ -29,5 +29,5 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 
-DISPLAY="$DISPLAY_NUM" QT_QPA_PLATFORM=xcb "$PY" -m app --demo-screenshot "$OUT" --demo-engine "$ENGINE"
+DISPLAY="$DISPLAY_NUM" QT_QPA_PLATFORM=xcb "$PY" -m tools.demo "$OUT" --engine "$ENGINE"
 echo "screenshots in $OUT"

@@ -1,7 +1,7 @@
 """The llvmlite JIT implementation of the Backend protocol (engine/kernels/backend.py).
 
 All kernel modules are compiled once per process (object code cached on disk, see compiler.py)
-and shared; every backend owns a native thread pool (engine/threads.py) that runs them.
+and shared; every backend owns a native thread pool (engine/kernels/threads.py) that runs them.
 The quantized mat-mul path picks the dot-product instruction set from the host CPU at load:
 AVX512-VNNI `vpdpbusd`, else AVX2 `pmaddubsw`, else generic widening multiplies.
 
@@ -26,8 +26,8 @@ import numpy as np
 from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
 from engine.kernels.compiler import HostCPU, KernelLibrary
 from engine.kernels.reference import ReferenceBackend
+from engine.kernels.threads import ThreadPool, pool_ir
 from engine.qtensor import QTensor
-from engine.threads import ThreadPool, pool_ir
 
 ProgressFn = Callable[[str, float], None]
 

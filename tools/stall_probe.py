@@ -1,8 +1,8 @@
 """Measure how long the GUI event loop stalls while a reply streams at full speed.
 
-    QT_QPA_PLATFORM=offscreen python -m app.stall_probe [--seconds 3] [--rate TOKENS_PER_S]
-    QT_QPA_PLATFORM=offscreen python -m app.stall_probe --real 128   # the real engine instead
-    QT_QPA_PLATFORM=offscreen python -m app.stall_probe --real 16 --history 1500   # long chat
+    QT_QPA_PLATFORM=offscreen python -m tools.stall_probe [--seconds 3] [--rate TOKENS_PER_S]
+    QT_QPA_PLATFORM=offscreen python -m tools.stall_probe --real 128   # the real engine instead
+    QT_QPA_PLATFORM=offscreen python -m tools.stall_probe --real 16 --history 1500   # long chat
 
 A flood engine on the worker thread yields TokenSampled + TextDelta pairs as fast as Python can
 for `--seconds` (no model, no sleep: hundreds of times faster than a real model). A QTimer

@@ -1,13 +1,17 @@
-"""`python -m app --demo-screenshot DIR`: play a scripted conversation and save PNGs of the main
-window's states (tools/screenshot.sh runs it under Xvfb). With `--demo-engine real` (default) the
-replies come from the real engine and the embedded model; `fake` uses the scripted test engine
-(tests/app_fakes.py, only present in a source checkout).
+"""Play a scripted conversation in the main window and save PNGs of its states, from the repository
+root (tools/screenshot.sh runs it under Xvfb):
+
+    python -m tools.demo OUT_DIR [--engine real|fake] [--model PATH]
+
+With `--engine real` (default) the replies come from the real engine and the model (the embedded
+default when no --model); `fake` uses the scripted test engine (tests/app_fakes.py).
 
 Shots: 01-loading, 02-streaming, 03-chat, 04-json, 05-tokens, 06-sampling, 07-dark, 08-cancelled.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
@@ -178,3 +182,18 @@ def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None)
     store.close()
     shutil.rmtree(data, ignore_errors=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out_dir", type=Path, help="directory for the PNGs")
+    parser.add_argument("--engine", choices=("real", "fake"), default="real")
+    parser.add_argument("--model", help="GGUF model for the real engine")
+    args = parser.parse_args(argv)
+    return run_demo(args.out_dir, args.engine, args.model)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
