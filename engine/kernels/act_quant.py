@@ -4,7 +4,7 @@ Per token row x (n floats, n a multiple of 32) it writes
   aq: int8 [n]       q_i = round(x_i / d) with d = max|x| / 127 over the block of 32
   ad: f32 [n/32]     d per block
   as: f32 [n/16]     d * (sum of q over every 16 values): the weight formats' offset terms
-Tokens are split across the pool threads. Argument slots: 0 x, 1 n_tokens, 2 n, 3 aq, 4 ad, 5 as.
+Tokens are split across the pool threads. Argument slots: `QuantizeSlots`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,20 @@ from engine.kernels.ir import Fn, f32, mask, thread_range
 V32F = "<32 x float>"
 
 
+class QuantizeSlots:
+    """quantize_q8's i64 argument block: x (f32 [T, n]), n_tokens, n, and the three outputs;
+    SIZE is the block's length (the IR reads these slots, engine/kernels/jit_backend.py fills them)."""
+
+    X, N_TOKENS, N, AQ, AD, SUMS, SIZE = range(7)
+
+
 def module_ir() -> str:
     f = Fn()
-    x = f.arg("%args", 0, "ptr")
-    ntok = f.arg("%args", 1)
-    n = f.arg("%args", 2)
-    aq, ad, as_ = (f.arg("%args", i, "ptr") for i in (3, 4, 5))
+    s = QuantizeSlots
+    x = f.arg("%args", s.X, "ptr")
+    ntok = f.arg("%args", s.N_TOKENS)
+    n = f.arg("%args", s.N)
+    aq, ad, as_ = (f.arg("%args", i, "ptr") for i in (s.AQ, s.AD, s.SUMS))
     nb = f.op(f"lshr i64 {n}, 5")
     total = f.op(f"mul i64 {ntok}, {nb}")  # every block of every token is independent
     b0, b1 = thread_range(f, total, "%tid", "%nth", 1)

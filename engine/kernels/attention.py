@@ -9,9 +9,7 @@ h // (n_head / n_kv)):
   3. out = sum_j p_j v_j / sum, accumulated in the (L1-resident) output row.
 The cache layout is engine/kv_cache.py's: (capacity, n_kv, head_dim) float16, row = position.
 
-Argument slots: 0 q (T, H, hd) f32, 1 k cache, 2 v cache, 3 out (T, H*hd) f32, 4 T, 5 H,
-6 n_kv, 7 hd (multiple of 16), 8 p0, 9 window (0 = none), 10 scale (f32 bits),
-11 softcap (f32 bits, 0 = none), 12 scratch (f32), 13 scratch floats per thread.
+Argument slots: `AttentionSlots` (the IR reads them, engine/kernels/jit_backend.py fills them).
 """
 
 from __future__ import annotations
@@ -31,14 +29,41 @@ from engine.kernels.vmath import VEXP16
 V16H = "<16 x half>"
 
 
+class AttentionSlots:
+    """q (T, H, hd) f32, k cache, v cache, out (T, H*hd) f32, T, H, n_kv, hd (multiple of 16),
+    p0, window (0 = none), scale (f32 bits), softcap (f32 bits, 0 = none), scratch (f32),
+    scratch floats per thread; SIZE: block length."""
+
+    (
+        Q,
+        K_CACHE,
+        V_CACHE,
+        OUT,
+        N_TOKENS,
+        N_HEAD,
+        N_KV,
+        HEAD_DIM,
+        P0,
+        WINDOW,
+        SCALE,
+        SOFTCAP,
+        SCRATCH,
+        SCRATCH_STRIDE,
+        SIZE,
+    ) = range(15)
+
+
 def attention_ir() -> str:
     f = Fn()
-    q, kc, vc, out = (f.arg("%args", i, "ptr") for i in (0, 1, 2, 3))
-    ntok, nh, nkv, hd, p0, window = (f.arg("%args", i) for i in (4, 5, 6, 7, 8, 9))
-    scale = float_arg(f, 10)
-    softcap = float_arg(f, 11)
-    scratch = f.arg("%args", 12, "ptr")
-    sstride = f.arg("%args", 13)
+    s = AttentionSlots
+    q, kc, vc, out = (f.arg("%args", i, "ptr") for i in (s.Q, s.K_CACHE, s.V_CACHE, s.OUT))
+    ntok, nh, nkv, hd, p0, window = (
+        f.arg("%args", i) for i in (s.N_TOKENS, s.N_HEAD, s.N_KV, s.HEAD_DIM, s.P0, s.WINDOW)
+    )
+    scale = float_arg(f, s.SCALE)
+    softcap = float_arg(f, s.SOFTCAP)
+    scratch = f.arg("%args", s.SCRATCH, "ptr")
+    sstride = f.arg("%args", s.SCRATCH_STRIDE)
     group = f.op(f"udiv i64 {nh}, {nkv}")
     has_cap = f.op(f"fcmp ogt float {softcap}, 0.0")
     items = f.op(f"mul i64 {ntok}, {nh}")

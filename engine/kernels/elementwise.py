@@ -5,11 +5,7 @@ Vector loops run 16 floats at a time with masked loads/stores for the tail, so a
 Work is split by (tid, n) like every pool kernel, so they can run on the pool or be called
 directly with tid=0, n=1 (what the backend does for decode-sized inputs).
 
-Argument slots:
-  rmsnorm: 0 x, 1 out, 2 weight, 3 rows, 4 d, 5 eps (float32 bits)
-  rope:    0 x (T, H, hd) in place, 1 positions (i64 [T]), 2 T, 3 H, 4 hd,
-           5 inv_freq (f64 [hd/2], freq_scale folded in), 6 neox (0/1)
-  swiglu / geglu: 0 gate, 1 up, 2 out, 3 count
+Argument slots: `RmsnormSlots`, `RopeSlots`, `GluSlots` (the IR reads them, jit_backend fills them).
 """
 
 from __future__ import annotations
@@ -27,12 +23,32 @@ from engine.kernels.vec16 import (
 from engine.kernels.vmath import VEXP16
 
 
+class RmsnormSlots:
+    """x, out, weight (f32), rows, d (row length), eps (float32 bits); SIZE: block length."""
+
+    X, OUT, WEIGHT, ROWS, D, EPS, SIZE = range(7)
+
+
+class RopeSlots:
+    """x (T, H, hd) rotated in place, positions (i64 [T]), T, H, hd, inv_freq (f64 [hd/2],
+    freq_scale folded in), neox (0/1); SIZE: block length."""
+
+    X, POSITIONS, N_TOKENS, HEADS, HEAD_DIM, INV_FREQ, NEOX, SIZE = range(8)
+
+
+class GluSlots:
+    """swiglu / geglu: gate, up, out (f32), count; SIZE: block length."""
+
+    GATE, UP, OUT, COUNT, SIZE = range(5)
+
+
 def rmsnorm_ir() -> str:
     f = Fn()
-    x, out, w = (f.arg("%args", i, "ptr") for i in (0, 1, 2))
-    rows = f.arg("%args", 3)
-    d = f.arg("%args", 4)
-    eps = float_arg(f, 5)
+    s = RmsnormSlots
+    x, out, w = (f.arg("%args", i, "ptr") for i in (s.X, s.OUT, s.WEIGHT))
+    rows = f.arg("%args", s.ROWS)
+    d = f.arg("%args", s.D)
+    eps = float_arg(f, s.EPS)
     r0, r1 = thread_range(f, rows, "%tid", "%nth")
     df = f.op(f"uitofp i64 {d} to float")
     f("br label %rh")
@@ -86,8 +102,9 @@ def rmsnorm_ir() -> str:
 def glu_ir(kind: str) -> str:
     """out = act(gate) * up; act = silu (swiglu) or gelu_tanh (geglu)."""
     f = Fn()
-    gate, up, out = (f.arg("%args", i, "ptr") for i in (0, 1, 2))
-    count = f.arg("%args", 3)
+    s = GluSlots
+    gate, up, out = (f.arg("%args", i, "ptr") for i in (s.GATE, s.UP, s.OUT))
+    count = f.arg("%args", s.COUNT)
     c0, c1 = thread_range(f, count, "%tid", "%nth", 16)
     f("br label %h")
     f.put_label("h")
@@ -124,13 +141,14 @@ def glu_ir(kind: str) -> str:
 
 def rope_ir() -> str:
     f = Fn()
-    x = f.arg("%args", 0, "ptr")
-    pos = f.arg("%args", 1, "ptr")
-    ntok = f.arg("%args", 2)
-    heads = f.arg("%args", 3)
-    hd = f.arg("%args", 4)
-    invf = f.arg("%args", 5, "ptr")
-    neox = f.op(f"icmp ne i64 {f.arg('%args', 6)}, 0")
+    s = RopeSlots
+    x = f.arg("%args", s.X, "ptr")
+    pos = f.arg("%args", s.POSITIONS, "ptr")
+    ntok = f.arg("%args", s.N_TOKENS)
+    heads = f.arg("%args", s.HEADS)
+    hd = f.arg("%args", s.HEAD_DIM)
+    invf = f.arg("%args", s.INV_FREQ, "ptr")
+    neox = f.op(f"icmp ne i64 {f.arg('%args', s.NEOX)}, 0")
     half = f.op(f"lshr i64 {hd}, 1")
     t0, t1 = thread_range(f, ntok, "%tid", "%nth")
     f("br label %th")

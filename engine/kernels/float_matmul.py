@@ -5,8 +5,7 @@ F32, so zext + shift) and multiplied into a vector accumulator; a scalar loop co
 when the row length is not a multiple of 16. Rows are split across the pool threads; every row
 is used for all tokens while it is in L1.
 
-Argument slots: 0 w, 1 row_bytes, 2 n_rows, 3 cols, 4 n_tokens, 5 x (f32 [T, cols]),
-6 out (f32), 7 out_stride (floats).
+Argument slots: `FloatMatmulSlots` (the IR reads them, engine/kernels/jit_backend.py fills them).
 """
 
 from __future__ import annotations
@@ -15,6 +14,13 @@ from engine.kernels.ir import Fn, thread_range
 
 V16F = "<16 x float>"
 ELEM = {"F32": ("float", 4), "F16": ("half", 2), "BF16": ("i16", 2)}
+
+
+class FloatMatmulSlots:
+    """w, row_bytes, n_rows, cols, n_tokens, x (f32 [T, cols]), out (f32), out_stride (floats);
+    SIZE: block length."""
+
+    W, ROW_BYTES, N_ROWS, COLS, N_TOKENS, X, OUT, OUT_STRIDE, SIZE = range(9)
 
 
 def _widen(f: Fn, kind: str, ptr: str, vector: bool) -> str:
@@ -41,14 +47,15 @@ def _widen(f: Fn, kind: str, ptr: str, vector: bool) -> str:
 def module_ir(kind: str) -> str:
     _, esize = ELEM[kind]
     f = Fn()
-    w = f.arg("%args", 0, "ptr")
-    row_bytes = f.arg("%args", 1)
-    n_rows = f.arg("%args", 2)
-    cols = f.arg("%args", 3)
-    ntok = f.arg("%args", 4)
-    x = f.arg("%args", 5, "ptr")
-    out = f.arg("%args", 6, "ptr")
-    ostride = f.arg("%args", 7)
+    s = FloatMatmulSlots
+    w = f.arg("%args", s.W, "ptr")
+    row_bytes = f.arg("%args", s.ROW_BYTES)
+    n_rows = f.arg("%args", s.N_ROWS)
+    cols = f.arg("%args", s.COLS)
+    ntok = f.arg("%args", s.N_TOKENS)
+    x = f.arg("%args", s.X, "ptr")
+    out = f.arg("%args", s.OUT, "ptr")
+    ostride = f.arg("%args", s.OUT_STRIDE)
     vec_end = f.op(f"and i64 {cols}, -16")
     r0, r1 = thread_range(f, n_rows, "%tid", "%nth", 4)
     f("br label %rh")

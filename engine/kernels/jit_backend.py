@@ -24,7 +24,12 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
+from engine.kernels.act_quant import QuantizeSlots
+from engine.kernels.attention import AttentionSlots
 from engine.kernels.compiler import HostCPU, KernelLibrary
+from engine.kernels.elementwise import GluSlots, RmsnormSlots, RopeSlots
+from engine.kernels.float_matmul import FloatMatmulSlots
+from engine.kernels.quant_matmul import QuantMatmulSlots
 from engine.kernels.reference import ReferenceBackend
 from engine.kernels.threads import ThreadPool, pool_ir
 from engine.qtensor import QTensor
@@ -106,7 +111,7 @@ class _WeightCall:
         self.args_ptr = args.ctypes.data
         self.quantized = quantized
         self.rows, self.cols = weight.rows, weight.cols
-        self.bufs = None  # the activation buffers args[5:8] currently point at
+        self.bufs = None  # the activation buffers the AQ..SUMS slots currently point at
 
 
 class _ActivationBuffers:
@@ -117,9 +122,14 @@ class _ActivationBuffers:
         self.aq = np.zeros((capacity, n), np.int8)
         self.ad = np.zeros((capacity, n // 32), np.float32)
         self.sums = np.zeros((capacity, n // 16), np.float32)
-        self.args = np.zeros(6, np.int64)  # quantize_q8 slots: x, T, n, aq, ad, as
-        self.args[2] = n
-        self.args[3:6] = [self.aq.ctypes.data, self.ad.ctypes.data, self.sums.ctypes.data]
+        s = QuantizeSlots
+        self.args = np.zeros(s.SIZE, np.int64)
+        self.args[s.N] = n
+        self.args[s.AQ], self.args[s.AD], self.args[s.SUMS] = (
+            self.aq.ctypes.data,
+            self.ad.ctypes.data,
+            self.sums.ctypes.data,
+        )
         self.args_ptr = self.args.ctypes.data
 
 
@@ -141,8 +151,14 @@ class JitBackend(ReferenceBackend):
         }
         self._attention = self.library.address("attention")
         self._op_args = {
-            name: np.zeros(16, np.int64)
-            for name in ("rmsnorm", "rope", "swiglu", "geglu", "attention")
+            name: np.zeros(slots.SIZE, np.int64)
+            for name, slots in (
+                ("rmsnorm", RmsnormSlots),
+                ("rope", RopeSlots),
+                ("swiglu", GluSlots),
+                ("geglu", GluSlots),
+                ("attention", AttentionSlots),
+            )
         }
         self._op_args_ptr = {name: a.ctypes.data for name, a in self._op_args.items()}
         self._positions = np.zeros(256, np.int64)
@@ -179,15 +195,18 @@ class JitBackend(ReferenceBackend):
             data = np.ascontiguousarray(data).reshape(w.rows, -1)
         kind = w.qtype.name
         if kind in quant_matmul.LAYOUTS:
-            lay = quant_matmul.LAYOUTS[kind]
-            args = np.zeros(11, np.int64)
-            args[:4] = [data.ctypes.data, data.strides[0], w.rows, w.cols // lay.block]
-            args[9:11] = [w.cols, w.rows]
+            s = QuantMatmulSlots
+            args = np.zeros(s.SIZE, np.int64)
+            args[s.W], args[s.ROW_BYTES] = data.ctypes.data, data.strides[0]
+            args[s.N_ROWS] = w.rows
+            args[s.N_BLOCKS] = w.cols // quant_matmul.LAYOUTS[kind].block
+            args[s.N], args[s.OUT_STRIDE] = w.cols, w.rows
             entry = _WeightCall(w, data, args, self._kernels[kind], True)
         else:
-            args = np.zeros(8, np.int64)
-            args[:4] = [data.ctypes.data, data.strides[0], w.rows, w.cols]
-            args[7] = w.rows
+            f = FloatMatmulSlots
+            args = np.zeros(f.SIZE, np.int64)
+            args[f.W], args[f.ROW_BYTES] = data.ctypes.data, data.strides[0]
+            args[f.N_ROWS], args[f.COLS], args[f.OUT_STRIDE] = w.rows, w.cols, w.rows
             entry = _WeightCall(w, data, args, self._float_kernels[kind], False)
         self._weights[id(w)] = entry
         return entry
@@ -229,21 +248,23 @@ class JitBackend(ReferenceBackend):
             if bufs is None or bufs.capacity < tokens:
                 bufs = self._activations(cols, tokens)
             qargs = bufs.args
-            qargs[0] = self._ptr(x)
-            qargs[1] = tokens
+            qargs[QuantizeSlots.X] = self._ptr(x)
+            qargs[QuantizeSlots.N_TOKENS] = tokens
             if tokens <= _QUANTIZE_DIRECT_TOKENS:
                 self._quantize_direct(bufs.args_ptr, 0, 1)  # a pool hand-off costs more
             else:
                 self.pool.run(self._quantize, bufs.args_ptr)
             if call.bufs is not bufs:
-                args[5:8] = qargs[3:6]
+                args[QuantMatmulSlots.AQ] = qargs[QuantizeSlots.AQ]
+                args[QuantMatmulSlots.AD] = qargs[QuantizeSlots.AD]
+                args[QuantMatmulSlots.SUMS] = qargs[QuantizeSlots.SUMS]
                 call.bufs = bufs
-            args[4] = tokens
-            args[8] = self._ptr(out)
+            args[QuantMatmulSlots.N_TOKENS] = tokens
+            args[QuantMatmulSlots.OUT] = self._ptr(out)
         else:
-            args[4] = tokens
-            args[5] = self._ptr(x)
-            args[6] = self._ptr(out)
+            args[FloatMatmulSlots.N_TOKENS] = tokens
+            args[FloatMatmulSlots.X] = self._ptr(x)
+            args[FloatMatmulSlots.OUT] = self._ptr(out)
         self.pool.run(call.kernel, call.args_ptr)
         if target is not None and target is not out:
             target[...] = out
@@ -267,12 +288,12 @@ class JitBackend(ReferenceBackend):
             out = np.empty_like(x)
         if x.ndim != 2 or not self._usable(x, weight, out) or out.shape != x.shape:
             return super().rmsnorm(x, weight, eps, out)
-        a = self._op_args["rmsnorm"]
-        a[0] = self._ptr(x)
-        a[1] = self._ptr(out)
-        a[2] = self._ptr(weight)
-        a[3], a[4] = x.shape
-        a[5] = _f32_bits(eps)
+        a, s = self._op_args["rmsnorm"], RmsnormSlots
+        a[s.X] = self._ptr(x)
+        a[s.OUT] = self._ptr(out)
+        a[s.WEIGHT] = self._ptr(weight)
+        a[s.ROWS], a[s.D] = x.shape
+        a[s.EPS] = _f32_bits(eps)
         self._run_small("rmsnorm", x.size)
         return out
 
@@ -283,11 +304,11 @@ class JitBackend(ReferenceBackend):
             out = np.empty_like(gate)
         if not self._usable(gate, up, out) or gate.shape != up.shape or out.shape != gate.shape:
             return getattr(super(), name)(gate, up, out)
-        a = self._op_args[name]
-        a[0] = self._ptr(gate)
-        a[1] = self._ptr(up)
-        a[2] = self._ptr(out)
-        a[3] = gate.size
+        a, s = self._op_args[name], GluSlots
+        a[s.GATE] = self._ptr(gate)
+        a[s.UP] = self._ptr(up)
+        a[s.OUT] = self._ptr(out)
+        a[s.COUNT] = gate.size
         self._run_small(name, gate.size)
         return out
 
@@ -318,12 +339,12 @@ class JitBackend(ReferenceBackend):
         if self._positions.size < tokens:
             self._positions = np.zeros(2 * tokens, np.int64)
         self._positions[:tokens] = positions
-        a = self._op_args["rope"]
-        a[0] = self._ptr(x)
-        a[1] = self._ptr(self._positions)
-        a[2], a[3], a[4] = tokens, heads, head_dim
-        a[5] = self._ptr(inv_freq)
-        a[6] = 1 if neox else 0
+        a, s = self._op_args["rope"], RopeSlots
+        a[s.X] = self._ptr(x)
+        a[s.POSITIONS] = self._ptr(self._positions)
+        a[s.N_TOKENS], a[s.HEADS], a[s.HEAD_DIM] = tokens, heads, head_dim
+        a[s.INV_FREQ] = self._ptr(inv_freq)
+        a[s.NEOX] = 1 if neox else 0
         self._run_small("rope", x.size)
         return x
 
@@ -370,18 +391,18 @@ class JitBackend(ReferenceBackend):
         need = stride * self.pool.default_chunks  # one scratch row per chunk
         if self._scratch.size < need:
             self._scratch = np.zeros(max(need, 2 * self._scratch.size), np.float32)
-        a = self._op_args["attention"]
-        a[0] = self._ptr(q)
-        a[1] = self._ptr(k_cache)
-        a[2] = self._ptr(v_cache)
-        a[3] = self._ptr(out)
-        a[4], a[5], a[6], a[7] = tokens, n_head, n_kv, head_dim
-        a[8] = p0
-        a[9] = window
-        a[10] = _f32_bits(scale)
-        a[11] = _f32_bits(softcap)
-        a[12] = self._ptr(self._scratch)
-        a[13] = stride
+        a, s = self._op_args["attention"], AttentionSlots
+        a[s.Q] = self._ptr(q)
+        a[s.K_CACHE] = self._ptr(k_cache)
+        a[s.V_CACHE] = self._ptr(v_cache)
+        a[s.OUT] = self._ptr(out)
+        a[s.N_TOKENS], a[s.N_HEAD], a[s.N_KV], a[s.HEAD_DIM] = tokens, n_head, n_kv, head_dim
+        a[s.P0] = p0
+        a[s.WINDOW] = window
+        a[s.SCALE] = _f32_bits(scale)
+        a[s.SOFTCAP] = _f32_bits(softcap)
+        a[s.SCRATCH] = self._ptr(self._scratch)
+        a[s.SCRATCH_STRIDE] = stride
         self.pool.run(self._attention, self._op_args_ptr["attention"])
         if target is not None and target is not out:
             target[...] = out

@@ -21,10 +21,8 @@ How it works (the llama.cpp recipe, written as explicit vector IR):
     follows badly in short row-sized pieces: a software prefetch PREFETCH_TILES tiles ahead
     took the 262144 x 640 Q8_0 output mat-vec from 28 to 16 ms of CPU time.
 
-Rows are split across the pool's work chunks. A kernel's argument block holds i64 slots:
-  0 w, 1 row_bytes, 2 n_rows, 3 n_blocks (per row), 4 n_tokens, 5 aq (int8 [T, n]),
-  6 ad (f32 [T, n/32]), 7 as (f32 [T, n/16], scale * sum of 16 int8), 8 out (f32),
-  9 n (= cols), 10 out_stride (floats)
+Rows are split across the pool's work chunks. A kernel's argument block holds the i64 slots of
+`QuantMatmulSlots` (the IR reads them, engine/kernels/jit_backend.py fills them).
 """
 
 from __future__ import annotations
@@ -36,6 +34,15 @@ from engine.kernels.ir import Fn, mask, splat, thread_range
 TILE = 8  # tokens per weight-row pass in prefill (4 x 8 tiles: best of 4x4, 2x8, 4x6, 4x8)
 ROWS = 4  # weight rows per pass (decode and prefill)
 PREFETCH_TILES = 2  # software prefetch distance in row tiles (rows are one contiguous stream)
+
+
+class QuantMatmulSlots:
+    """w, row_bytes, n_rows, n_blocks (per row), n_tokens, aq (int8 [T, n]), ad (f32 [T, n/32]),
+    sums (f32 [T, n/16], scale * sum of 16 int8), out (f32), n (= cols), out_stride (floats);
+    AQ..SUMS are act_quant's outputs in the same order. SIZE: block length."""
+
+    W, ROW_BYTES, N_ROWS, N_BLOCKS, N_TOKENS, AQ, AD, SUMS, OUT, N, OUT_STRIDE, SIZE = range(12)
+
 
 V32I8 = "<32 x i8>"
 V8I32 = "<8 x i32>"
@@ -594,15 +601,16 @@ def _token_loop(
 def kernel_function(qname: str) -> str:
     """`mm_<type>(args, tid, n_threads)`: all tokens x this thread's rows, ROWS rows at a time."""
     f = Fn()
-    w = f.arg("%args", 0, "ptr")
-    row_bytes = f.arg("%args", 1)
-    n_rows = f.arg("%args", 2)
-    nblocks = f.arg("%args", 3)
-    ntok = f.arg("%args", 4)
-    aq, ad, as_ = (f.arg("%args", i, "ptr") for i in (5, 6, 7))
-    out = f.arg("%args", 8, "ptr")
-    n = f.arg("%args", 9)
-    ostride = f.arg("%args", 10)
+    s = QuantMatmulSlots
+    w = f.arg("%args", s.W, "ptr")
+    row_bytes = f.arg("%args", s.ROW_BYTES)
+    n_rows = f.arg("%args", s.N_ROWS)
+    nblocks = f.arg("%args", s.N_BLOCKS)
+    ntok = f.arg("%args", s.N_TOKENS)
+    aq, ad, as_ = (f.arg("%args", i, "ptr") for i in (s.AQ, s.AD, s.SUMS))
+    out = f.arg("%args", s.OUT, "ptr")
+    n = f.arg("%args", s.N)
+    ostride = f.arg("%args", s.OUT_STRIDE)
     r0, r1 = thread_range(f, n_rows, "%tid", "%nth", ROWS)
     r1_tiles = f.op(f"sub i64 {r1}, {r0}")
     r1_tiles = f.op(f"and i64 {r1_tiles}, {-ROWS}")
