@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
@@ -32,7 +31,8 @@ MIN_DRAIN_INTERVAL_S = 0.010
 # waits up to the interpreter's switch interval, and one frame needs many of them: at the default
 # 5 ms, a worker busy in Python for 300 ms stalled the GUI for 80-180 ms; at 1 ms, 3-19 ms
 # (tools/stall_probe.py with a spinning bridge).
-# Process-wide; it costs a little only while two threads want the GIL at once.
+# Process-wide, so the program's entry point sets it once (app/__main__.py main()); it costs a
+# little only while two threads want the GIL at once.
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
@@ -54,8 +54,6 @@ class EngineController(QObject):
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None):
         super().__init__(parent)
-        if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
-            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.bridge = bridge
         self.model: ModelInfo | None = None
         self.loading = False
@@ -105,10 +103,11 @@ class EngineController(QObject):
             self._cancel.cancel()
 
     def resolve_preset(self, saved: dict | None, overrides: dict | None) -> ResolvedPreset:
-        """Runs on the GUI thread: configuration logic only (see app/engine_bridge.py)."""
-        if self._worker.lm is None:
+        """Runs on the GUI thread: configuration logic only, from the loaded model's ModelInfo
+        (see app/engine_bridge.py); the model object itself stays on the worker thread."""
+        if self.model is None:
             raise RuntimeError("no model loaded")
-        return self.bridge.resolve_preset(self._worker.lm, saved, overrides)
+        return self.bridge.resolve_preset(self.model, saved, overrides)
 
     def shutdown(self) -> None:
         self.cancel()

@@ -1,6 +1,8 @@
 """The only place the app calls the engine. Everything here runs on the worker thread except
 `resolve_preset`, which is pure configuration logic (no model compute) and is cheap enough for the
-GUI thread, so the preset panel can validate an edit immediately even while a reply streams.
+GUI thread, so the preset panel can validate an edit immediately even while a reply streams. It
+works from the plain ModelInfo that `describe` made on the worker thread: the loaded model object
+belongs to the worker and the GUI thread never reads it.
 
 Tests substitute a fake with the same methods (tests/app_fakes.py) that yields the real
 engine event dataclasses.
@@ -49,7 +51,7 @@ class EngineBridge(Protocol):
     def unload(self, lm: object) -> None: ...
 
     def resolve_preset(
-        self, lm: object, saved: dict | None, overrides: dict | None
+        self, model: ModelInfo, saved: dict | None, overrides: dict | None
     ) -> ResolvedPreset: ...
 
     def generate(
@@ -93,6 +95,8 @@ class RealEngine:
         lm.close()
 
     def describe(self, lm) -> ModelInfo:
+        from engine.presets import sampling_metadata
+
         template = lm.chat_template
         template_name = getattr(template, "name", "") or "chat template"
         if getattr(template, "is_fallback", False):
@@ -103,12 +107,13 @@ class RealEngine:
             architecture=str(lm.gguf.arch),
             n_ctx=int(lm.n_ctx),
             template=template_name,
+            sampling_metadata=sampling_metadata(lm.gguf.metadata),
         )
 
-    def resolve_preset(self, lm, saved, overrides) -> ResolvedPreset:
+    def resolve_preset(self, model: ModelInfo, saved, overrides) -> ResolvedPreset:
         from engine.presets import resolve_preset
 
-        return resolve_preset(lm, saved=saved or None, overrides=overrides or None)
+        return resolve_preset(model, saved=saved or None, overrides=overrides or None)
 
     def generate(self, lm, request: GenerationRequest, cancel):
         """Resolve the preset once, fit the chat into the context (the oldest turns go first), and

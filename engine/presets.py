@@ -87,8 +87,9 @@ _GGUF_PREFIX = "general.sampling."
 def resolve_preset(
     lm_or_path, saved: dict | None = None, overrides: dict | None = None
 ) -> ResolvedPreset:
-    """Merge the sources for a loaded model (anything with `.path` and `.gguf.metadata`) or a GGUF
-    path, validate, and return values with provenance. Raises ConfigValidationError or
+    """Merge the sources for a loaded model (anything with `.path` and `.gguf.metadata`), its
+    ModelInfo (`.path` and `.sampling_metadata`) or a GGUF path, validate, and return values with
+    provenance. Raises ConfigValidationError or
     PresetFileError."""
     path, metadata = _model_path_and_metadata(lm_or_path)
     notes: list[str] = []
@@ -137,9 +138,17 @@ def _model_path_and_metadata(lm_or_path) -> tuple[Path | None, dict]:
         gguf_file = open_gguf(lm_or_path)
         return Path(lm_or_path), dict(gguf_file.metadata)
     path = getattr(lm_or_path, "path", None)
-    gguf_file = getattr(lm_or_path, "gguf", None)
-    metadata = dict(getattr(gguf_file, "metadata", None) or {})
+    if hasattr(lm_or_path, "sampling_metadata"):
+        metadata = dict(lm_or_path.sampling_metadata)
+    else:
+        metadata = dict(getattr(getattr(lm_or_path, "gguf", None), "metadata", None) or {})
     return (Path(path) if path is not None else None), metadata
+
+
+def sampling_metadata(metadata: dict) -> dict:
+    """The GGUF keys resolve_preset reads (general.sampling.*) as plain Python values: small and
+    immutable enough to hand to another thread in engine.types.ModelInfo."""
+    return {key: _plain(raw) for key, raw in metadata.items() if key.startswith(_GGUF_PREFIX)}
 
 
 # --- GGUF general.sampling.* ---------------------------------------------------------------------

@@ -126,10 +126,12 @@ class ResolvedPreset:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Plain facts about a loaded model, safe to hand to another thread (the app's model bar)."""
+    """Plain facts about a loaded model, safe to hand to another thread: the app's GUI shows them
+    and resolves presets from them (engine.presets.resolve_preset) without touching the model."""
 
     path: str
     name: str
     architecture: str
     n_ctx: int
     template: str  # chat template name, "(fallback)" appended when the model has none
+    sampling_metadata: dict = field(default_factory=dict)  # engine.presets.sampling_metadata

@@ -87,7 +87,7 @@ class FakeEngine:
             template="chatml",
         )
 
-    def resolve_preset(self, lm, saved, overrides):
+    def resolve_preset(self, model, saved, overrides):
         values, sources = dict(CHECKPOINT_PRESET), dict(CHECKPOINT_SOURCES)
         for origin, layer in (("saved preset", saved or {}), ("override", overrides or {})):
             for key, value in layer.items():

@@ -49,7 +49,7 @@ class FloodEngine:
             path=str(lm), name="flood", architecture="none", n_ctx=1 << 20, template="none"
         )
 
-    def resolve_preset(self, lm, saved, overrides):
+    def resolve_preset(self, model, saved, overrides):
         return ResolvedPreset({"temperature": 0.0}, {"temperature": "default"})
 
     def generate(self, lm, request, cancel):
@@ -108,11 +108,12 @@ def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0, history: in
     from PySide6.QtCore import QElapsedTimer, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.controller import EngineController
+    from app.controller import GIL_SWITCH_INTERVAL_S, EngineController
     from app.settings import SettingsFile
     from app.store import Store
     from app.views.main_window import MainWindow
 
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as app/__main__.py main() does
     app = QApplication.instance() or QApplication(sys.argv[:1])
     data = Path(tempfile.mkdtemp(prefix="localchat-stall-"))
     store = Store(data / "chats.sqlite3")
