@@ -80,14 +80,14 @@ class MessageWidget(QFrame):
         header.addWidget(self.status_label, 1)
         self.copy_button = self._action("Copy", "Copy this message as plain text", self._copy)
         header.addWidget(self.copy_button)
-        if message.role == "user":
+        if message.role == Role.USER:
             self.edit_button = self._action(
                 "Edit",
                 "Edit this message and regenerate the reply from here",
                 lambda: self.editRequested.emit(self.message.id),
             )
             header.addWidget(self.edit_button)
-        if message.role == "assistant":
+        if message.role == Role.ASSISTANT:
             self.details_button = self._action(
                 "Details",
                 "Show this reply's usage and its tokens (token inspector)",
