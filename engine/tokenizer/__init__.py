@@ -74,7 +74,7 @@ from engine.tokenizer.llama_tables import (
     PreTokenizer,
 )
 from engine.tokenizer.metadata import Vocabulary, read_vocabulary
-from engine.tokenizer.partition import SpecialPartition
+from engine.tokenizer.partition import LiteralText, SpecialPartition
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,8 @@ class Tokenizer:
         self._pieces = [
             b"" if a & HIDDEN else p for a, p in zip(attrs, self._special_pieces, strict=True)
         ]
-        self._specials = SpecialPartition(tokens, attrs, PARTITIONED)
+        self._specials = SpecialPartition(tokens, attrs, PARTITIONED, not_in_literal_attrs=HIDDEN)
+        self._text_only_hf: HFTokenizer | None = None  # built on first use, see _encode_literal
         # Ids of recently encoded fragments (text between special tokens: in a chat, one message
         # each). A chat re-sends the whole conversation every turn and it is tokenized more than
         # once per turn (context fitting, then the request), so without this every message is
@@ -159,9 +160,14 @@ class Tokenizer:
         return _build(metadata)
 
     # --- encoding ----------------------------------------------------------------------------
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
-        """Token ids for `text`. Special-token text (e.g. "<|im_start|>") always becomes its single
-        id; `add_special` adds BOS/EOS as the file says (False adds none)."""
+    def encode(
+        self, text: str, add_special: bool = True, *, literal_spans: Iterable[tuple[int, int]] = ()
+    ) -> list[int]:
+        """Token ids for `text`. Special-token text (e.g. "<|im_start|>") becomes its single id,
+        except inside `literal_spans` ((start, end) character ranges, e.g. the messages of a
+        rendered chat), where control-token text is ordinary text, as llama.cpp's
+        parse_special=false gives it. `add_special` adds BOS/EOS as the file says (False adds
+        none)."""
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, not {type(text).__name__}")
         ids: list[int] = []
@@ -169,8 +175,10 @@ class Tokenizer:
             ids.append(self.bos_id)
         # One encode call per piece, not encode_batch: batch mode starts HF's thread pool, which
         # competes with the engine's own threads and warns/deadlocks if the process forks later.
-        for fragment in self._partition(text):
-            if isinstance(fragment, str):
+        for fragment in self._specials.split(text, literal_spans):
+            if isinstance(fragment, LiteralText):
+                ids.extend(self._encode_literal(fragment))
+            elif isinstance(fragment, str):
                 ids.extend(self._encode_fragment(fragment))
             else:
                 ids.append(fragment)
@@ -195,6 +203,19 @@ class Tokenizer:
             while len(self._fragment_ids) > self._FRAGMENT_CACHE_ENTRIES:
                 del self._fragment_ids[next(iter(self._fragment_ids))]  # least recently used
         return ids
+
+    def _encode_literal(self, fragment: str) -> list[int]:
+        """Ids of text that holds special-token text, all of it as text. `.hf` would match the
+        special texts (its added tokens), so this uses a second HF tokenizer on the same BPE
+        model (shared, not copied) with the same normalizer and pre-tokenizer and no added
+        tokens: on text without special text the two give the same ids."""
+        hf = self._text_only_hf
+        if hf is None:
+            hf = HFTokenizer(self.hf.model)
+            hf.normalizer = self.hf.normalizer
+            hf.pre_tokenizer = self.hf.pre_tokenizer
+            self._text_only_hf = hf
+        return hf.encode(fragment, add_special_tokens=False).ids
 
     def _partition(self, text: str) -> list[str | int]:
         """Text between special tokens and the special tokens' ids, as llama.cpp cuts it."""

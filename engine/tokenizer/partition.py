@@ -5,32 +5,47 @@ Every control, user-defined and unknown token, longest text first, is cut out of
 wherever it occurs, so special-token text in the input always becomes one id. We do this
 ourselves instead of leaving it to HF `tokenizers` because HF matches leftmost-longest while
 llama.cpp matches longest-first; they differ when two special texts overlap.
+
+Literal spans (the messages of a rendered chat) are cut the way llama.cpp cuts text tokenized
+with parse_special=false: control and unknown tokens are not recognised there (their text stays
+text, so a user cannot type a role marker), user-defined tokens still are (Gemma's whitespace
+runs are user-defined, and a message must tokenize as it did before).
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterable
+
+
+class LiteralText(str):
+    """A fragment holding special-token text that must be tokenized as ordinary text."""
 
 
 class SpecialPartition:
     """The partitioned (special) tokens of one vocabulary and the cut of a text at them."""
 
-    def __init__(self, tokens: list[str], attrs: list[int], partitioned_attrs: int):
+    def __init__(
+        self, tokens: list[str], attrs: list[int], partitioned_attrs: int, not_in_literal_attrs: int
+    ):
         # (text, id), longest UTF-8 text first; ties keep id order (llama.cpp leaves them unspecified).
         partitioned = [i for i, a in enumerate(attrs) if a & partitioned_attrs]
         self._specials = sorted(
             ((tokens[i], i) for i in partitioned), key=lambda t: -len(t[0].encode())
         )
+        self._not_in_literal = frozenset(i for i in partitioned if attrs[i] & not_in_literal_attrs)
         self._first_chars = frozenset(text[0] for text, _ in self._specials)
         self._trie: tuple[dict, object] | None = None
         self._start_re: re.Pattern[str] | None = None
         self._trie_lock = threading.Lock()
 
-    def split(self, text: str) -> list[str | int]:
+    def split(self, text: str, literal_spans: Iterable[tuple[int, int]] = ()) -> list[str | int]:
         """Raw pieces and special-token ids in text order: specials in order of decreasing length,
         each one's occurrences left to right, and an occurrence only counts if no earlier
-        (longer) special already took any of its characters.
+        (longer) special already took any of its characters. In `literal_spans` ((start, end)
+        character ranges) control and unknown tokens are not cut; a fragment that keeps the
+        whole text of one is a LiteralText.
 
         llama.cpp re-scans every fragment for every special; with Gemma's 6.4k specials and text
         cut into thousands of fragments by its whitespace-run tokens that is slow in Python. We
@@ -42,26 +57,38 @@ class SpecialPartition:
         if not occurrences:
             return [text]
         n = len(text)
+        literal = bytearray(n)
+        for start, stop in literal_spans:
+            start, stop = max(0, start), min(n, stop)
+            if stop > start:
+                literal[start:stop] = b"\x01" * (stop - start)
         taken = bytearray(n)
         cuts: list[tuple[int, int, int]] = []  # (start, end, token id)
+        kept_as_text: list[tuple[int, int]] = []
+        any_literal = 1 in literal
         for rank in sorted(occurrences):
             special, special_id = self._specials[rank]
             length = len(special)
             mark = b"\x01" * length
+            protected = any_literal and special_id in self._not_in_literal
             for p in occurrences[rank]:  # ascending
-                if taken.find(1, p, p + length) == -1:
+                if protected and literal.find(1, p, p + length) != -1:
+                    kept_as_text.append((p, p + length))
+                elif taken.find(1, p, p + length) == -1:
                     taken[p : p + length] = mark
                     cuts.append((p, p + length, special_id))
         cuts.sort()
         fragments: list[str | int] = []
         pos = 0
-        for start, stop, special_id in cuts:
+        for start, stop, special_id in cuts + [(n, n, -1)]:
             if start > pos:
-                fragments.append(text[pos:start])
-            fragments.append(special_id)
+                fragment = text[pos:start]
+                if any(pos <= a and b <= start for a, b in kept_as_text):
+                    fragment = LiteralText(fragment)
+                fragments.append(fragment)
+            if special_id >= 0:
+                fragments.append(special_id)
             pos = stop
-        if pos < n:
-            fragments.append(text[pos:])
         return fragments
 
     def _occurrences(self, text: str) -> dict[int, list[int]]:
