@@ -4,6 +4,7 @@ uses is validated here, and a malformed one is a TokenizerError naming its key."
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +24,10 @@ from engine.tokenizer.llama_tables import (
     FIM_PAD_TEXTS,
     FIM_REP_TEXTS,
     FIM_SEP_TEXTS,
+    HIDDEN,
     PRE_TOKENIZERS,
     SUPPORTED_MODELS,
+    TYPE_BYTE,
     TYPE_TO_ATTR,
     PreTokenizer,
 )
@@ -54,54 +57,110 @@ class Vocabulary:
     eog_ids: frozenset[int]
 
 
-def meta_list(metadata: Mapping[str, Any], key: str, n: int, kind: str) -> list | None:
-    value = metadata.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, (list, tuple)):
-        raise TokenizerError(f"{key} must be an array of {kind}, got {type(value).__name__}")
-    if len(value) < n:
-        raise TokenizerError(f"{key} has {len(value)} entries, fewer than the {n} tokens")
-    return list(value)
-
-
-def meta_id(metadata: Mapping[str, Any], key: str, n: int) -> int | None:
+def _token_id(metadata: Mapping[str, Any], key: str, n: int) -> int | None:
+    """A token id, or None if absent or outside the vocabulary (llama.cpp ignores those with a
+    warning); a value that is not an integer (a float, NaN, a string, an array) is an error."""
     value = metadata.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TokenizerError(f"{key} must be an integer token id, got {value!r}")
+        raise TokenizerError(f"{key} must be an integer token id, got {_show(value)}")
     if not 0 <= value < n:
         log.warning("%s = %d is outside the vocabulary (0..%d); ignoring it", key, value, n - 1)
         return None
     return value
 
 
+def _flag(metadata: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = metadata.get(key, default)
+    if not isinstance(value, bool):
+        raise TokenizerError(f"{key} must be a boolean, got {_show(value)}")
+    return value
+
+
+def _string(metadata: Mapping[str, Any], key: str) -> str | None:
+    value = metadata.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TokenizerError(f"{key} must be a string, got {_show(value)}")
+    return value
+
+
+def _array(
+    metadata: Mapping[str, Any], key: str, n: int | None, kind: str, types: frozenset[type]
+) -> list | None:
+    """The array at `key` (None if absent), every element of one of `types`, and (with `n`) at
+    least n elements: llama.cpp reads one per token and ignores any beyond."""
+    value = metadata.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise TokenizerError(f"{key} must be an array of {kind}, got {_show(value)}")
+    if n is not None and len(value) < n:
+        raise TokenizerError(f"{key} has {len(value)} entries, fewer than the {n} tokens")
+    if not set(map(type, value)) <= types:  # exact types: bool is not an integer here
+        i, element = next((i, e) for i, e in enumerate(value) if type(e) not in types)
+        raise TokenizerError(f"{key} must be an array of {kind}: {key}[{i}] is {_show(element)}")
+    return list(value)
+
+
+_STRINGS = frozenset({str})
+_INTEGERS = frozenset({int})
+_NUMBERS = frozenset({int, float})
+
+
+def _show(value: Any) -> str:
+    """A value for an error message, cut short (a hostile file can hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _check_byte_tokens(model: str, tokens: list[str], types: list[int], attrs: list[int]) -> None:
+    """BYTE tokens render as their byte, read from the text "<0xNN>" (SentencePiece always; a
+    byte-level BPE vocabulary only when the text has that form, else it is a byte-level char)."""
+    rendered_otherwise = HIDDEN | ATTR_USER_DEFINED | ATTR_NORMAL
+    i = -1
+    while True:
+        try:
+            i = types.index(TYPE_BYTE, i + 1)  # a C-speed scan: 262k types, 256 byte tokens
+        except ValueError:
+            return
+        text = tokens[i]
+        if attrs[i] & rendered_otherwise or not (model == "llama" or text.startswith("<0x")):
+            continue
+        if not _BYTE_TOKEN.fullmatch(text):
+            raise TokenizerError(
+                f"tokenizer.ggml.tokens[{i}] is a BYTE token (tokenizer.ggml.token_type 6) "
+                f"but its text {_show(text)} is not <0xNN>"
+            )
+
+
 def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
     """Raises TokenizerError naming the key when the metadata cannot make a tokenizer."""
-    model = metadata.get("tokenizer.ggml.model")
+    model = _string(metadata, "tokenizer.ggml.model")
     if model is None:
         raise TokenizerError("the model file has no tokenizer (tokenizer.ggml.model is missing)")
     if model not in SUPPORTED_MODELS:
         raise TokenizerError(
-            f"tokenizer model {model!r} is not supported: supported are {', '.join(SUPPORTED_MODELS)} "
-            "(llama = SentencePiece, gpt2 = byte-level BPE)"
+            f"tokenizer model {model!r} is not supported: supported are "
+            f"{', '.join(SUPPORTED_MODELS)} (tokenizer.ggml.model; llama = SentencePiece, "
+            "gpt2 = byte-level BPE)"
         )
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, (list, tuple)) or not tokens:
+    tokens = _array(metadata, "tokenizer.ggml.tokens", None, "strings", _STRINGS)
+    if not tokens:
         raise TokenizerError(
             "the model file has no vocabulary (tokenizer.ggml.tokens is missing or empty)"
         )
     n = len(tokens)
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # as llama.cpp does
-    if not all(isinstance(t, str) for t in tokens):
-        raise TokenizerError("tokenizer.ggml.tokens must be an array of strings")
-    types = meta_list(metadata, "tokenizer.ggml.token_type", n, "integers")
+    types = _array(metadata, "tokenizer.ggml.token_type", n, "integers", _INTEGERS)
     attrs = [TYPE_TO_ATTR.get(t, ATTR_UNDEFINED) for t in types[:n]] if types else [ATTR_NORMAL] * n
-    scores = meta_list(metadata, "tokenizer.ggml.scores", n, "numbers")
+    scores = _array(metadata, "tokenizer.ggml.scores", n, "numbers", _NUMBERS)
     scores = [float(s) for s in scores[:n]] if scores else [0.0] * n
 
-    pre_name = metadata.get("tokenizer.ggml.pre")
+    pre_name = _string(metadata, "tokenizer.ggml.pre")
     pre = None
     if model == "gpt2":
         if pre_name is None:
@@ -118,13 +177,11 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
     else:
         add_bos_default, add_space_prefix_default = True, True
 
-    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default))
-    add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
-    add_space_prefix = bool(
-        metadata.get("tokenizer.ggml.add_space_prefix", add_space_prefix_default)
-    )
-    bos_id = meta_id(metadata, "tokenizer.ggml.bos_token_id", n)
-    eos_id = meta_id(metadata, "tokenizer.ggml.eos_token_id", n)
+    add_bos = _flag(metadata, "tokenizer.ggml.add_bos_token", add_bos_default)
+    add_eos = _flag(metadata, "tokenizer.ggml.add_eos_token", False)
+    add_space_prefix = _flag(metadata, "tokenizer.ggml.add_space_prefix", add_space_prefix_default)
+    bos_id = _token_id(metadata, "tokenizer.ggml.bos_token_id", n)
+    eos_id = _token_id(metadata, "tokenizer.ggml.eos_token_id", n)
     if model == "llama":  # llama.cpp's SPM defaults when the file names none
         bos_id = (
             1
@@ -147,14 +204,15 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
 
     text_to_id = {t: i for i, t in enumerate(tokens)}  # later ids win, as in llama.cpp
     eot_id, eog_ids = _end_of_generation(metadata, tokens, attrs, eos_id, n, text_to_id)
+    if types:
+        _check_byte_tokens(model, tokens, types, attrs)
     merges = unk_id = None
     if model == "llama":
-        unk_id = meta_id(metadata, "tokenizer.ggml.unknown_token_id", n)
+        unk_id = _token_id(metadata, "tokenizer.ggml.unknown_token_id", n)
     else:
-        merges = metadata.get("tokenizer.ggml.merges")
-        if not isinstance(merges, (list, tuple)):
+        merges = _array(metadata, "tokenizer.ggml.merges", None, "strings", _STRINGS)
+        if merges is None:
             raise TokenizerError("a gpt2 tokenizer needs tokenizer.ggml.merges, which is missing")
-        merges = list(merges)
     return Vocabulary(
         model=model, tokens=tokens, attrs=attrs, scores=scores, text_to_id=text_to_id,
         pre_name=pre_name if model == "gpt2" else None, pre=pre, merges=merges, add_bos=add_bos,
@@ -171,7 +229,7 @@ def _end_of_generation(
     recognises by text are forced to control type (hidden in text), as llama.cpp does."""
 
     def by_key_or_text(key: str, texts: Iterable[str]) -> int | None:
-        token_id = meta_id(metadata, key, n)
+        token_id = _token_id(metadata, key, n)
         if token_id is not None:
             return token_id
         for text in texts:  # llama.cpp walks a hash map here; all candidates count the same

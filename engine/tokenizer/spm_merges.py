@@ -20,24 +20,31 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _MERGES_FORMAT = b"spm-merges-v2"
+# Splitting a piece at every position costs time quadratic in its length, so a hostile file with
+# a multi-megabyte piece would stall loading for hours. Real pieces are short (Gemma 3's longest
+# is 31 characters, SmolLM2's 81); a merge whose parts exceed this is left out, so such a piece
+# is never produced by merging (llama.cpp would produce it; no real vocabulary has one).
+MAX_MERGE_PART = 1024
 _SEP = "\0"  # between pieces in the cache file; a vocabulary with NUL in a piece is not cached
 
 
 def derive_merges(
     tokens: list[str], attrs: list[int], scores: list[float], vocab: dict[str, int], skip_attrs: int
 ) -> list[tuple[str, str]]:
-    """Every way to build a piece from two pieces, best piece score first; pieces with any of
-    `skip_attrs` (special text, which the partition removes before the merger) are left out.
+    """Every way to build a piece from two pieces of at most MAX_MERGE_PART characters, best
+    piece score first; pieces with any of `skip_attrs` (special text, which the partition
+    removes before the merger) are left out.
     (The hot loop of loading a SentencePiece model: ~1.5M lookups for Gemma's 262k pieces,
     ~1.2 s; a sort of flat tuples measured faster than per-token lists.)"""
     ranked = []
     for token_id, text in enumerate(tokens):
-        if len(text) < 2 or attrs[token_id] & skip_attrs:
+        length = len(text)
+        if length < 2 or length > 2 * MAX_MERGE_PART or attrs[token_id] & skip_attrs:
             continue
         if vocab[text] != token_id:
             continue  # a duplicated text: llama.cpp looks it up to the last id, and so do we
         score = scores[token_id]
-        for k in range(1, len(text)):
+        for k in range(max(1, length - MAX_MERGE_PART), min(length, MAX_MERGE_PART + 1)):
             left, right = text[:k], text[k:]
             if left in vocab and right in vocab:
                 ranked.append((-score, token_id, k, left, right))
