@@ -9,9 +9,10 @@ by the end of the stream) become U+FFFD exactly where a one-shot `bytes.decode(e
 puts them, so the concatenated output equals `tokenizer.decode(all_ids)` exactly.
 
 For vocabularies where llama.cpp's detokenizer cleans up spaces (" ," -> ",", " 's" -> "'s";
-gpt-2/llama3-style pre-tokenizers, see engine.tokenizer.clean_spaces) the raw bytes after the last
-point where no clean-up rule can reach across are held back too, so the streamed text still
-equals decode() exactly; that is a few bytes (a space, an apostrophe) except in runs of spaces.
+gpt-2/llama3-style pre-tokenizers, see engine.tokenizer.decoding.clean_spaces) the raw bytes
+after the last point where no clean-up rule can reach across are held back too, so the streamed
+text still equals decode() exactly; that is a few bytes (a space, an apostrophe) except in runs
+of spaces.
 
 Cost per token is O(bytes of that token): nothing is re-decoded.
 """
@@ -19,9 +20,8 @@ Cost per token is O(bytes of that token): nothing is re-decoded.
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable
 
-from engine.tokenizer import clean_spaces, clean_spaces_cut
+from engine.tokenizer.decoding import clean_spaces, clean_spaces_cut
 
 
 class StreamingDetokenizer:
@@ -32,7 +32,7 @@ class StreamingDetokenizer:
         self._special = special  # True renders control tokens (e.g. "<|im_end|>") as their text
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._first = True
-        self._clean = bool(getattr(tokenizer, "clean_spaces", False))
+        self._clean = tokenizer.clean_spaces
         self._raw = b""  # bytes not yet cleaned (only when the vocabulary cleans spaces)
 
     def add(self, token_id: int) -> str:
@@ -45,9 +45,6 @@ class StreamingDetokenizer:
         if self._clean:
             data = self._clean_ready(data)
         return self._decoder.decode(data, final=False)
-
-    def add_many(self, token_ids: Iterable[int]) -> str:
-        return "".join(self.add(t) for t in token_ids)
 
     def flush(self) -> str:
         """End of the stream: bytes still held back (an unfinished character) become U+FFFD."""

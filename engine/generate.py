@@ -91,6 +91,7 @@ from engine.events import (
 )
 from engine.generation_config import GenerationConfig
 from engine.presets import ResolvedPreset, resolve_preset
+from engine.prompt_ids import chat_prompt_ids
 from engine.reasoning import REASONING, ReasoningSplitter, prompt_opens_reasoning
 from engine.sampling import (
     apply_processors,
@@ -154,12 +155,11 @@ def build_prompt_ids(lm, request: GenerationRequest) -> tuple[list[int], str]:
         ids = [int(t) for t in request.prompt_ids]
         text = ""
     else:
-        text = (
-            request.prompt
-            if request.prompt is not None
-            else lm.chat_template.render(request.messages, add_generation_prompt=True)
-        )
-        ids = list(lm.tokenizer.encode(text, add_special=True))
+        if request.prompt is not None:
+            text = request.prompt
+            ids = list(lm.tokenizer.encode(text, add_special=True))
+        else:  # message text is tokenized with control tokens not parsed (no role spoofing)
+            ids, text = chat_prompt_ids(lm.chat_template, lm.tokenizer, request.messages)
         bos = getattr(lm.tokenizer, "bos_id", None)
         # a template that writes the BOS text itself plus the tokenizer adding one -> one BOS
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:

@@ -78,12 +78,15 @@ class FakeTokenizer:
     def piece(self, token: int) -> str:
         return PIECES[token] if token < len(PIECES) else ""
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, *, literal_spans=()) -> list[int]:
         ids = [BOS] if (add_special and self.add_bos) else []
         by_length = sorted(range(len(PIECES)), key=lambda i: -len(PIECES[i]))
+        literal = {p for start, stop in literal_spans for p in range(start, stop)}
         at = 0
         while at < len(text):
             for i in by_length:
+                if i < len(SPECIALS) and at in literal:
+                    continue  # special text inside a message is not a special token
                 if PIECES[i] and text.startswith(PIECES[i], at):
                     ids.append(i)
                     at += len(PIECES[i])
