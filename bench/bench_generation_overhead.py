@@ -65,7 +65,7 @@ class ConstantLogitsModel:
     def new_cache(self, n_ctx: int) -> KVCache:
         return KVCache.for_config(self.config, n_ctx)
 
-    def forward(self, tokens, cache, *, all_logits=False):
+    def forward(self, tokens, cache, *, all_logits=False, cancel=None):
         cache.reserve(len(tokens))
         cache.commit(tokens)
         return np.repeat(self.logits[None], len(tokens), 0) if all_logits else self.logits.copy()

@@ -4,7 +4,8 @@ import threading
 
 
 class CancelToken:
-    """Set from any thread; the generation loop polls `cancelled` between steps.
+    """Set from any thread; the generation loop polls `cancelled` between steps, and the forward
+    pass polls it between layers (so a long prefill chunk stops within one layer's work).
 
     Polling an Event is a single attribute read plus a lock-free check, so a generation nobody
     cancels pays nothing measurable for it.
@@ -21,3 +22,9 @@ class CancelToken:
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
+
+
+class ForwardCancelled(Exception):
+    """A forward pass saw its cancel token set and stopped before committing its chunk: the KV
+    cache still holds exactly the tokens it held before that chunk (rows written past
+    `n_tokens` are scratch that later writes overwrite)."""

@@ -11,6 +11,17 @@ Policies:
 Token counts are exact: the candidate conversation is rendered with the model's chat template
 and tokenized, as the generation loop will do (engine.generate.build_prompt_ids). The number of
 turns to drop is found by binary search, so a long chat costs O(log turns) renders.
+
+Very long chats (millions of characters) are never rendered whole. Before any render, each
+candidate gets a lower bound on its tokens from character counts alone: no token of the
+vocabulary covers more characters than its own text is long, so a message of c characters
+(after trimming, as templates do) takes at least c / max_token_chars tokens. Candidates whose
+bound already exceeds the budget are skipped unrendered, so only a tail that can plausibly fit
+is ever rendered (the chat template's output cap of a few million characters is never reached,
+and no time goes into tokenizing turns that will be dropped anyway). When even the system
+prompt plus the last turn cannot fit, LastMessageTooLongError names the last message's token
+count and the room there is. (A template that leaves part of a message out, e.g. old reasoning,
+makes the bound loose the safe way: at worst a turn more is dropped, never a turn too few.)
 """
 
 from __future__ import annotations
@@ -20,6 +31,20 @@ from dataclasses import dataclass
 from engine.errors import ConfigValidationError, ContextOverflowError
 
 POLICIES = ("drop_oldest", "refuse")
+# Tokenizing this many characters takes about a second; a longer last message is counted on
+# this much of it (a lower bound) for the error message.
+MAX_COUNTED_CHARS = 1_000_000
+
+
+class LastMessageTooLongError(ContextOverflowError):
+    """The system prompt and the last turn alone exceed the room for the prompt, so dropping
+    older turns cannot help. Carries the counts the message names."""
+
+    def __init__(self, message: str, *, last_message_tokens: int, exact: bool, budget: int):
+        super().__init__(message)
+        self.last_message_tokens = last_message_tokens
+        self.exact = exact
+        self.budget = budget
 
 
 @dataclass(frozen=True)
@@ -83,6 +108,17 @@ def fit_conversation(
         kept = messages[:n_system] + messages[cut:]
         return kept, list(range(n_system, cut))
 
+    max_token_chars = _max_token_chars(lm.tokenizer)
+    chars = [_content_chars(m) for m in messages]
+    system_chars = sum(chars[:n_system])
+    tail_chars = [0] * (len(messages) + 1)  # tail_chars[i]: characters of messages[i:]
+    for i in range(len(messages) - 1, -1, -1):
+        tail_chars[i] = tail_chars[i + 1] + chars[i]
+
+    def lower_bound(k: int) -> int:
+        """Tokens candidate k takes at least, from its character count alone."""
+        return -(-(system_chars + tail_chars[cut_points[k]]) // max_token_chars)
+
     counts: dict[int, int] = {}
 
     def tokens_for(k: int) -> int:
@@ -90,25 +126,34 @@ def fit_conversation(
             counts[k] = count_prompt_tokens(lm, candidate(k)[0])
         return counts[k]
 
-    full = tokens_for(0)
-    if full <= budget:
-        return FitResult(list(messages), [], [], full, reserve_tokens, limit)
-    if policy == "refuse":
+    if lower_bound(0) <= budget:
+        full = tokens_for(0)
+        if full <= budget:
+            return FitResult(list(messages), [], [], full, reserve_tokens, limit)
+        if policy == "refuse":
+            raise ContextOverflowError(
+                f"The conversation takes {full} tokens; with {reserve_tokens} reserved for the "
+                f"reply it exceeds the context window of {limit} tokens by "
+                f"{full + reserve_tokens - limit}"
+            )
+    elif policy == "refuse":
         raise ContextOverflowError(
-            f"The conversation takes {full} tokens; with {reserve_tokens} reserved for the reply it "
-            f"exceeds the context window of {limit} tokens by {full + reserve_tokens - limit}"
+            f"The conversation takes at least {lower_bound(0)} tokens ({tail_chars[0]} "
+            f"characters); with {reserve_tokens} reserved for the reply it exceeds the context "
+            f"window of {limit} tokens"
         )
     last = len(cut_points) - 1
-    smallest = tokens_for(last)
-    if smallest > budget:
-        raise ContextOverflowError(
-            f"Even the system prompt and the last message take {smallest} tokens; with "
-            f"{reserve_tokens} reserved for the reply that exceeds the context window of {limit} tokens"
+    if lower_bound(last) > budget:
+        raise _too_long(
+            lm, messages, f"at least {lower_bound(last)}", budget, reserve_tokens, limit
         )
-    low, high = (
-        1,
-        last,
-    )  # invariant: candidate `high` fits; dropping fewer turns than `low` does not
+    if tokens_for(last) > budget:
+        raise _too_long(lm, messages, str(tokens_for(last)), budget, reserve_tokens, limit)
+    # Candidates whose character bound is over budget cannot fit: start the search after them.
+    first = 1
+    while first < last and lower_bound(first) > budget:
+        first += 1
+    low, high = first, last  # invariant: candidate `high` fits; fewer drops than `low` do not
     while low < high:
         mid = (low + high) // 2
         if tokens_for(mid) <= budget:
@@ -123,6 +168,52 @@ def fit_conversation(
         tokens_for(high),
         reserve_tokens,
         limit,
+    )
+
+
+def _content_chars(message: dict) -> int:
+    """Characters a template writes for a message's content (templates may trim it)."""
+    content = message.get("content")
+    return len(content.strip()) if isinstance(content, str) else 0
+
+
+def _max_token_chars(tokenizer) -> int:
+    """Characters the longest vocabulary entry can stand for: its own text length (byte-level
+    BPE spells each byte as one character, SentencePiece a space as one "▁", a byte-fallback
+    token "<0xNN>" covers one byte). Without a vocabulary list there is no bound to use: a huge
+    value turns the pruning off (every candidate's bound becomes at most one token)."""
+    tokens = getattr(tokenizer, "tokens", None)
+    if not tokens:
+        return 1 << 62
+    return max(1, max(len(t) for t in tokens))
+
+
+def _too_long(
+    lm, messages, smallest: str, budget: int, reserve_tokens: int, limit: int
+) -> LastMessageTooLongError:
+    """The error for "even the system prompt and the last turn do not fit", naming the last
+    message's own token count (counted on at most MAX_COUNTED_CHARS of it)."""
+    content = messages[-1].get("content")
+    content = content if isinstance(content, str) else ""
+    exact = len(content) <= MAX_COUNTED_CHARS
+    n_tokens = len(lm.tokenizer.encode(content[:MAX_COUNTED_CHARS], add_special=False))
+    count = f"{n_tokens} tokens" if exact else f"more than {n_tokens} tokens"
+    room = (
+        f"the prompt must fit in {budget} tokens (a context window of {limit} tokens minus "
+        f"{reserve_tokens} reserved for the reply)"
+    )
+    if n_tokens > budget:
+        text = f"The last message alone is {count} ({len(content)} characters); {room}."
+    else:
+        text = (
+            f"Even the system prompt and the last turn take {smallest} tokens (the last "
+            f"message is {count}); {room}."
+        )
+    return LastMessageTooLongError(
+        text + " Shorten the message or raise the context size.",
+        last_message_tokens=n_tokens,
+        exact=exact,
+        budget=budget,
     )
 
 

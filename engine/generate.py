@@ -68,7 +68,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.cancel import CancelToken
+from engine.cancel import CancelToken, ForwardCancelled
 from engine.errors import (
     ConfigValidationError,
     ContextOverflowError,
@@ -104,7 +104,7 @@ from engine.speculative import default_drafter
 from engine.stopping import StopStringMatcher, decide_finish_reason
 from engine.types import GenerationRequest, JsonMode, PrefixHit
 
-PREFILL_CHUNK = 256  # tokens per prefill forward; the cancel token is checked between chunks
+PREFILL_CHUNK = 256  # tokens per prefill forward; the model also polls the cancel token per layer
 MAX_TOP_LOGPROBS = 20
 MAX_DRAFT_TOKENS = 16
 
@@ -315,7 +315,10 @@ def _prefill(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> np.nd
         if cancel.cancelled:
             return None
         chunk = prompt[done : done + PREFILL_CHUNK]
-        logits = lm.model.forward(chunk, cache)
+        try:
+            logits = lm.model.forward(chunk, cache, cancel=cancel)
+        except ForwardCancelled:
+            return None  # the chunk was not committed: cache holds progress.fed_tokens
         done += len(chunk)
         progress.fed_tokens.extend(chunk)
     logits = np.asarray(logits, dtype=np.float32)
@@ -388,11 +391,16 @@ def _decode_steps(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> 
             plan.drafter, tokens, min(remaining - 1, MAX_DRAFT_TOKENS), plan.capacity - len(tokens)
         )
         progress.draft_proposed += len(draft)
-        if draft:
-            rows = model.forward([step.token_id, *draft], cache, all_logits=True)
-            pending = list(np.asarray(rows, dtype=np.float32))
-        else:
-            pending = [np.asarray(model.forward([step.token_id], cache), dtype=np.float32)]
+        try:
+            if draft:
+                rows = model.forward([step.token_id, *draft], cache, all_logits=True, cancel=cancel)
+                pending = list(np.asarray(rows, dtype=np.float32))
+            else:
+                row = model.forward([step.token_id], cache, cancel=cancel)
+                pending = [np.asarray(row, dtype=np.float32)]
+        except ForwardCancelled:  # e.g. while another request's prefill chunk held the model
+            progress.cancelled = True
+            return
         progress.fed_tokens.append(step.token_id)
 
 

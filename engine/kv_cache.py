@@ -5,6 +5,13 @@ Layout (the attention kernels code against it, see Backend.attention):
     k[layer] is the (capacity, n_kv, head_dim) block of one layer; row j = position j.
 Sliding-window layers store the whole context too: the window is a mask in attention, so
 `truncate` (speculative rollback, prefix reuse) is exact for every layer type.
+
+A KVCache is the per-sequence state of one request: two requests on one model each own one,
+and the model's forward lock serialises the chunks that write into them (see
+engine/models/transformer.py). A cache is never shared between running requests: the prefix
+cache hands out copies. Rows at and past `n_tokens` are scratch: a forward chunk writes its
+rows before `commit`, so a chunk that is cancelled or fails leaves `n_tokens` and `tokens`
+exactly as they were, and the next write at those positions replaces the rows.
 """
 
 from __future__ import annotations

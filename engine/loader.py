@@ -3,6 +3,7 @@ chat template), with progress reported for the app's loading screen."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,9 +35,13 @@ class LoadedModel:
 
     def close(self) -> None:
         """Stop the backend's worker threads (when it has any). The app calls this when it
-        switches models; the memory map closes when the last reference goes."""
+        switches models; the memory map closes when the last reference goes. Waits for a
+        forward chunk another thread is running (the pool must not stop under it)."""
         close = getattr(self.backend, "close", None)
-        if close is not None:
+        if close is None:
+            return
+        lock = getattr(self.model, "forward_lock", None)
+        with lock if lock is not None else contextlib.nullcontext():
             close()
 
     def __enter__(self) -> LoadedModel:

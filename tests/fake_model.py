@@ -150,7 +150,9 @@ class ScriptedModel:
         self.caches_created.append(n_ctx)
         return KVCache.for_config(self.config, n_ctx)
 
-    def forward(self, tokens, cache: KVCache, *, all_logits: bool = False) -> np.ndarray:
+    def forward(
+        self, tokens, cache: KVCache, *, all_logits: bool = False, cancel=None
+    ) -> np.ndarray:
         tokens = [int(t) for t in tokens]
         call = ForwardCall(tokens, cache.n_tokens, all_logits)
         self.calls.append(call)

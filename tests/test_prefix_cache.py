@@ -201,7 +201,7 @@ class CountingModel:
     def new_cache(self, n_ctx):
         return self.inner.new_cache(n_ctx)
 
-    def forward(self, tokens, cache, *, all_logits=False):
+    def forward(self, tokens, cache, *, all_logits=False, cancel=None):
         self.calls.append((cache.n_tokens, len(tokens)))
         if self.fail_at_call is not None and len(self.calls) == self.fail_at_call:
             raise RuntimeError("simulated failure in the middle of a request")
@@ -295,11 +295,11 @@ def test_a_cancelled_request_stores_only_consistent_state(loop_lm):
 
     original = loop_lm.model.forward
 
-    def cancel_after_two_decodes(tokens, kv, *, all_logits=False):
+    def cancel_after_two_decodes(tokens, kv, **kwargs):
         seen.append(len(tokens))
         if len(seen) == 3:
             cancel.cancel()
-        return original(tokens, kv, all_logits=all_logits)
+        return original(tokens, kv, **kwargs)
 
     loop_lm.model.forward = cancel_after_two_decodes
     cancelled = finish(loop_lm, prompt, cache, cancel=cancel)

@@ -5,15 +5,34 @@ q/k/v biases, Gemma's sandwich norms / GeGLU / scaled embeddings / sliding windo
 forward pass serves all four. Attribute names match the GGUF tensor names (`blk.N.attn_q`
 -> `layers[N].attn_q`). Prefill (T tokens) and decode (T = 1) run through the same code; all
 activation buffers are allocated once for `max_batch` tokens and longer prompts go in chunks.
+
+Concurrency: what one request owns and what every request shares.
+- Shared and read-only: the weights (memory-mapped QTensors), norm vectors and RoPE tables.
+- Per request (per sequence): the KVCache given to `forward` (its rows and token list), and in
+  the generation loop the sampler, penalties, stop matcher and constraint. Two requests never
+  share a KVCache, so two generations on one loaded model can be interleaved step by step.
+- Shared and mutable, hence serialised: the activation buffers (`_RunState`) and the backend's
+  bound argument blocks, activation-quantization buffers, attention scratch and thread pool
+  (engine/kernels/jit_backend.py). Each chunk of a forward pass holds the model's forward lock,
+  so one chunk runs at a time; between chunks another request may run its own. On a 2-core CPU
+  one forward at a time loses nothing (every forward already uses every core); batching several
+  sequences into one pass is the server's job, not this lock's.
+A forward pass waiting for the lock, or running a chunk, polls its cancel token between its
+sub-steps (each layer's q/k/v projections, attention in blocks of ATTENTION_QUERY_BLOCK queries,
+the output projection, the feed-forward), so Stop lands within one such step (milliseconds)
+instead of one 256-token chunk (seconds at a long context; bench/bench_cancel_latency.py). The
+cancelled chunk is not committed to the KV cache (`engine.cancel.ForwardCancelled`).
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
+from engine.cancel import ForwardCancelled
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
 from engine.kernels.reference import ReferenceBackend, dequantize_full
@@ -21,6 +40,12 @@ from engine.kv_cache import KVCache
 from engine.qtensor import QTensor
 
 DEFAULT_MAX_BATCH = 256
+# Attention over a long context dominates a prefill chunk (SmolLM2 at 4k positions: ~3/4 of
+# it); computing it in blocks of this many queries gives Stop a place to land between blocks.
+# Each (query, head) is computed on its own, so the blocks give exactly the unsplit result.
+ATTENTION_QUERY_BLOCK = 32
+# How often a forward pass waiting for another request's chunk rechecks its cancel token.
+_LOCK_POLL_SECONDS = 0.01
 
 
 @dataclass
@@ -86,6 +111,8 @@ class TransformerModel:
         ]
         self._rope, self._rope_extra = self._choose_rope(tensors)
         self._state = _RunState(config, max_batch)
+        # Guards _state and the backend's shared buffers; held for one chunk at a time.
+        self.forward_lock = threading.Lock()
 
     def _choose_rope(self, tensors: dict[str, QTensor]):
         """The rope op and extra keyword arguments. Llama 3.1+ files carry per-frequency divisors
@@ -150,15 +177,20 @@ class TransformerModel:
         return KVCache.for_config(self.config, n_ctx)
 
     def forward(
-        self, tokens, cache: KVCache, *, all_logits: bool = False, logits_at=None
+        self, tokens, cache: KVCache, *, all_logits: bool = False, logits_at=None, cancel=None
     ) -> np.ndarray:
         """Append `tokens` at positions cache.n_tokens.. and return float32 logits.
 
         Default: (n_vocab,) for the last token. all_logits=True: (T, n_vocab) for every token.
         logits_at=[i, ...] (indices into `tokens`): (len, n_vocab) for just those tokens, which
         is what scoring and long-prompt checks need without a (T, n_vocab) array. The returned
-        array is a fresh copy the caller may keep. Not reentrant: activation buffers are shared
-        by every call on this model, so one thread runs it at a time (the app's worker does).
+        array is a fresh copy the caller may keep.
+
+        Thread-safe: each chunk runs under `forward_lock` (see the module docstring), so threads
+        with their own caches may call it at the same time. `cancel` (anything with a
+        `cancelled` property, e.g. engine.cancel.CancelToken) is polled while waiting for the
+        lock and between layers; when it is set, ForwardCancelled is raised and the chunk being
+        computed is not committed (chunks finished before it stay in the cache).
         """
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = ids.size
@@ -172,7 +204,7 @@ class TransformerModel:
         if not all_logits and logits_at is None and n <= self.max_batch:
             # The common case (decode, short prefill): one chunk, last row only.
             cache.reserve(n)
-            return self._forward_chunk(ids, cache, np.array([n - 1]))[0]
+            return self._locked_chunk(ids, cache, np.array([n - 1]), cancel)[0]
         if all_logits:
             wanted = np.arange(n)
         elif logits_at is not None:
@@ -187,7 +219,7 @@ class TransformerModel:
         for c0 in range(0, n, self.max_batch):
             chunk = ids[c0 : c0 + self.max_batch]
             in_chunk = unique[(unique >= c0) & (unique < c0 + chunk.size)] - c0
-            rows.append(self._forward_chunk(chunk, cache, in_chunk))
+            rows.append(self._locked_chunk(chunk, cache, in_chunk, cancel))
         logits = np.concatenate(rows, axis=0)
         if all_logits:
             return logits
@@ -195,7 +227,22 @@ class TransformerModel:
             return logits[0]
         return logits[np.searchsorted(unique, wanted)]  # the caller's order, duplicates kept
 
-    def _forward_chunk(self, ids: np.ndarray, cache: KVCache, logit_rows: np.ndarray) -> np.ndarray:
+    def _locked_chunk(self, ids: np.ndarray, cache: KVCache, logit_rows: np.ndarray, cancel):
+        lock = self.forward_lock
+        if cancel is None:
+            lock.acquire()
+        else:
+            while not lock.acquire(timeout=_LOCK_POLL_SECONDS):
+                if cancel.cancelled:
+                    raise ForwardCancelled()
+        try:
+            return self._forward_chunk(ids, cache, logit_rows, cancel)
+        finally:
+            lock.release()
+
+    def _forward_chunk(
+        self, ids: np.ndarray, cache: KVCache, logit_rows: np.ndarray, cancel=None
+    ) -> np.ndarray:
         """Run one chunk of at most max_batch tokens; return logits (len(logit_rows), n_vocab)
         for the chunk-relative rows asked for."""
         cfg, ops, st = self.config, self.backend, self._state
@@ -213,12 +260,29 @@ class TransformerModel:
         gate, up = st.gate[:n], st.up[:n]
         q_heads = q.reshape(n, cfg.n_head, cfg.head_dim)
         k_heads = k.reshape(n, cfg.n_kv_head, cfg.head_dim)
+        # (first query, its heads, its output rows) per attention block; views made once per
+        # chunk so the backend's per-array pointer cache keeps hitting across layers.
+        blocks = [(0, q_heads, att)]
+        if n > ATTENTION_QUERY_BLOCK:
+            blocks = [
+                (b0, q_heads[b0 : b0 + ATTENTION_QUERY_BLOCK], att[b0 : b0 + ATTENTION_QUERY_BLOCK])
+                for b0 in range(0, n, ATTENTION_QUERY_BLOCK)
+            ]
+
+        def poll() -> None:
+            # Nothing of this chunk is committed until the end: rows p0.. written so far are
+            # scratch that the next write at these positions replaces.
+            if cancel is not None and cancel.cancelled:
+                raise ForwardCancelled()
+
         for li, (layer, (theta, fscale, window)) in enumerate(
             zip(self.layers, self._layer_attention, strict=True)
         ):
+            poll()
             # --- attention ---
             ops.rmsnorm(x, layer.attn_norm, cfg.norm_eps, out=h)
             ops.linear(layer.attn_q, h, out=q)
+            poll()
             ops.linear(layer.attn_k, h, out=k)
             ops.linear(layer.attn_v, h, out=v)
             if layer.attn_q_bias is not None:
@@ -236,28 +300,34 @@ class TransformerModel:
             k_cache, v_cache = cache.layer(li)
             k_cache[p0 : p0 + n] = k_heads
             v_cache[p0 : p0 + n] = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
-            ops.attention(
-                q_heads,
-                k_cache,
-                v_cache,
-                p0=p0,
-                scale=cfg.attn_scale,
-                window=window,
-                softcap=cfg.attn_logit_softcap,
-                out=att,
-            )
+            for b0, q_block, att_block in blocks:
+                poll()
+                ops.attention(
+                    q_block,
+                    k_cache,
+                    v_cache,
+                    p0=p0 + b0,
+                    scale=cfg.attn_scale,
+                    window=window,
+                    softcap=cfg.attn_logit_softcap,
+                    out=att_block,
+                )
+            poll()
             ops.linear(layer.attn_output, att, out=proj)
             if layer.post_attention_norm is not None:
                 ops.rmsnorm(proj, layer.post_attention_norm, cfg.norm_eps, out=proj)
             x += proj
             # --- feed-forward ---
+            poll()
             ops.rmsnorm(x, layer.ffn_norm, cfg.norm_eps, out=h)
             ops.linear(layer.ffn_gate, h, out=gate)
+            poll()
             ops.linear(layer.ffn_up, h, out=up)
             if cfg.activation == "gelu_tanh":
                 ops.geglu(gate, up, out=gate)
             else:
                 ops.swiglu(gate, up, out=gate)
+            poll()
             ops.linear(layer.ffn_down, gate, out=proj)
             if layer.post_ffw_norm is not None:
                 ops.rmsnorm(proj, layer.post_ffw_norm, cfg.norm_eps, out=proj)
