@@ -32,7 +32,8 @@ from BaseException, so `except Exception` does not see it and a request would di
 finish event. Two defences: what llguidance is given is validated first (it asserts on a token of
 more than 1,024 bytes, e.g. a junk 5,000-character token in a downloaded vocabulary; such tokens
 are withheld from the grammar), and every call into it goes through `_native_guard`, which turns
-any error or panic into a ConstraintError.
+any error or panic into a ConstraintError. Schemas are checked before llguidance sees them
+(`validate_schema`): nesting depth, and `$ref` cycles that can never produce a finite value.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import llguidance
 import numpy as np
 
 from engine.errors import ConfigValidationError, ConstraintError
+from engine.schema_structure import MAX_SCHEMA_DEPTH, check_ref_cycles, check_schema_depth
 
 JSON_MODES = ("off", "object", "schema")
 
@@ -192,10 +194,18 @@ def json_grammar(
             schema = json.loads(schema)
         except ValueError as exc:
             raise ConstraintError(f"The JSON schema is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise ConstraintError(
+                f"The JSON schema is nested too deeply to read (the schema depth limit is "
+                f"{MAX_SCHEMA_DEPTH})"
+            ) from None
     if not isinstance(schema, dict):
         raise ConstraintError(
             f"The JSON schema must be a JSON object (got {type(schema).__name__}: {str(schema)[:60]!r})"
         )
+    if mode == "schema":
+        check_schema_depth(schema)
+        check_ref_cycles(schema)
     try:
         with _native_guard("building the grammar for the JSON schema"):
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
@@ -215,8 +225,11 @@ def json_grammar(
     return grammar
 
 
-def validate_json_schema(schema: Any) -> None:
-    """Check a schema before a request is sent (the app calls this when the user edits one)."""
+def validate_schema(schema: Any) -> None:
+    """Check a JSON schema (dict or JSON text) before a request is sent; the app's schema editor
+    calls this on every edit. Raises ConstraintError naming the problem: not JSON, not an object,
+    nested past MAX_SCHEMA_DEPTH, a `$ref` cycle no finite value can satisfy, or anything the
+    grammar library rejects. Never raises anything else (a native panic becomes ConstraintError)."""
     json_grammar("schema", schema)
 
 
