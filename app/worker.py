@@ -115,8 +115,10 @@ class EngineWorker(QObject):
                 ),
             )
             info = self._bridge.describe(lm)
-        except Exception as exc:
+        except BaseException as exc:  # a native panic too, or the window waits on "Loading" forever
             self.loadFailed.emit(path, _user_message(exc))
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
             return
         previous, self.lm = self.lm, lm
         if previous is not None:

@@ -138,3 +138,20 @@ def test_keyboard_interrupt_still_propagates_after_the_terminal_item():
         worker.generate(7, ChatRequest(messages=({"role": "user", "content": "x"},)), CancelToken())
     (item,) = terminal_items(worker)
     assert isinstance(item, RequestFailed)
+
+
+def test_a_native_panic_while_loading_is_a_load_failure(qtbot):
+    panic = real_panic_type()
+
+    class PanickingLoader:
+        def load(self, path, **kwargs):
+            raise panic("assertion failed in native code")
+
+    worker = EngineWorker(PanickingLoader())
+    failures = []
+    worker.loadFailed.connect(lambda path, message: failures.append((path, message)))
+    worker.load("/models/x.gguf", 0, 0)
+    assert failures == [
+        ("/models/x.gguf", "The engine's native code failed: assertion failed in native code")
+    ]
+    assert worker.lm is None
