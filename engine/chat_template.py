@@ -160,7 +160,10 @@ def _joined_length(items: Any, sep_len: int) -> int:
     return total
 
 
-_WIDTH_NUMBERS = re.compile(r"\d+")
+# Width and precision of a field: `%-10.3f` (printf style) and `{0:>10.3}` (str.format spec).
+_PERCENT_FIELD = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\d*)(?:\.(\d*))?")
+_FORMAT_SPEC = re.compile(r"\{[^{}]*:([^{}]*)\}")
+_SPEC_NUMBERS = re.compile(r"\d+")
 # A field whose width or precision comes from an argument: `%*s`, `%.*s`, `{:{}}`, `{0:>{1}}`.
 _ARGUMENT_WIDTH = re.compile(r"%[#0\- +]*(?:\*|\d*\.\*)|\{[^{}]*:[^{}]*\{")
 
@@ -169,7 +172,9 @@ def _check_format(fmt: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | Non
     """A %-format or str.format string must not ask for a field wider than the output limit."""
     if not isinstance(fmt, str):
         return
-    for number in _WIDTH_NUMBERS.findall(fmt):
+    numbers = [n for field in _PERCENT_FIELD.findall(fmt) for n in field if n]
+    numbers += [n for spec in _FORMAT_SPEC.findall(fmt) for n in _SPEC_NUMBERS.findall(spec)]
+    for number in numbers:
         if len(number) > 7 or int(number) > MAX_OUTPUT_CHARS:
             raise _too_long("a formatted field", int(number[:30]))
     if _ARGUMENT_WIDTH.search(fmt):
