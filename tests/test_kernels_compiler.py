@@ -196,3 +196,13 @@ def test_an_unwritable_cache_or_unreadable_key_compiles_in_memory(tmp_path):
     lib = KernelLibrary(cache_dir=cache)
     lib.add_modules([("add", ADD_ONE)])
     assert _call_add_one(lib, 1) == 2 and (lib.stats.compiled, lib.stats.loaded) == (1, 0)
+
+
+def test_a_cache_dir_left_world_readable_by_an_older_build_is_made_private(tmp_path):
+    import stat
+
+    cache = tmp_path / "jit"
+    cache.mkdir(mode=0o755)
+    cache.chmod(0o755)
+    KernelLibrary(cache_dir=cache).add_modules([("add", ADD_ONE)])
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700

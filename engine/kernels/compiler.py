@@ -84,7 +84,8 @@ def default_cache_dir() -> Path:
 
 
 def _make_private_dirs(path: Path) -> None:
-    """mkdir -p with 0700 for every directory it creates (existing ones are left as they are)."""
+    """mkdir -p with 0700 for every directory it creates; `path` itself is made 0700 even when an
+    older build created it group/world-readable (its parents, e.g. ~/.cache, are not ours)."""
     missing = []
     while not path.exists():
         missing.append(path)
@@ -92,6 +93,8 @@ def _make_private_dirs(path: Path) -> None:
     for directory in reversed(missing):
         with contextlib.suppress(FileExistsError):
             directory.mkdir(mode=0o700)
+    if not missing and path.stat().st_mode & 0o077:
+        path.chmod(0o700)
 
 
 def _write_private(path: Path, data: bytes) -> Path:
