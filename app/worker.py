@@ -116,8 +116,10 @@ class EngineWorker(QObject):
                 ),
             )
             info = self._bridge.describe(lm)
-        except Exception as exc:
+        except BaseException as exc:  # a native panic too, or the window waits on "Loading" forever
             self.loadFailed.emit(path, _user_message(exc))
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
             return
         previous, self.lm = self.lm, lm
         if previous is not None:
@@ -126,20 +128,42 @@ class EngineWorker(QObject):
 
     @Slot(int, object, object)
     def generate(self, request_id: int, request: GenerationRequest, cancel: CancelToken) -> None:
+        """Stream one request's events into the channel, ending with exactly one terminal item
+        (its Finished, or a RequestFailed) whatever happens inside: an engine error, a native
+        panic (a BaseException), a generator that stops early or fails while closing. Events after
+        Finished are dropped. KeyboardInterrupt / SystemExit still propagate, after the item."""
         if self.lm is None:
             self._put(request_id, RequestFailed("No model is loaded yet."))
             return
         finished = False
         try:
-            for event in self._bridge.generate(self.lm, request, cancel):
-                self._put(request_id, event)
-                finished = isinstance(event, Finished)
+            events = iter(self._bridge.generate(self.lm, request, cancel))
+            try:
+                for event in events:
+                    self._put(request_id, event)
+                    if isinstance(event, Finished):
+                        finished = True
+                        break
+            finally:
+                close = getattr(events, "close", None)
+                if close is not None:
+                    close()
+        except BaseException as exc:
+            if not finished:
+                finished = True
+                self._put(request_id, RequestFailed(_user_message(exc)))
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+        finally:
             if not finished:
                 self._put(
-                    request_id, RequestFailed("The engine stopped without finishing the reply.")
+                    request_id,
+                    RequestFailed(
+                        "The request was cancelled before the reply started."
+                        if cancel.cancelled
+                        else "The engine stopped without finishing the reply."
+                    ),
                 )
-        except Exception as exc:
-            self._put(request_id, RequestFailed(_user_message(exc)))
 
     def release(self) -> None:
         """Unload the model. Only after the worker thread has stopped (controller.shutdown)."""
@@ -158,5 +182,7 @@ def _user_message(exc: BaseException) -> str:
 
     if isinstance(exc, (EngineError, OSError)):
         return str(exc) or type(exc).__name__
+    if type(exc).__name__ == "PanicException":  # a Rust library panicked (pyo3_runtime)
+        return f"The engine's native code failed: {str(exc).strip() or 'panic'}"
     detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     return f"Unexpected error: {detail}"

@@ -23,19 +23,26 @@ Gemma's own template does), ChatML otherwise.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import sys
+import threading
+import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.utils
+from jinja2.compiler import CodeGenerator
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.errors import ChatTemplateError
+from engine.errors import ChatTemplateError, ChatTemplateLimitError, TemplateCancelled
 
 TEMPLATE_FILENAME = "<chat template>"
 
@@ -99,14 +106,218 @@ class _GenerationBlock(jinja2.ext.Extension):
 
 
 # Resource limits for one render. A real template writes a few KB and loops over the messages;
-# these only stop a hostile one from hanging or filling memory (the sandbox itself only caps a
-# single range() at 100k items).
-MAX_OUTPUT_CHARS = 4_000_000
+# these only stop a hostile one from hanging or filling memory. They are checked *before* each
+# operation that could allocate or compute without bound (jinja's own sandbox only caps a single
+# range() at 100k items, and the output cap alone is checked too late: `'x'|center(10**9)` has
+# already allocated its gigabyte when the chunk is measured).
+MAX_OUTPUT_CHARS = 4_000_000  # the prompt, and any one string or list built on the way
 MAX_RANGE_ITEMS = 1_000_000  # summed over every range() call of one render
+MAX_INT_BITS = 100_000  # ~30,000 decimal digits; big-integer arithmetic is quadratic or worse
+MAX_JSON_INDENT = 64
+RENDER_TIMEOUT_S = 5.0  # the caller never waits longer than this for a prompt
+
+_TEMPLATE_CODE_FILENAME = "<template>"  # co_filename of the Python code jinja compiles to
+
+
+class _LimitExceeded(SecurityError):
+    """An operation of the template would exceed one of the limits above (`.limit` names it)."""
+
+    def __init__(self, limit: str, message: str):
+        super().__init__(message)
+        self.limit = limit
+
+
+def _too_long(what: str, size: int) -> _LimitExceeded:
+    return _LimitExceeded(
+        "output size", f"{what} would be {size} items long (limit {MAX_OUTPUT_CHARS})"
+    )
+
+
+def _check_size(what: str, size: int) -> None:
+    if size > MAX_OUTPUT_CHARS:
+        raise _too_long(what, size)
+
+
+def _check_int_bits(what: str, bits: int) -> None:
+    if bits > MAX_INT_BITS:
+        raise _LimitExceeded(
+            "integer size", f"{what} would have about {bits} bits (limit {MAX_INT_BITS})"
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _joined_length(items: Any, sep_len: int) -> int:
+    """Length of `sep.join(map(str, items))`, stopping as soon as it passes the limit."""
+    total = 0
+    for i, item in enumerate(items):
+        total += len(item) if isinstance(item, str) else len(str(item))
+        total += sep_len if i else 0
+        if total > MAX_OUTPUT_CHARS:
+            break
+    return total
+
+
+# Width and precision of a field: `%-10.3f` (printf style) and `{0:>10.3}` (str.format spec).
+_PERCENT_FIELD = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\d*)(?:\.(\d*))?")
+_FORMAT_SPEC = re.compile(r"\{[^{}]*:([^{}]*)\}")
+_SPEC_NUMBERS = re.compile(r"\d+")
+# A field whose width or precision comes from an argument: `%*s`, `%.*s`, `{:{}}`, `{0:>{1}}`.
+_ARGUMENT_WIDTH = re.compile(r"%[#0\- +]*(?:\*|\d*\.\*)|\{[^{}]*:[^{}]*\{")
+
+
+def _check_format(fmt: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> None:
+    """A %-format or str.format string must not ask for a field wider than the output limit."""
+    if not isinstance(fmt, str):
+        return
+    numbers = [n for field in _PERCENT_FIELD.findall(fmt) for n in field if n]
+    numbers += [n for spec in _FORMAT_SPEC.findall(fmt) for n in _SPEC_NUMBERS.findall(spec)]
+    for number in numbers:
+        if len(number) > 7 or int(number) > MAX_OUTPUT_CHARS:
+            raise _too_long("a formatted field", int(number[:30]))
+    if _ARGUMENT_WIDTH.search(fmt):
+        values = [*args, *(kwargs or {}).values()]
+        for value in values:
+            if _is_int(value) and abs(value) > MAX_OUTPUT_CHARS:
+                raise _too_long("a formatted field", abs(value))
+
+
+def _lines(text: Any) -> int:
+    return str(text).count("\n") + 1
+
+
+# Size checks for the filters (and str methods) whose output can be far larger than their input.
+# Each takes the filter's own arguments and raises before the filter runs.
+def _check_center(value: Any, width: Any = 80, *_: Any, **__: Any) -> None:
+    if _is_int(width):
+        _check_size("a padded string", width)
+
+
+def _check_indent(s: Any, width: Any = 4, *_: Any, **__: Any) -> None:
+    pad = width if _is_int(width) else len(str(width))
+    _check_size("an indented string", len(str(s)) + pad * _lines(s))
+
+
+def _check_wordwrap(s: Any, width: Any = 79, _break: Any = True, wrapstring: Any = None,
+                    *_: Any, **kwargs: Any) -> None:  # fmt: skip
+    wrap = kwargs.get("wrapstring", wrapstring)
+    if isinstance(wrap, str) and wrap:
+        width = kwargs.get("width", width)
+        n_breaks = len(str(s)) // max(width if _is_int(width) else 1, 1) + _lines(s)
+        _check_size("a word-wrapped string", len(str(s)) + len(wrap) * n_breaks)
+
+
+def _check_join(value: Any, d: Any = "", *_: Any, **kwargs: Any) -> None:
+    sep = str(kwargs.get("d", d))
+    items = value if isinstance(value, (list, tuple, str)) else None
+    if items is not None:
+        _check_size("a joined string", _joined_length(items, len(sep)))
+
+
+def _check_replace(s: Any, old: Any, new: Any, count: Any = None, *_: Any, **__: Any) -> None:
+    if not isinstance(s, str):
+        return
+    old, new = str(old), str(new)
+    hits = s.count(old) if old else len(s) + 1
+    if _is_int(count) and count >= 0:
+        hits = min(hits, count)
+    _check_size("a string after replace", len(s) + hits * max(len(new) - len(old), 0))
+
+
+def _check_batch(value: Any, linecount: Any, *_: Any, **__: Any) -> None:
+    if _is_int(linecount) and linecount > MAX_RANGE_ITEMS:
+        raise _LimitExceeded(
+            "item count", f"batch({linecount}) exceeds the {MAX_RANGE_ITEMS}-item limit"
+        )
+
+
+def _check_format_filter(value: Any, *args: Any, **kwargs: Any) -> None:
+    _check_format(value, args, kwargs)
+
+
+def _check_tojson(value: Any, ensure_ascii: Any = False, indent: Any = None, *_: Any,
+                  **kwargs: Any) -> None:  # fmt: skip
+    indent = kwargs.get("indent", indent)
+    width = indent if _is_int(indent) else len(indent) if isinstance(indent, str) else 0
+    if width > MAX_JSON_INDENT:
+        raise _LimitExceeded(
+            "output size", f"tojson indent {width} exceeds the limit of {MAX_JSON_INDENT}"
+        )
+
+
+_FILTER_CHECKS = {
+    "center": _check_center,
+    "indent": _check_indent,
+    "wordwrap": _check_wordwrap,
+    "join": _check_join,
+    "replace": _check_replace,
+    "batch": _check_batch,
+    "slice": _check_batch,
+    "format": _check_format_filter,
+    "tojson": _check_tojson,
+}
+
+# str methods a template can call; same hazards as the filters.
+_STR_METHOD_CHECKS = {
+    "center": _check_center,
+    "ljust": _check_center,
+    "rjust": _check_center,
+    "zfill": _check_center,
+    "expandtabs": lambda s, tabsize=8, *_, **__: _check_size(
+        "a string with expanded tabs", len(s) * max(tabsize if _is_int(tabsize) else 8, 1)
+    ),
+    "replace": _check_replace,
+    "join": lambda sep, items, *_, **__: _check_size(
+        "a joined string",
+        _joined_length(items, len(sep)) if isinstance(items, (list, tuple, str)) else 0,
+    ),
+}
+
+
+def _guarded(filter_fn: Callable[..., Any], check: Callable[..., None]) -> Callable[..., Any]:
+    """`filter_fn` with `check` run on its arguments first. functools.wraps keeps jinja's
+    pass_environment / pass_eval_context marker, whose extra first argument the check skips."""
+    skip = 1 if hasattr(filter_fn, "jinja_pass_arg") else 0
+
+    @functools.wraps(filter_fn)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        check(*args[skip:], **kwargs)
+        return filter_fn(*args, **kwargs)
+
+    return guarded
+
+
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
+    words = (n if _is_int(n) else 0) * (max if _is_int(max) else 0)
+    _check_size("lipsum text", words * 12)  # ~12 characters per word with punctuation
+    return jinja2.utils.generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+
+
+def _checked_concat(parts: Sequence[Any]) -> str:
+    """`a ~ b ~ c` (jinja's Concat node), with the result's length checked before it is built."""
+    strings = [part if isinstance(part, str) else str(part) for part in parts]
+    _check_size("a concatenated string", sum(map(len, strings)))
+    return "".join(strings)
+
+
+class _CheckedCodeGenerator(CodeGenerator):
+    """Compiles `~` to the environment's size-checked concatenation instead of a bare join
+    (autoescape is off in this environment, so jinja's str_join is the only case to replace)."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
+        self.write("environment.checked_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+    code_generator_class = _CheckedCodeGenerator
+    checked_concat = staticmethod(_checked_concat)
 
     def unsafe_undefined(self, obj: Any, attribute: str):
         # jinja's default returns an Undefined that renders as "", hiding the attempt.
@@ -117,17 +328,44 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             for seq, count in ((left, right), (right, left)):
-                if (
-                    isinstance(seq, (str, list, tuple))
-                    and isinstance(count, int)
-                    and len(seq) * count > MAX_OUTPUT_CHARS
-                ):
-                    raise SecurityError(
-                        f"repeating a sequence {count} times exceeds the {MAX_OUTPUT_CHARS}-item limit"
-                    )
-        if operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
-            raise SecurityError(f"exponent {right} is too large")
+                if isinstance(seq, (str, list, tuple)) and _is_int(count):
+                    _check_size("a repeated sequence", len(seq) * count)
+            if _is_int(left) and _is_int(right):
+                _check_int_bits("a product", left.bit_length() + right.bit_length())
+        elif operator == "**":
+            if _is_int(left) and _is_int(right) and right > 0 and abs(left) > 1:
+                _check_int_bits("a power", left.bit_length() * right)
+            elif isinstance(right, (int, float)) and abs(right) > MAX_INT_BITS:
+                raise _LimitExceeded("integer size", f"exponent {right} is too large")
+        elif operator == "+":
+            if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+                _check_size("a concatenation", len(left) + len(right))
+        elif operator == "%" and isinstance(left, str):
+            _check_format(left, right if isinstance(right, tuple) else (right,))
         return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        # jinja swaps str.format / format_map for a sandboxed formatter when the attribute is
+        # read; the width check goes in front of that.
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        fmt, is_map = value.__self__, value.__name__ == "format_map"
+
+        def checked(*args: Any, **kwargs: Any) -> str:
+            mapping = args[0] if is_map and args and isinstance(args[0], Mapping) else kwargs
+            _check_format(fmt, [] if is_map else args, mapping)
+            return wrapped(*args, **kwargs)
+
+        return checked
+
+    def call(__self, __context, __obj, *args: Any, **kwargs: Any) -> Any:
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str):
+            check = _STR_METHOD_CHECKS.get(getattr(__obj, "__name__", ""))
+            if check is not None:
+                check(owner, *args, **kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
 
 
 def _budgeted_range():
@@ -140,7 +378,9 @@ def _budgeted_range():
         items = range(*args)
         used += len(items)
         if used > MAX_RANGE_ITEMS:
-            raise SecurityError(f"the template asked for more than {MAX_RANGE_ITEMS} loop items")
+            raise _LimitExceeded(
+                "loop items", f"the template asked for more than {MAX_RANGE_ITEMS} loop items"
+            )
         return items
 
     return range_
@@ -151,9 +391,73 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
     )
     env.filters["tojson"] = _tojson
+    for name, check in _FILTER_CHECKS.items():
+        env.filters[name] = _guarded(env.filters[name], check)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["lipsum"] = _lipsum
     return env
+
+
+class _Abandoned(BaseException):
+    """Raised inside the render thread once its caller has stopped waiting (deadline, cancel).
+    A BaseException so that no `except Exception` inside jinja can swallow it."""
+
+
+def _run_abandonable(
+    work: Callable[[], Any], timeout: float, cancel: Any = None, *, trace: bool = True
+) -> Any:
+    """Run `work` in a daemon thread; return its result, or raise _LimitExceeded when it takes
+    longer than `timeout` and TemplateCancelled when `cancel.cancelled` turns true.
+
+    The caller never waits past the deadline. A Python thread cannot be killed, so the thread is
+    told to stop instead: a trace function raises _Abandoned on the next line the template's own
+    code runs (loops, macro calls). A single C-level operation cannot be interrupted that way;
+    the size limits above are what bound those. `trace=False` skips the trace function (compiling
+    runs no template loops, and tracing jinja's parser would double the load time).
+    """
+    stop = threading.Event()
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def on_line(frame, event, arg):
+        if stop.is_set():
+            raise _Abandoned
+        return on_line
+
+    def on_call(frame, event, arg):
+        if stop.is_set():
+            raise _Abandoned
+        return on_line if frame.f_code.co_filename == _TEMPLATE_CODE_FILENAME else None
+
+    def target() -> None:
+        if trace:
+            sys.settrace(on_call)
+        try:
+            outcome["value"] = work()
+        except _Abandoned:
+            pass
+        except BaseException as exc:  # handed to the caller, which decides what it means
+            outcome["error"] = exc
+        finally:
+            sys.settrace(None)
+            done.set()
+
+    threading.Thread(target=target, name="chat-template", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not done.wait(min(0.05, max(deadline - time.monotonic(), 0.0))):
+            if cancel is not None and cancel.cancelled:
+                raise TemplateCancelled("rendering the chat template was cancelled")
+            if time.monotonic() >= deadline:
+                raise _LimitExceeded(
+                    "time", f"rendering took longer than the {timeout:g} s limit and was abandoned"
+                )
+    finally:
+        stop.set()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _template_line(tb: types.TracebackType | None) -> int | None:
@@ -182,14 +486,24 @@ class ChatTemplate:
         self.error: ChatTemplateError | None = None
         self._template = None
         try:
-            self._template = _environment().from_string(source)
+            # Compiling runs template code too (jinja folds constant expressions such as
+            # `'x'|center(10**9)` while compiling), so it gets the same limits and deadline.
+            self._template = _run_abandonable(
+                lambda: _environment().from_string(source), RENDER_TIMEOUT_S, trace=False
+            )
             self._template.filename = TEMPLATE_FILENAME
         except TemplateSyntaxError as exc:
             self.error = ChatTemplateError(
                 f"the chat template {name!r} has a syntax error on line {exc.lineno}: {exc.message}"
             )
-        except TemplateError as exc:
-            self.error = ChatTemplateError(f"the chat template {name!r} cannot be compiled: {exc}")
+        except _LimitExceeded as exc:
+            self.error = ChatTemplateLimitError(
+                exc.limit, f"the chat template {name!r} cannot be compiled: {exc}"
+            )
+        except Exception as exc:  # TemplateError, RecursionError on absurd nesting, ...
+            self.error = ChatTemplateError(
+                f"the chat template {name!r} cannot be compiled: {type(exc).__name__}: {exc}"
+            )
 
     # --- construction ------------------------------------------------------------------------
     @classmethod
@@ -213,10 +527,16 @@ class ChatTemplate:
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        *,
+        cancel: Any = None,
+        timeout: float = RENDER_TIMEOUT_S,
         **extra: Any,
     ) -> str:
         """Prompt text for `messages` ([{"role": ..., "content": ...}, ...]). Raises
-        ChatTemplateError naming the problem (syntax, unsafe access, raise_exception, ...)."""
+        ChatTemplateError naming the problem (syntax, unsafe access, raise_exception, ...), its
+        subclass ChatTemplateLimitError naming the resource limit a hostile template hit, and
+        TemplateCancelled when `cancel` (anything with a `.cancelled` flag, e.g. the request's
+        CancelToken) is set while rendering. Never blocks the caller longer than `timeout`."""
         if self.error is not None:
             raise self.error
         _check_messages(messages)
@@ -229,10 +549,22 @@ class ChatTemplate:
             "add_generation_prompt": bool(add_generation_prompt),
         }
         try:
-            text = self._render_bounded(variables)
+            text = _run_abandonable(lambda: self._render_bounded(variables), timeout, cancel)
+        except TemplateCancelled:
+            raise
         except _TemplateRaised as exc:
             raise ChatTemplateError(
                 f"the chat template {self.name!r} refused the conversation: {exc}"
+            ) from None
+        except _LimitExceeded as exc:
+            raise ChatTemplateLimitError(
+                exc.limit, f"the chat template {self.name!r} hit the {exc.limit} limit: {exc}"
+            ) from None
+        except RecursionError:
+            raise ChatTemplateLimitError(
+                "recursion depth",
+                f"the chat template {self.name!r} hit the recursion depth limit "
+                "(a macro or loop calls itself without end)",
             ) from None
         except SecurityError as exc:
             raise ChatTemplateError(
@@ -255,7 +587,9 @@ class ChatTemplate:
         for chunk in self._template.generate(**variables):
             size += len(chunk)
             if size > MAX_OUTPUT_CHARS:
-                raise SecurityError(f"the rendered prompt exceeds {MAX_OUTPUT_CHARS} characters")
+                raise _LimitExceeded(
+                    "output size", f"the rendered prompt exceeds {MAX_OUTPUT_CHARS} characters"
+                )
             parts.append(chunk)
         return "".join(parts)
 

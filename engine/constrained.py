@@ -26,25 +26,63 @@ Lifecycle in the generation loop (engine/generate.py):
                 token = sample(logits); constraint.accept(token)
                 constraint.is_complete -> finish "grammar_complete"
 A step whose mask allows no token raises ConstraintError instead of emitting an arbitrary token.
+
+llguidance is native (Rust) code: a panic surfaces as `pyo3_runtime.PanicException`, which derives
+from BaseException, so `except Exception` does not see it and a request would die without its
+finish event. Two defences: what llguidance is given is validated first (it asserts on a token of
+more than 1,024 bytes, e.g. a junk 5,000-character token in a downloaded vocabulary; such tokens
+are withheld from the grammar), and every call into it goes through `_native_guard`, which turns
+any error or panic into a ConstraintError. Schemas are checked before llguidance sees them
+(`validate_schema`): nesting depth, and `$ref` cycles that can never produce a finite value.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import llguidance
 import numpy as np
 
 from engine.errors import ConfigValidationError, ConstraintError
+from engine.schema_structure import MAX_SCHEMA_DEPTH, check_ref_cycles, check_schema_depth
 from engine.types import JsonMode
 
 # Bounded whitespace (see the module docstring); no whitespace before the value itself.
 _JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"(?:\x20|\x0A\x20{0,20})"}
 _ANY_OBJECT_SCHEMA = {"type": "object"}
+
+# llguidance's token trie asserts (a Rust panic) on a token longer than this many bytes
+# (toktrie PARENT_BITS = 10; measured: 1,024 bytes build, 1,025 panic).
+MAX_TOKEN_BYTES = 1024
+
+
+def _is_native_panic(exc: BaseException) -> bool:
+    # pyo3_runtime.PanicException cannot be imported by name; it is recognised by its type.
+    return type(exc).__name__ == "PanicException"
+
+
+@contextlib.contextmanager
+def _native_guard(what: str) -> Iterator[None]:
+    """Turn anything llguidance raises, including a Rust panic, into a ConstraintError. A
+    KeyboardInterrupt, SystemExit or any other BaseException still propagates unchanged."""
+    try:
+        yield
+    except ConstraintError:
+        raise
+    except Exception as exc:
+        raise ConstraintError(f"JSON mode failed while {what}: {_first_line(str(exc))}") from exc
+    except BaseException as exc:
+        if not _is_native_panic(exc):
+            raise
+        raise ConstraintError(
+            f"JSON mode failed while {what}: the grammar library crashed ({_first_line(str(exc))})"
+        ) from exc
+
 
 # Building the llguidance token trie takes ~0.4 s (49k vocab) to 1.2-4 s (262k vocab, depending on
 # machine load): once per tokenizer.
@@ -71,21 +109,19 @@ def llg_tokenizer_for(tokenizer) -> llguidance.LLTokenizer:
             raise ConstraintError(
                 "JSON mode needs an end-of-generation token, and this tokenizer has none"
             )
-        try:
+        # llguidance raises plain ValueError/RuntimeError on odd vocabularies, or panics.
+        with _native_guard("reading this model's tokenizer"):
             if hasattr(tokenizer, "piece_bytes"):
                 source = llguidance.TokenizerWrapper(_TokenBytes(tokenizer))
                 n_vocab = int(tokenizer.vocab_size)
             else:
+                _check_hf_token_lengths(tokenizer.hf)
                 source = tokenizer.hf.to_str()
                 n_vocab = max(
                     int(tokenizer.vocab_size),
                     int(tokenizer.hf.get_vocab_size(with_added_tokens=True)),
                 )
             built = llguidance.LLTokenizer(source, n_vocab=n_vocab, eos_token=eog)
-        except (
-            Exception
-        ) as exc:  # llguidance raises plain ValueError/RuntimeError on odd vocabularies
-            raise ConstraintError(f"JSON mode cannot use this model's tokenizer: {exc}") from exc
         _llg_tokenizers[tokenizer] = built
         return built
 
@@ -95,7 +131,8 @@ class _TokenBytes:
 
     Control tokens and tokens that render as nothing are marked special (llguidance never uses
     special tokens to spell grammar text); an empty one gets a unique placeholder text, because an
-    empty token would match anywhere.
+    empty token would match anywhere. A token longer than MAX_TOKEN_BYTES (which would crash
+    llguidance) is withheld the same way: JSON mode never emits it, every other token still works.
     """
 
     def __init__(self, tokenizer):
@@ -106,8 +143,12 @@ class _TokenBytes:
         self.bos_token_id = tokenizer.bos_id
         tokens: list[bytes] = []
         special: list[int] = []
+        self.withheld: list[int] = []  # ids longer than MAX_TOKEN_BYTES
         for token_id in range(int(tokenizer.vocab_size)):
             raw = tokenizer.piece_bytes(token_id, special=True)
+            if len(raw) > MAX_TOKEN_BYTES:
+                self.withheld.append(token_id)
+                raw = b""
             if not raw or tokenizer.is_special(token_id):
                 special.append(token_id)
                 raw = raw or f"<unused:{token_id}>".encode()
@@ -117,6 +158,17 @@ class _TokenBytes:
 
     def __call__(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special=False)
+
+
+def _check_hf_token_lengths(hf) -> None:
+    """Without our own token bytes, an over-long token cannot be withheld: refuse it by name."""
+    for text, token_id in hf.get_vocab(with_added_tokens=True).items():
+        if len(text.encode()) > MAX_TOKEN_BYTES:
+            raise ConstraintError(
+                f"JSON mode cannot use this model's tokenizer: token {token_id} is "
+                f"{len(text.encode())} bytes long (the grammar library handles at most "
+                f"{MAX_TOKEN_BYTES})"
+            )
 
 
 def json_grammar(
@@ -141,15 +193,30 @@ def json_grammar(
             schema = json.loads(schema)
         except ValueError as exc:
             raise ConstraintError(f"The JSON schema is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise ConstraintError(
+                f"The JSON schema is nested too deeply to read (the schema depth limit is "
+                f"{MAX_SCHEMA_DEPTH})"
+            ) from None
     if not isinstance(schema, dict):
         raise ConstraintError(
             f"The JSON schema must be a JSON object (got {type(schema).__name__}: {str(schema)[:60]!r})"
         )
+    if mode == "schema":
+        check_schema_depth(schema)
+        check_ref_cycles(schema)
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
-    except (ValueError, TypeError) as exc:
-        raise ConstraintError(f"The JSON schema cannot be used: {exc}") from exc
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, llg_tokenizer)
+        with _native_guard("building the grammar for the JSON schema"):
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+    except ConstraintError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, (ValueError, TypeError)):
+            raise ConstraintError(f"The JSON schema cannot be used: {cause}") from cause
+        raise
+    with _native_guard("validating the JSON schema"):
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, llg_tokenizer
+        )
     if is_error:
         raise ConstraintError(
             "The JSON schema is invalid: " + "; ".join(m.strip() for m in messages)
@@ -157,8 +224,11 @@ def json_grammar(
     return grammar
 
 
-def validate_json_schema(schema: Any) -> None:
-    """Check a schema before a request is sent (the app calls this when the user edits one)."""
+def validate_schema(schema: Any) -> None:
+    """Check a JSON schema (dict or JSON text) before a request is sent; the app's schema editor
+    calls this on every edit. Raises ConstraintError naming the problem: not JSON, not an object,
+    nested past MAX_SCHEMA_DEPTH, a `$ref` cycle no finite value can satisfy, or anything the
+    grammar library rejects. Never raises anything else (a native panic becomes ConstraintError)."""
     json_grammar("schema", schema)
 
 
@@ -171,7 +241,8 @@ class JsonConstraint:
     """
 
     def __init__(self, llg_tokenizer: llguidance.LLTokenizer, grammar: str):
-        self._matcher = llguidance.LLMatcher(llg_tokenizer, grammar, log_level=0)
+        with _native_guard("building the JSON grammar"):
+            self._matcher = llguidance.LLMatcher(llg_tokenizer, grammar, log_level=0)
         if self._matcher.is_error():
             raise ConstraintError(
                 f"The JSON grammar could not be built: {_first_line(self._matcher.get_error())}"
@@ -203,7 +274,8 @@ class JsonConstraint:
 
     def allowed_mask(self) -> np.ndarray:
         """Boolean (vocab_size,) array of the tokens the grammar allows next."""
-        self._matcher.unsafe_compute_mask_ptr(self._mask_ptr, self._mask_bytes)
+        with _native_guard(f"computing the allowed tokens after {self.n_consumed} tokens"):
+            self._matcher.unsafe_compute_mask_ptr(self._mask_ptr, self._mask_bytes)
         if self._matcher.is_error():
             raise ConstraintError(
                 "JSON mode cannot continue: no token of this model's vocabulary can extend the value "
@@ -219,7 +291,9 @@ class JsonConstraint:
             raise ConstraintError(
                 "JSON mode: a token was accepted before the first mask was computed"
             )
-        if not self._matcher.consume_token(int(token_id)):
+        with _native_guard(f"accepting token {int(token_id)}"):
+            accepted = self._matcher.consume_token(int(token_id))
+        if not accepted:
             raise ConstraintError(
                 f"JSON mode: token {int(token_id)} is not allowed here: {_first_line(self._matcher.get_error())}"
             )
@@ -236,7 +310,9 @@ class JsonConstraint:
         """Forget the last n accepted tokens (speculative decoding rejected them)."""
         if not 0 <= n_tokens <= self.n_consumed:
             raise ValueError(f"rollback({n_tokens}): must be between 0 and {self.n_consumed}")
-        if n_tokens and not self._matcher.rollback(n_tokens):
+        with _native_guard(f"rolling back {n_tokens} tokens"):
+            rolled_back = not n_tokens or self._matcher.rollback(n_tokens)
+        if not rolled_back:
             raise ConstraintError(
                 f"JSON mode: rollback failed: {_first_line(self._matcher.get_error())}"
             )

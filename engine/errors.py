@@ -26,6 +26,19 @@ class ChatTemplateError(EngineError):
     """The chat template failed to parse or render (including `raise_exception` in the template)."""
 
 
+class ChatTemplateLimitError(ChatTemplateError):
+    """The chat template hit a resource limit (output size, integer size, loop items, time,
+    recursion depth); `.limit` names it."""
+
+    def __init__(self, limit: str, message: str):
+        self.limit = limit
+        super().__init__(message)
+
+
+class TemplateCancelled(ChatTemplateError):
+    """The request was cancelled while its chat template was rendering."""
+
+
 # --- requests ------------------------------------------------------------------------------------
 class ConfigValidationError(EngineError, ValueError):
     """A generation setting is out of range. Carries the field name, the value and the allowed range."""

@@ -19,7 +19,7 @@ from engine.constrained import (
     json_grammar,
     llg_tokenizer_for,
     make_json_constraint,
-    validate_json_schema,
+    validate_schema,
 )
 from engine.errors import ConfigValidationError, ConstraintError
 
@@ -218,7 +218,7 @@ def test_a_value_cut_short_is_not_complete(tiny):
 )
 def test_invalid_schema_is_a_constraint_error_naming_the_problem(schema, problem):
     with pytest.raises(ConstraintError, match=problem):
-        validate_json_schema(schema)
+        validate_schema(schema)
 
 
 def test_schema_mode_without_schema_and_unknown_mode_are_refused(tiny):

@@ -6,6 +6,14 @@ CPU name + features) and emits an object file; the object is stored under
 CPU features and a hash of the IR text. Later launches hand the cached object straight to MCJIT
 (no parsing, no optimisation), which takes milliseconds instead of seconds.
 
+MCJIT runs whatever object it is given, so the cache is authenticated, not just checksummed: each
+entry carries an HMAC-SHA256 over (cache key, object bytes) under a per-install secret kept in a
+0600 file next to the cache directory (`jit.key`); signed entries are `<module>-<key>.jit`, so
+unsigned `.o` files of older builds are never read. A truncated, zeroed or bit-flipped entry, or a
+valid object planted under another module's name, fails the check and is recompiled (one warning
+per process); an unreadable key or an unwritable cache only costs a compile in memory. Entries are
+written 0600 in 0700 directories.
+
 MCJIT takes ownership of the target machine it is given, so every engine gets its own.
 `llvm.initialize()` must not be called on llvmlite >= 0.45 (it raises); only the native target
 and asm printer are initialised.
@@ -15,7 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
+import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +40,13 @@ import platformdirs
 from engine.errors import EngineError
 
 ProgressFn = Callable[[str, float], None]
+
+log = logging.getLogger(__name__)
+
+_ENTRY_MAGIC = b"LCJIT1\0"  # entry = magic + HMAC-SHA256(key, cache_key \0 object) + object
+_TAG_BYTES = hashlib.sha256().digest_size
+_KEY_BYTES = 32
+_rejected_warned = False
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -65,6 +83,71 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("LocalChat")) / "jit"
 
 
+def _make_private_dirs(path: Path) -> None:
+    """mkdir -p with 0700 for every directory it creates; `path` itself is made 0700 even when an
+    older build created it group/world-readable (its parents, e.g. ~/.cache, are not ours)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+    if not missing and path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+
+
+def _write_private(path: Path, data: bytes) -> Path:
+    """Write `data` to a new 0600 temporary file beside `path`; returns the temporary's path."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp
+
+
+def load_or_create_cache_key(key_path: Path) -> bytes | None:
+    """The per-install secret that signs cache entries, created on first use; None when it cannot
+    be read or created (the caller then compiles in memory and caches nothing)."""
+    try:
+        key = key_path.read_bytes()
+    except FileNotFoundError:
+        key = None
+    except OSError as exc:
+        log.warning("JIT cache disabled: cannot read its key %s (%s)", key_path, exc)
+        return None
+    if key is None:
+        try:
+            _make_private_dirs(key_path.parent)
+            tmp = _write_private(key_path, secrets.token_bytes(_KEY_BYTES))
+            try:
+                # link() fails if another process created the key first; then theirs is used.
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, key_path)
+            finally:
+                tmp.unlink()
+            key = key_path.read_bytes()
+        except OSError as exc:
+            log.warning("JIT cache disabled: cannot create its key %s (%s)", key_path, exc)
+            return None
+    if len(key) != _KEY_BYTES:
+        log.warning("JIT cache disabled: its key %s is not a %d-byte key", key_path, _KEY_BYTES)
+        return None
+    return key
+
+
+def _warn_rejected_once(path: Path, reason: str) -> None:
+    global _rejected_warned
+    if not _rejected_warned:
+        _rejected_warned = True
+        log.warning("JIT cache entry %s rejected (%s); recompiling", path, reason)
+
+
 def _new_target_machine(cpu: HostCPU):
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(
@@ -83,10 +166,19 @@ class CompileStats:
 class KernelLibrary:
     """Compiled modules living in one MCJIT engine; hands out function addresses."""
 
-    def __init__(self, cpu: HostCPU | None = None, cache_dir: Path | None = None):
+    def __init__(
+        self,
+        cpu: HostCPU | None = None,
+        cache_dir: Path | None = None,
+        key_path: Path | None = None,
+    ):
         _ensure_llvm()
         self.cpu = cpu or host_cpu()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.key_path = (
+            Path(key_path) if key_path is not None else self.cache_dir.parent / "jit.key"
+        )
+        self._key = load_or_create_cache_key(self.key_path)
         self.stats = CompileStats()
         self._tm_for_emit = _new_target_machine(self.cpu)
         # MCJIT owns the machine given to it; the emitting machine above stays ours.
@@ -126,14 +218,12 @@ class KernelLibrary:
         self.stats.seconds += time.perf_counter() - start
 
     def _object_code(self, name: str, ir_text: str) -> bytes:
-        path = self.cache_dir / f"{name}-{self.cache_key(ir_text)}.o"
-        try:
-            data = path.read_bytes()
-            if data:
-                self.stats.loaded += 1
-                return data
-        except OSError:
-            pass
+        key = self.cache_key(ir_text)
+        path = self.cache_dir / f"{name}-{key}.jit"
+        data = self._load_verified(path, key)
+        if data is not None:
+            self.stats.loaded += 1
+            return data
         try:
             module = llvm.parse_assembly(ir_text)
             module.verify()
@@ -149,21 +239,51 @@ class KernelLibrary:
         data = self._tm_for_emit.emit_object(module)
         self.stats.compiled += 1
         self.stats.names.append(name)
-        self._store(name, path, data)
+        self._store(name, path, key, data)
         return data
 
-    @staticmethod
-    def _store(name: str, path: Path, data: bytes) -> None:
-        # Write-then-rename so a concurrent launch never reads half an object file.
+    def _tag(self, cache_key: str, data: bytes) -> bytes:
+        assert self._key is not None
+        return hmac.new(self._key, cache_key.encode() + b"\0" + data, hashlib.sha256).digest()
+
+    def _load_verified(self, path: Path, cache_key: str) -> bytes | None:
+        """The cached object if its tag verifies, else None (missing, damaged, planted, no key)."""
+        if self._key is None:
+            return None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            entry = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            _warn_rejected_once(path, f"unreadable: {exc}")
+            return None
+        header = len(_ENTRY_MAGIC) + _TAG_BYTES
+        if len(entry) <= header or not entry.startswith(_ENTRY_MAGIC):
+            _warn_rejected_once(path, "not a signed cache entry")
+            return None
+        tag, data = entry[len(_ENTRY_MAGIC) : header], entry[header:]
+        if not hmac.compare_digest(tag, self._tag(cache_key, data)):
+            _warn_rejected_once(path, "signature mismatch")
+            return None
+        return data
+
+    def _store(self, name: str, path: Path, cache_key: str, data: bytes) -> None:
+        if self._key is None:
+            return
+        entry = _ENTRY_MAGIC + self._tag(cache_key, data) + data
+        # Write-then-rename so a concurrent launch never reads half an entry.
+        try:
+            _make_private_dirs(path.parent)
+            tmp = _write_private(path, entry)
+            try:
+                os.replace(tmp, path)
+            except OSError:
+                tmp.unlink()
+                raise
         except OSError:
             return  # a read-only cache only costs the next launch a recompile
         # Older builds of the same module (previous kernel or LLVM versions) are dead weight.
-        for stale in path.parent.glob(f"{name}-*.o"):
+        for stale in path.parent.glob(f"{name}-*.jit"):
             if stale != path:
                 with contextlib.suppress(OSError):
                     stale.unlink()
