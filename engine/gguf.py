@@ -444,7 +444,23 @@ class _HeaderParser:
             raw = whole[start : start + nbytes]
             tensors[name] = QTensor(name, qtype, shape, _typed_view(raw, qtype, shape))
             offsets[name] = start
+        self._check_no_overlap(tensors, offsets)
         return tensors, offsets
+
+    def _check_no_overlap(self, tensors: dict[str, QTensor], offsets: dict[str, int]) -> None:
+        """Two tensors sharing bytes is never produced by a writer: it means a corrupt offset
+        table (and a weight silently read as another tensor's bytes)."""
+        previous_name, previous_end = None, 0
+        for name in sorted(offsets, key=offsets.__getitem__):
+            start = offsets[name]
+            if previous_name is not None and start < previous_end:
+                raise self._fail(
+                    f"tensor {name!r} data (offset {start}) overlaps tensor {previous_name!r} "
+                    f"(which ends at offset {previous_end}): corrupt tensor table"
+                )
+            end = start + tensors[name].nbytes
+            if end > previous_end:
+                previous_name, previous_end = name, end
 
     def _tensor_type(self, name: str, raw: int) -> GGMLQuantizationType:
         try:

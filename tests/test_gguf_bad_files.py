@@ -306,6 +306,19 @@ def test_duplicate_tensor_name(tmp_path):
     refused(tmp_path, gguf_bytes(infos=infos, data=ONE_F32_DATA), match="'w' appears twice")
 
 
+@pytest.mark.parametrize("second_offset", [0, 96], ids=["same-offset", "partly-overlapping"])
+def test_overlapping_tensor_data(tmp_path, second_offset):
+    infos = [tensor_info("a", (32, 1), Q.F32, 0), tensor_info("b", (32, 2), Q.F32, second_offset)]
+    message = refused(tmp_path, gguf_bytes(infos=infos, data=b"\0" * 512), match="overlaps tensor")
+    assert "'a'" in message and "'b'" in message
+
+
+def test_adjacent_tensor_data_loads(tmp_path):
+    infos = [tensor_info("a", (32, 1), Q.F32, 128), tensor_info("b", (32, 1), Q.F32, 0)]
+    g = open_gguf(write(tmp_path, gguf_bytes(infos=infos, data=ONE_F32_DATA)))
+    assert set(g.tensors) == {"a", "b"}
+
+
 def test_tensor_name_length_past_end(tmp_path):
     info = struct.pack("<Q", 2**40) + b"w"
     refused(tmp_path, gguf_bytes(infos=[info]), match="name of tensor #0")
