@@ -254,8 +254,13 @@ class _HeaderParser:
         tensors, offsets = self._make_tensors(infos, data_offset, alignment)
 
         arch = metadata.get("general.architecture")
-        if not isinstance(arch, str) or not arch:
+        if arch is None:
             raise self._fail("metadata key general.architecture is missing (required by GGUF)")
+        if not isinstance(arch, str) or not arch:
+            raise self._fail(
+                f"metadata general.architecture must be a non-empty string, but it is stored as "
+                f"{metadata_types['general.architecture'].type.name} ({str(arch)[:40]!r})"
+            )
         return GGUFFile(
             path=self.path,
             version=version,

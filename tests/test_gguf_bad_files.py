@@ -217,6 +217,15 @@ def test_missing_architecture(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "kv",
+    [kv_u32("general.architecture", 7), kv_string("general.architecture", "")],
+    ids=["uint32", "empty-string"],
+)
+def test_architecture_of_the_wrong_type(tmp_path, kv):
+    refused(tmp_path, gguf_bytes([kv]), match="general.architecture must be a non-empty string")
+
+
 @pytest.mark.parametrize("alignment", [0, 3, 48, 2**30])
 def test_bad_alignment(tmp_path, alignment):
     kvs = [kv_string("general.architecture", "llama"), kv_u32("general.alignment", alignment)]
