@@ -292,6 +292,9 @@ def _mutate_once(rng: np.random.Generator, parts: Parts) -> str:
         i = int(rng.integers(len(parts.kvs)))
         key, vtype, value = parts.kvs[i]
         new_type = int(rng.integers(0, 14))
+        if vtype == V_ARRAY and len(value) >= 12 and rng.random() < 0.5:  # the element type
+            parts.kvs[i] = (key, vtype, struct.pack("<I", new_type) + value[4:])
+            return f"retype elements of {key[:60].decode(errors='replace')} -> {new_type}"
         parts.kvs[i] = (key, new_type, value)
         return f"retype {key[:60].decode(errors='replace')} {vtype}->{new_type}"
     if kind == 4 and parts.kvs:  # drop an entry
@@ -393,7 +396,8 @@ def _mutate_once(rng: np.random.Generator, parts: Parts) -> str:
                 at = offset + 4 * int(rng.integers(n))
                 data[at : at + 4] = struct.pack("<f", poison)
         else:  # block types: poison the leading fp16 scale of the first block
-            data[offset : offset + 2] = np.array([poison], np.float16).tobytes()
+            with np.errstate(over="ignore"):  # 3e38 becomes fp16 inf, as intended
+                data[offset : offset + 2] = np.array([poison], np.float16).tobytes()
         parts.data = bytes(data)
         return f"tensor {name.decode(errors='replace')} data poisoned with {poison}"
     return "no-op"
@@ -736,6 +740,7 @@ def run_fuzz(args) -> dict:
     seconds: Counter[str] = Counter()
     stages: Counter[str] = Counter()  # the stage each file reached (failed in, or finished)
     errors: Counter[str] = Counter()  # typed errors, numbers masked
+    max_beyond: list = [0, None]  # largest peak-RSS growth beyond the file's size, and its file
     per_base: dict[str, Counter] = {}
     bugs = []
     mutant = out / "mutant.gguf"
@@ -761,6 +766,9 @@ def run_fuzz(args) -> dict:
                     worker = Worker(env)
         counts[result["outcome"]] += 1
         stages[result.get("stage", "-")] += 1
+        beyond = result.get("rss_growth", 0) - result.get("size", 0)
+        if beyond > max_beyond[0]:
+            max_beyond[:] = [beyond, steps]
         if result["outcome"] == "ok-typed":
             message = result["error"].replace(str(mutant), "<file>")
             errors[re.sub(r"\d+", "N", message)[:90]] += 1
@@ -786,6 +794,8 @@ def run_fuzz(args) -> dict:
         "per_base": {k: dict(v) for k, v in per_base.items()},
         "seconds_per_base": {k: round(v, 1) for k, v in seconds.items()},
         "stage_reached": dict(stages),
+        "max_rss_growth_beyond_file_mb": round(max_beyond[0] / 2**20, 1),
+        "max_rss_growth_mutations": max_beyond[1],
         "typed_errors": dict(errors.most_common()),
         "bugs": bugs,
     }
