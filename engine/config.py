@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ModelFileError, UnsupportedModelError
+from engine.tensor_checks import check_tensors
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
@@ -23,6 +24,11 @@ GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # file carries no explicit pattern.
 GEMMA3_SWA_PERIOD = 6
 GEMMA3_27B_LAYERS = 62
+# Token positions are int32 in the kernels; a longer training context is not a real model.
+MAX_CONTEXT_LENGTH = (1 << 31) - 1
+# Per-layer settings are built from block_count before the tensors are checked against it; the
+# deepest released models have ~130 layers, so this bound only keeps a hostile count cheap.
+MAX_BLOCK_COUNT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -71,16 +77,25 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, gguf_file) -> ModelConfig:
-        """Build from an opened GGUF (`.arch`, `.metadata`, `.tensors`). Raises
-        UnsupportedModelError for other architectures, ModelFileError for missing/invalid keys."""
+        """Build from an opened GGUF (`.arch`, `.metadata`, `.tensors`) and check every tensor
+        the forward pass reads against it (engine.tensor_checks). Raises UnsupportedModelError
+        for other architectures, ModelFileError for missing/invalid keys and tensors."""
+        config = cls.from_metadata(gguf_file)
+        check_tensors(config, gguf_file.tensors)
+        return config
+
+    @classmethod
+    def from_metadata(cls, gguf_file) -> ModelConfig:
+        """The config from the metadata and the embedding's row count alone, tensors unchecked
+        (for tests that describe a model without its tensors); from_gguf is the one to load with."""
         arch = str(gguf_file.arch)
         if arch not in SUPPORTED_ARCHS:
             raise UnsupportedModelError(
                 f"Model architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}"
             )
         md = _Metadata(gguf_file.metadata, arch)
-        experts = gguf_file.metadata.get(f"{arch}.expert_count", 0)
-        if isinstance(experts, int) and experts > 0:
+        experts = md.nonneg_int("expert_count", default=0)
+        if experts > 0:
             raise UnsupportedModelError(
                 f"{arch}.expert_count={experts}: mixture-of-experts models are not supported; "
                 "supported: dense llama, qwen2, qwen3, gemma3"
@@ -92,6 +107,11 @@ class ModelConfig:
         if n_head % n_kv_head:
             raise ModelFileError(
                 f"{arch}.attention.head_count={n_head} is not a multiple of head_count_kv={n_kv_head}"
+            )
+        if f"{arch}.attention.key_length" not in gguf_file.metadata and d_model % n_head:
+            raise ModelFileError(
+                f"{arch}.embedding_length={d_model} is not a multiple of "
+                f"{arch}.attention.head_count={n_head}, and no attention.key_length is given"
             )
         head_dim = md.positive_int("attention.key_length", default=d_model // n_head)
         value_dim = md.positive_int("attention.value_length", default=head_dim)
@@ -107,12 +127,19 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"{arch}.rope.dimension_count={rope_dims}: only full-head RoPE ({head_dim}) is supported"
             )
-        n_layers = md.positive_int("block_count")
+        n_layers = md.positive_int("block_count", maximum=MAX_BLOCK_COUNT)
 
         embd = gguf_file.tensors.get("token_embd.weight")
         if embd is None:
             raise ModelFileError("tensor 'token_embd.weight' is missing")
         n_vocab = int(embd.shape[0])
+        tokens = gguf_file.metadata.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, list) and len(tokens) > n_vocab:
+            # Token ids index the embedding: every id the tokenizer can produce needs a row.
+            raise ModelFileError(
+                f"tokenizer.ggml.tokens has {len(tokens)} tokens, but token_embd.weight has "
+                f"only {n_vocab} rows"
+            )
 
         rope_theta = md.positive_float("rope.freq_base", default=10000.0)
         rope_freq_scale = _rope_freq_scale(md, arch)
@@ -141,7 +168,7 @@ class ModelConfig:
             n_kv_head=n_kv_head,
             head_dim=head_dim,
             n_vocab=n_vocab,
-            context_length=md.positive_int("context_length"),
+            context_length=md.positive_int("context_length", maximum=MAX_CONTEXT_LENGTH),
             norm_eps=md.positive_float("attention.layer_norm_rms_epsilon", default=1e-6),
             rope_theta=rope_theta,
             rope_theta_local=rope_theta_local,
@@ -174,16 +201,29 @@ class _Metadata:
             raise ModelFileError(f"required metadata key '{full}' is missing")
         return default
 
-    def positive_int(self, key: str, default: int | None = None) -> int:
+    def positive_int(self, key: str, default: int | None = None, maximum: int | None = None) -> int:
+        value = self.integer(key, default)
+        if value <= 0 or (maximum is not None and value > maximum):
+            allowed = "a positive integer" + (f" up to {maximum}" if maximum is not None else "")
+            raise ModelFileError(f"metadata {self.arch}.{key}={value!r} must be {allowed}")
+        return value
+
+    def nonneg_int(self, key: str, default: int) -> int:
+        value = self.integer(key, default)
+        if value < 0:
+            raise ModelFileError(f"metadata {self.arch}.{key}={value!r} must be an integer >= 0")
+        return value
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        """Strictly an integer: a float (even 2.0, NaN or inf), bool, string or array stored
+        under an integer key means the file was written wrong, so it is refused by name."""
         value = self.raw(key, default)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or int(value) != value
-            or value <= 0
-        ):
-            raise ModelFileError(f"metadata {self.arch}.{key}={value!r} must be a positive integer")
-        return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ModelFileError(
+                f"metadata {self.arch}.{key}={_shown(value)} must be an integer "
+                f"(stored as {type(value).__name__})"
+            )
+        return value
 
     def positive_float(self, key: str, default: float | None = None) -> float:
         value = self.raw(key, default)
@@ -194,7 +234,7 @@ class _Metadata:
             or not math.isfinite(value)
         ):
             raise ModelFileError(
-                f"metadata {self.arch}.{key}={value!r} must be a positive finite number"
+                f"metadata {self.arch}.{key}={_shown(value)} must be a positive finite number"
             )
         return float(value)
 
@@ -207,35 +247,40 @@ class _Metadata:
             or not math.isfinite(value)
         ):
             raise ModelFileError(
-                f"metadata {self.arch}.{key}={value!r} must be a finite number >= 0"
+                f"metadata {self.arch}.{key}={_shown(value)} must be a finite number >= 0"
             )
         return float(value)
 
 
+def _shown(value: Any) -> str:
+    """A metadata value for an error message, cut short (it may be a 262k-entry array)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _rope_freq_scale(md: _Metadata, arch: str) -> float:
     kind = md.metadata.get(f"{arch}.rope.scaling.type", "none")
-    if kind in ("none", None):
+    if not isinstance(kind, str):
+        raise ModelFileError(f"metadata {arch}.rope.scaling.type={_shown(kind)} must be a string")
+    if kind == "none":
         return 1.0
     if kind == "linear":
         return 1.0 / md.positive_float("rope.scaling.factor", default=1.0)
     raise UnsupportedModelError(
-        f"{arch}.rope.scaling.type='{kind}' is not supported; supported: none, linear"
+        f"{arch}.rope.scaling.type={_shown(kind)} is not supported; supported: none, linear"
     )
 
 
 def _gemma3_window_layers(md: _Metadata, n_layers: int) -> tuple[bool, ...]:
     """Which layers use the sliding window. Newer converters store a per-layer bool array or a
     period under attention.sliding_window_pattern; otherwise the Gemma 3 period of 6."""
-    pattern = md.metadata.get(f"{md.arch}.attention.sliding_window_pattern")
-    if isinstance(pattern, (list, tuple)):
+    key = f"{md.arch}.attention.sliding_window_pattern"
+    pattern = md.metadata.get(key)
+    if isinstance(pattern, list):
         if len(pattern) != n_layers:
-            raise ModelFileError(
-                f"{md.arch}.attention.sliding_window_pattern has {len(pattern)} entries, expected {n_layers}"
-            )
+            raise ModelFileError(f"{key} has {len(pattern)} entries, expected {n_layers}")
+        if not all(isinstance(v, bool) or v in (0, 1) for v in pattern):
+            raise ModelFileError(f"{key}={_shown(pattern)} must hold one bool per layer")
         return tuple(bool(v) for v in pattern)
-    period = GEMMA3_SWA_PERIOD if pattern is None else int(pattern)
-    if period <= 0:
-        raise ModelFileError(
-            f"{md.arch}.attention.sliding_window_pattern={pattern!r} must be positive"
-        )
+    period = md.positive_int("attention.sliding_window_pattern", default=GEMMA3_SWA_PERIOD)
     return tuple((layer % period) < period - 1 for layer in range(n_layers))

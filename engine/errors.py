@@ -60,5 +60,9 @@ class MemoryBudgetError(EngineError):
     """The KV cache for a request would exceed the memory budget; refused before any allocation."""
 
 
+class ModelOutputError(EngineError, ValueError):
+    """The forward pass gave no usable logits (NaN or inf everywhere), e.g. from corrupt weights."""
+
+
 class ConstraintError(EngineError):
     """JSON mode could not continue: the grammar allows no token, or the schema is invalid."""

@@ -254,8 +254,13 @@ class _HeaderParser:
         tensors, offsets = self._make_tensors(infos, data_offset, alignment)
 
         arch = metadata.get("general.architecture")
-        if not isinstance(arch, str) or not arch:
+        if arch is None:
             raise self._fail("metadata key general.architecture is missing (required by GGUF)")
+        if not isinstance(arch, str) or not arch:
+            raise self._fail(
+                f"metadata general.architecture must be a non-empty string, but it is stored as "
+                f"{metadata_types['general.architecture'].type.name} ({str(arch)[:40]!r})"
+            )
         return GGUFFile(
             path=self.path,
             version=version,
@@ -444,7 +449,23 @@ class _HeaderParser:
             raw = whole[start : start + nbytes]
             tensors[name] = QTensor(name, qtype, shape, _typed_view(raw, qtype, shape))
             offsets[name] = start
+        self._check_no_overlap(tensors, offsets)
         return tensors, offsets
+
+    def _check_no_overlap(self, tensors: dict[str, QTensor], offsets: dict[str, int]) -> None:
+        """Two tensors sharing bytes is never produced by a writer: it means a corrupt offset
+        table (and a weight silently read as another tensor's bytes)."""
+        previous_name, previous_end = None, 0
+        for name in sorted(offsets, key=offsets.__getitem__):
+            start = offsets[name]
+            if previous_name is not None and start < previous_end:
+                raise self._fail(
+                    f"tensor {name!r} data (offset {start}) overlaps tensor {previous_name!r} "
+                    f"(which ends at offset {previous_end}): corrupt tensor table"
+                )
+            end = start + tensors[name].nbytes
+            if end > previous_end:
+                previous_name, previous_end = name, end
 
     def _tensor_type(self, name: str, raw: int) -> GGMLQuantizationType:
         try:

@@ -18,7 +18,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from engine.errors import ModelOutputError
 from engine.generation_config import GenerationConfig
+
+# NaN logits come from the weights (a corrupt or hostile file), not from the request.
+NO_FINITE_LOGIT = (
+    "every logit is -inf or not finite (NaN/inf), so no token can be chosen; "
+    "NaN or inf logits mean the model's weights are corrupt"
+)
 
 LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]
 Sampler = Callable[[np.ndarray], int]
@@ -87,7 +94,7 @@ def log_normalizer(logits: np.ndarray) -> float:
     x = np.asarray(logits, dtype=np.float32)
     peak = float(np.max(x))
     if not np.isfinite(peak):
-        raise ValueError("every logit is -inf or not finite: no token can be chosen")
+        raise ModelOutputError(NO_FINITE_LOGIT)
     # numpy sums float32 pairwise (error ~ log2(n) ulp), plenty for a log-probability
     return peak + float(np.log(np.sum(np.exp(x - np.float32(peak)))))
 
@@ -136,7 +143,7 @@ def sampling_distribution(
     temperature = cfg.temperature
     peak = float(np.max(x))
     if not np.isfinite(peak):
-        raise ValueError("every logit is -inf or not finite: no token can be chosen")
+        raise ModelOutputError(NO_FINITE_LOGIT)
     if 0 < cfg.top_k < vocab:
         # top-k is the first truncation: renormalise over the kept tokens (ties with the k-th kept)
         candidates = np.flatnonzero(x >= kth_largest(x, cfg.top_k, peak))

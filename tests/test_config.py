@@ -9,9 +9,10 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from engine.config import ModelConfig
-from engine.errors import ModelFileError, UnsupportedModelError
+from engine.errors import EngineError, ModelFileError, UnsupportedModelError
 from engine.gguf import open_gguf
 from engine.qtensor import QTensor
+from engine.tensor_checks import expected_shapes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -31,7 +32,15 @@ def _fake(arch: str, **metadata):
         ).items()
     }
     base.update(metadata)
-    return SimpleNamespace(arch=arch, metadata=base, tensors={"token_embd.weight": embd})
+    fake = SimpleNamespace(arch=arch, metadata=base, tensors={"token_embd.weight": embd})
+    try:  # every tensor the metadata asks for (shapes only), so only the metadata is under test
+        required, _ = expected_shapes(ModelConfig.from_metadata(fake))
+    except EngineError:
+        return fake  # the metadata itself is bad: from_gguf refuses it before the tensors
+    fake.tensors = {
+        name: SimpleNamespace(name=name, shape=shape) for name, shape in required.items()
+    }
+    return fake
 
 
 def test_smollm2_config():

@@ -217,6 +217,15 @@ def test_missing_architecture(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "kv",
+    [kv_u32("general.architecture", 7), kv_string("general.architecture", "")],
+    ids=["uint32", "empty-string"],
+)
+def test_architecture_of_the_wrong_type(tmp_path, kv):
+    refused(tmp_path, gguf_bytes([kv]), match="general.architecture must be a non-empty string")
+
+
 @pytest.mark.parametrize("alignment", [0, 3, 48, 2**30])
 def test_bad_alignment(tmp_path, alignment):
     kvs = [kv_string("general.architecture", "llama"), kv_u32("general.alignment", alignment)]
@@ -304,6 +313,19 @@ def test_row_not_a_multiple_of_block_size(tmp_path):
 def test_duplicate_tensor_name(tmp_path):
     infos = [tensor_info("w", (32, 1), Q.F32, 0), tensor_info("w", (32, 1), Q.F32, 128)]
     refused(tmp_path, gguf_bytes(infos=infos, data=ONE_F32_DATA), match="'w' appears twice")
+
+
+@pytest.mark.parametrize("second_offset", [0, 96], ids=["same-offset", "partly-overlapping"])
+def test_overlapping_tensor_data(tmp_path, second_offset):
+    infos = [tensor_info("a", (32, 1), Q.F32, 0), tensor_info("b", (32, 2), Q.F32, second_offset)]
+    message = refused(tmp_path, gguf_bytes(infos=infos, data=b"\0" * 512), match="overlaps tensor")
+    assert "'a'" in message and "'b'" in message
+
+
+def test_adjacent_tensor_data_loads(tmp_path):
+    infos = [tensor_info("a", (32, 1), Q.F32, 128), tensor_info("b", (32, 1), Q.F32, 0)]
+    g = open_gguf(write(tmp_path, gguf_bytes(infos=infos, data=ONE_F32_DATA)))
+    assert set(g.tensors) == {"a", "b"}
 
 
 def test_tensor_name_length_past_end(tmp_path):

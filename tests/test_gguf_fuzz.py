@@ -4,10 +4,13 @@ quickly and without large allocations. Fixed seeds, so a failure reproduces.
 Two bases: a tiny model (whole header a few KB, 400 cases) and SmolLM2's real header (1.8 MB:
 metadata, 49k-token vocabulary, 272 tensor infos) written into a sparse file of the real size, so
 an unmutated copy loads and tensor-table mutations reach the offset/size checks (100 cases).
+Then a sample of tools/fuzz_gguf.py's structure-aware mutants through the whole pipeline (info,
+load, tokenize, template, generate): the full run of that script is the 2,000-file check.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 import sys
 import time
@@ -21,17 +24,25 @@ from gguf import GGMLQuantizationType
 from engine.errors import EngineError
 from engine.gguf import open_gguf
 
-try:
-    import resource  # POSIX only
-except ImportError:  # Windows: the peak-RSS check is skipped, the rest of the fuzzing still runs
-    resource = None
+
+def reset_peak_rss() -> bool:
+    """Start a fresh peak-RSS measurement (Linux: clear_refs 5 resets VmHWM), so the peak read
+    afterwards is this test's own, not that of whatever ran earlier in the process."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
-def peak_rss_bytes() -> int:
-    if resource is None:
-        return 0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
+def rss_bytes(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise LookupError(field)
 
 
 INTERESTING_U64 = [
@@ -157,7 +168,8 @@ def test_fuzz_real_smollm2_header(tmp_path, smollm2_path):
         (0, real.data_offset),
     ]  # keys, tensors, anywhere
     rng = np.random.default_rng(7)
-    peak_rss_before = peak_rss_bytes()
+    measure_rss = reset_peak_rss()
+    rss_before = rss_bytes("VmRSS") if measure_rss else 0
     outcomes: dict[str, int] = {}
     path = tmp_path / "fuzz-real.gguf"
     for case in range(100):
@@ -172,7 +184,44 @@ def test_fuzz_real_smollm2_header(tmp_path, smollm2_path):
         )
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     # Loading the real vocabulary takes ~25 MB of Python objects; a bad length must not take more.
-    peak_rss_growth = peak_rss_bytes() - peak_rss_before
-    assert peak_rss_growth < 48 << 20, f"peak RSS grew by {peak_rss_growth / 1e6:.0f} MB"
+    if measure_rss:
+        peak_rss_growth = rss_bytes("VmHWM") - rss_before
+        assert peak_rss_growth < 48 << 20, f"peak RSS grew by {peak_rss_growth / 1e6:.0f} MB"
     assert outcomes.get("loaded", 0) >= 5, outcomes
     assert outcomes.get("ModelFileError", 0) >= 20, outcomes
+
+
+def load_fuzz_tool():
+    path = Path(__file__).resolve().parent.parent / "tools" / "fuzz_gguf.py"
+    spec = importlib.util.spec_from_file_location("fuzz_gguf", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fuzz_whole_pipeline_sample(tmp_path):
+    """40 seeded structure-aware mutants of the four mini-vocabulary tiny models through info,
+    load, tokenize, template and generate: each succeeds or raises an EngineError."""
+    fuzz = load_fuzz_tool()
+    bases = fuzz.mini_vocab_bases(tmp_path)
+    rng = np.random.default_rng(20261201)
+    outcomes: dict[str, int] = {}
+    path = tmp_path / "mutant.gguf"
+    for case in range(40):
+        base = bases[case % len(bases)]
+        steps = fuzz.write_mutant(rng, base, path)
+        cpu_started = time.process_time()
+        try:
+            fuzz.run_pipeline(path)
+            outcome = "generated"
+        except EngineError as exc:
+            outcome = type(exc).__name__
+        except Exception as exc:
+            pytest.fail(f"case {case} ({base.name}: {steps}): untyped {type(exc).__name__}: {exc}")
+        cpu = time.process_time() - cpu_started
+        assert cpu < 10.0, f"case {case} ({base.name}: {steps}) used {cpu:.1f} s of CPU"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    # The sample must reach both ends: files that generate and files that are refused.
+    assert outcomes.get("generated", 0) >= 3, outcomes
+    assert outcomes.get("ModelFileError", 0) >= 10, outcomes

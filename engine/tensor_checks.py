@@ -1,0 +1,105 @@
+"""The tensors a model of a given ModelConfig must have, and the check that a file has them.
+
+Every shape the forward pass relies on is derived here from the config, in one place, and
+compared with the file before anything is allocated: activation buffers, the KV cache and the
+kernels' loops all take their sizes from the config, so a norm vector one element short or a
+projection with the wrong row count would otherwise be read past its end (garbage or NaN output)
+instead of refused. Names and shapes follow llama.cpp (numpy order: (out_features, in_features)).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from engine.errors import ModelFileError
+
+# Each layer holds at least this many tensors (attn norm, q, k, v, output, ffn norm, gate, up,
+# down), which bounds block_count by the file's tensor count before any per-layer work.
+MIN_TENSORS_PER_LAYER = 9
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.")
+
+
+def expected_shapes(cfg) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """(required, optional) tensor name -> numpy shape for a model of `cfg`."""
+    d, q_dim, kv_dim, n_ff, head = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.n_ff, cfg.head_dim
+    required: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (cfg.n_vocab, d),
+        "output_norm.weight": (d,),
+    }
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        required.update(
+            {
+                p + "attn_norm.weight": (d,),
+                p + "attn_q.weight": (q_dim, d),
+                p + "attn_k.weight": (kv_dim, d),
+                p + "attn_v.weight": (kv_dim, d),
+                p + "attn_output.weight": (d, q_dim),
+                p + "ffn_norm.weight": (d,),
+                p + "ffn_gate.weight": (n_ff, d),
+                p + "ffn_up.weight": (n_ff, d),
+                p + "ffn_down.weight": (d, n_ff),
+            }
+        )
+        if cfg.qkv_bias:
+            required[p + "attn_q.bias"] = (q_dim,)
+            required[p + "attn_k.bias"] = (kv_dim,)
+            required[p + "attn_v.bias"] = (kv_dim,)
+        if cfg.qk_norm:
+            required[p + "attn_q_norm.weight"] = (head,)
+            required[p + "attn_k_norm.weight"] = (head,)
+        if cfg.sandwich_norms:
+            required[p + "post_attention_norm.weight"] = (d,)
+            required[p + "post_ffw_norm.weight"] = (d,)
+    optional = {
+        "output.weight": (cfg.n_vocab, d),  # absent: tied to token_embd
+        "rope_freqs.weight": (head // 2,),  # Llama 3.1+ per-frequency RoPE divisors
+    }
+    return required, optional
+
+
+def check_layer_count(arch: str, n_layers: int, tensors: Mapping[str, Any]) -> None:
+    """block_count against the number of tensors, before anything is built per layer (a
+    block_count of 10^9 would otherwise cost gigabytes of per-layer bookkeeping)."""
+    if n_layers * MIN_TENSORS_PER_LAYER > len(tensors):
+        raise ModelFileError(
+            f"metadata {arch}.block_count={n_layers} needs at least "
+            f"{n_layers * MIN_TENSORS_PER_LAYER} tensors ({MIN_TENSORS_PER_LAYER} per layer), "
+            f"but the file holds {len(tensors)}"
+        )
+
+
+def check_tensors(cfg, tensors: Mapping[str, Any]) -> None:
+    """Raise ModelFileError naming the first tensor that is missing, misshapen or belongs to a
+    layer the metadata does not have."""
+    check_layer_count(cfg.arch, cfg.n_layers, tensors)
+    required, optional = expected_shapes(cfg)
+    sizes = (
+        f"embedding_length={cfg.d_model}, heads={cfg.n_head}x{cfg.head_dim}, "
+        f"kv_heads={cfg.n_kv_head}, feed_forward_length={cfg.n_ff}"
+    )
+    for name, shape in required.items():
+        tensor = tensors.get(name)
+        if tensor is None:
+            raise ModelFileError(f"tensor '{name}' is missing from the model file")
+        _check_shape(name, tensor, shape, sizes)
+    for name, shape in optional.items():
+        if name in tensors:
+            _check_shape(name, tensors[name], shape, sizes)
+    for name in tensors:
+        match = _LAYER_NAME.match(name)
+        if match and int(match.group(1)) >= cfg.n_layers:
+            raise ModelFileError(
+                f"tensor '{name}' belongs to layer {match.group(1)}, but metadata "
+                f"{cfg.arch}.block_count={cfg.n_layers} (layers 0 to {cfg.n_layers - 1})"
+            )
+
+
+def _check_shape(name: str, tensor: Any, expected: tuple[int, ...], sizes: str) -> None:
+    shape = tuple(int(n) for n in tensor.shape)
+    if shape != expected:
+        raise ModelFileError(
+            f"tensor '{name}' has shape {shape}, expected {expected} from the metadata ({sizes})"
+        )
