@@ -38,6 +38,7 @@ class ModelInfo:
     architecture: str
     n_ctx: int
     template: str  # chat template name, "(fallback)" appended when the model has none
+    summary: str = ""  # one line: name, architecture, quant, kernel path (printed on stderr)
 
 
 @dataclass(frozen=True)
@@ -149,14 +150,17 @@ class RealEngine:
     def describe(self, lm) -> ModelInfo:
         template = lm.chat_template
         template_name = getattr(template, "name", "") or "chat template"
-        if getattr(template, "is_fallback", False):
+        if getattr(template, "is_fallback", False) and "fallback" not in template_name:
             template_name += " (fallback)"
+        from engine.load_summary import load_line
+
         return ModelInfo(
             path=str(lm.path),
             name=Path(str(lm.path)).name,
             architecture=str(lm.gguf.arch),
             n_ctx=int(lm.n_ctx),
             template=template_name,
+            summary=load_line(lm),
         )
 
     def resolve_preset(self, lm, saved, overrides) -> PresetView:
