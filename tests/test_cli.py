@@ -336,3 +336,23 @@ def test_chat_on_a_model_without_template_warns_it_is_a_base_model(capsys, tiny_
 def test_chat_on_a_model_with_a_template_does_not_warn(capsys, tiny):
     code, _, err = run_cli(capsys, "generate", tiny, "Hi", "--chat", "--max-tokens", 1)
     assert code == 0 and "base model" not in err
+
+
+def test_a_fallback_to_numpy_kernels_is_one_plain_warning_line(capsys, tiny, monkeypatch):
+    import warnings
+
+    import engine.kernels.jit_backend as jit_backend
+
+    def no_jit(*args, **kwargs):
+        raise RuntimeError("no LLVM target here")
+
+    monkeypatch.setattr(jit_backend, "JitBackend", no_jit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # whatever the suite's filters say, show it like a user
+        code, _, err = run_cli(capsys, "generate", tiny, "Hi", "--max-tokens", 1)
+    assert code == 0
+    warning_lines = [line for line in err.splitlines() if "numpy kernels" in line]
+    assert warning_lines == [
+        "warning: JIT kernels unavailable (RuntimeError: no LLVM target here); using numpy kernels"
+    ]
+    assert ".py:" not in err  # no source path, no source line
