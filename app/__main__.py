@@ -43,6 +43,54 @@ def _data_paths(data_dir: Path | None):
     return data_dir / "chats.sqlite3", SettingsFile(data_dir / "settings.json")
 
 
+def data_dir_problem(data_dir: Path | None) -> str | None:
+    """Why --data-dir cannot hold the app's files (None when it can; it is created if missing)."""
+    if data_dir is None:
+        return None
+    if data_dir.exists() and not data_dir.is_dir():
+        return f"--data-dir {data_dir}: is a file, not a directory"
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--data-dir {data_dir}: cannot create the directory ({exc.strerror})"
+    return None
+
+
+def model_file_problem(model: str | None) -> str | None:
+    """Why the model named on the command line cannot be opened (missing, a directory, a FIFO
+    that would block the load), or None. Checked up front: a missing file must be reported,
+    never quietly replaced by another model."""
+    if model is None:
+        return None
+    from engine.errors import InputFileError
+    from engine.input_files import require_regular_file
+
+    try:
+        require_regular_file(model, "model")
+    except InputFileError as exc:
+        return str(exc)
+    return None
+
+
+def open_requested_model(window, model: str | None) -> None:
+    """Open the named model, or (none named) the last one or the built-in default. A named
+    model that is not there gets a message on stderr and a dialog, and no model is loaded: the
+    user asked for that file, so loading a different one would hide the mistake."""
+    problem = model_file_problem(model)
+    if problem is None:
+        window.start(model)
+        return
+    print(f"localchat: {problem}", file=sys.stderr, flush=True)
+    window.show_error(
+        "Could not open the model", f"{problem}\n\nOpen a model with File > Open (Ctrl+O)."
+    )
+
+
+def print_load_line(info) -> None:
+    """One line on stderr per loaded model: name, architecture, quant and kernel path."""
+    print(info.summary or f"loaded {info.name}", file=sys.stderr, flush=True)
+
+
 def run_smoke(prompt: str, model: str | None) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
@@ -54,6 +102,10 @@ def run_smoke(prompt: str, model: str | None) -> int:
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setWindowIcon(app_icon())  # exercises QtSvg + image plugins in a frozen bundle
+    problem = model_file_problem(model)
+    if problem is not None:
+        print(f"smoke: {problem}", file=sys.stderr)
+        return 2
     if model is None:
         from engine.model_files import ModelNotInstalledError, default_model_path
 
@@ -95,6 +147,7 @@ def run_smoke(prompt: str, model: str | None) -> int:
         outcome["code"] = 0 if text.strip() else 1
         app.quit()
 
+    controller.modelLoaded.connect(print_load_line)
     controller.modelLoaded.connect(on_loaded)
     controller.loadFailed.connect(lambda path, message: fail(f"{path}: {message}"))
     controller.replyText.connect(pieces.append)
@@ -134,9 +187,10 @@ def run_gui(args: argparse.Namespace) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     controller = EngineController(RealEngine())
+    controller.modelLoaded.connect(print_load_line)
     window = MainWindow(controller, store, settings, settings_file)
     window.show()
-    window.start(args.model)
+    open_requested_model(window, args.model)
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
     with loop:
@@ -151,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     # 1 ms instead of 5: GUI-thread GIL waits stay short while the engine worker runs Python.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     args = parse_args(argv)
+    problem = data_dir_problem(args.data_dir)
+    if problem is not None:
+        print(f"localchat: {problem}", file=sys.stderr)
+        return 2
     if args.smoke is not None:
         return run_smoke(args.smoke, args.model)
     return run_gui(args)

@@ -99,8 +99,10 @@ class RealEngine:
 
         template = lm.chat_template
         template_name = getattr(template, "name", "") or "chat template"
-        if getattr(template, "is_fallback", False):
+        if getattr(template, "is_fallback", False) and "fallback" not in template_name:
             template_name += " (fallback)"
+        from engine.load_summary import load_line
+
         return ModelInfo(
             path=str(lm.path),
             name=Path(str(lm.path)).name,
@@ -108,6 +110,7 @@ class RealEngine:
             n_ctx=int(lm.n_ctx),
             template=template_name,
             sampling_metadata=sampling_metadata(lm.gguf.metadata),
+            summary=load_line(lm),
         )
 
     def resolve_preset(self, model: ModelInfo, saved, overrides) -> ResolvedPreset:

@@ -36,7 +36,7 @@ class ChatSession(QObject):
     replyFinished = Signal(object)  # StoredMessage as stored
     replyFailed = Signal(str, object)  # message for a dialog, StoredMessage as stored
     busyChanged = Signal(bool)
-    presetChanged = Signal(object)  # PresetView
+    presetChanged = Signal(object)  # ResolvedPreset
     presetProblem = Signal(str)  # the model's preset could not be resolved (message for the user)
 
     def __init__(

@@ -1,8 +1,8 @@
 """Command line: `python -m engine info|tokenize|generate|score MODEL ...`.
 
 MODEL is a GGUF path, or `default` (the embedded SmolLM2-135M-Instruct) or `gemma3` (Gemma 3
-270M from its packages). Every subcommand has `--json` for machine-readable output. Invalid values
-exit with status 2 and the validation message on stderr; other engine errors exit with status 1.
+270M from its packages). Every subcommand has `--json` for machine-readable output. Exit codes are
+in EXIT_CODES_HELP (printed by `--help`).
 
 Sampling flags follow llama.cpp's convention for the temperature: `--temperature 0` means greedy
 and any temperature > 0 turns sampling on, unless `--greedy` is given (`--sample` turns sampling on
@@ -16,26 +16,64 @@ import argparse
 import json
 import signal
 import sys
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from engine.errors import ConfigValidationError, EngineError
+from engine.errors import ConfigValidationError, ConstraintError, EngineError, InputFileError
+from engine.input_files import MAX_SCHEMA_BYTES, read_text_file, require_regular_file
 from engine.types import JsonMode
 
 MODEL_ALIASES = ("default", "gemma3")
 SCORE_LOGITS_BUDGET = 2**26  # floats of logits per scoring forward (256 MiB)
+SCORE_DEFAULT_TOP = 5
+
+EXIT_OK, EXIT_ENGINE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_CODES_HELP = """exit codes:
+  0    success
+  1    the model or the engine failed: an unusable model file (corrupt, unsupported), a model
+       package that is not installed, or an error while generating
+  2    the command line is wrong: an invalid value, an argument that is not valid UTF-8, an input
+       file (model, --json-schema) that is missing, not a regular file, too large or invalid
+  130  interrupted (Ctrl-C) before the command finished; during `generate`, Ctrl-C instead stops
+       the generation and the command exits 0 with finish reason "cancelled"
+"""
+
+# Text arguments (attribute -> name in messages); they must be valid UTF-8, as the tokenizer
+# cannot encode the lone surrogates Python uses to carry undecodable argv bytes.
+TEXT_ARGUMENTS = {"prompt": "PROMPT", "text": "TEXT", "system": "--system", "stop": "--stop"}
 
 
 # --- model resolution ----------------------------------------------------------------------------
 def resolve_model_path(name: str) -> Path:
-    path = Path(name)
-    if path.is_file() or name not in MODEL_ALIASES:
-        return path
-    from engine import model_files
+    """A GGUF path (checked to be a regular file, so a FIFO cannot block the open), or an alias."""
+    if name in MODEL_ALIASES and not Path(name).exists():
+        from engine import model_files
 
-    return model_files.default_model_path() if name == "default" else model_files.gemma3_270m_path()
+        if name == "default":
+            return model_files.default_model_path()
+        return model_files.gemma3_270m_path()
+    return require_regular_file(name, "model")
+
+
+def require_utf8_arguments(args) -> None:
+    """Refuse text arguments holding bytes that are not UTF-8, naming the argument."""
+    for attr, label in TEXT_ARGUMENTS.items():
+        values = getattr(args, attr, None)
+        for value in values if isinstance(values, list) else [values]:
+            if not isinstance(value, str):
+                continue
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                byte = value.encode("utf-8", "surrogateescape")[exc.start : exc.start + 1]
+                raise ConfigValidationError(
+                    label,
+                    value,
+                    f"valid UTF-8 text (byte 0x{byte.hex()} at character {exc.start} is not)",
+                ) from None
 
 
 def _report_kernel_compile(stage: str, fraction: float) -> None:
@@ -110,8 +148,16 @@ def model_info(path: Path) -> dict:
     }
 
 
+def template_label(name: str, is_fallback: bool) -> str:
+    """The template's name, marked "(fallback)" once (fallback names already carry the mark)."""
+    return f"{name} (fallback)" if is_fallback and "fallback" not in name else name
+
+
 def cmd_info(args) -> int:
+    from engine.load_summary import planned_kernel_path
+
     info = model_info(resolve_model_path(args.model))
+    info["kernels"] = planned_kernel_path()
     if args.json:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0
@@ -132,7 +178,7 @@ def cmd_info(args) -> int:
         f"end-of-generation {list(zip(tok['eog_ids'], tok['eog_pieces'], strict=True))}"
     )
     template = info["chat_template"]
-    print(f"chat template    {template['name']}{' (fallback)' if template['is_fallback'] else ''}")
+    print(f"chat template    {template_label(template['name'], template['is_fallback'])}")
     print("preset:")
     preset = info["preset"]
     for name, value in preset["values"].items():
@@ -202,22 +248,30 @@ def json_mode_arguments(args) -> tuple[str, str | None]:
         raise ConfigValidationError(
             "--json-mode", mode, "'schema' (or left out) when --json-schema is given"
         )
-    try:
-        schema = Path(args.json_schema).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigValidationError(
-            "--json-schema", args.json_schema, f"a readable UTF-8 JSON schema file ({exc})"
-        ) from None
-    return "schema", schema
+    return "schema", read_text_file(args.json_schema, "--json-schema", MAX_SCHEMA_BYTES)
+
+
+def warn_if_base_model(lm) -> None:
+    """A model without a chat template is usually a base (pretrained-only) model: wrapped in a
+    borrowed template it tends to answer with nonsense, so --chat says so."""
+    template = lm.chat_template
+    if getattr(template, "is_fallback", False):
+        print(
+            f"warning: this model has no chat template (usually a base model, not trained to chat); "
+            f"--chat uses the {template.name} format and the reply may be gibberish. "
+            "Leave out --chat to continue PROMPT as plain text.",
+            file=sys.stderr,
+        )
 
 
 def cmd_generate(args) -> int:
     from engine.cancel import CancelToken
-    from engine.events import Finished, ReasoningDelta, TextDelta
+    from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled
     from engine.generate import GenerationRequest, generate
 
     lm = _load(args)
     if args.chat:
+        warn_if_base_model(lm)
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})
         request = GenerationRequest(messages=messages)
@@ -233,10 +287,20 @@ def cmd_generate(args) -> int:
     done = None
     # Ctrl-C cancels the generation (finish reason "cancelled", usage still printed) instead of
     # killing the process mid-token
+    try:
+        events = generate(lm, request, cancel)
+    except ConstraintError as exc:
+        if request.json_schema is None:
+            raise
+        # the schema the user gave is not usable: that is the command line's fault (exit 2)
+        raise InputFileError("--json-schema", args.json_schema, str(exc)) from None
+    sampled = []
     previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: cancel.cancel())
     try:
-        for event in generate(lm, request, cancel):
-            if isinstance(event, TextDelta) and not args.json:
+        for event in events:
+            if isinstance(event, TokenSampled):
+                sampled.append(event)
+            elif isinstance(event, TextDelta) and not args.json:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
             elif isinstance(event, ReasoningDelta) and not args.json:
@@ -247,9 +311,14 @@ def cmd_generate(args) -> int:
     finally:
         signal.signal(signal.SIGINT, previous_handler)
     if args.json:
-        print(json.dumps(finished_record(done), ensure_ascii=False))
+        record = finished_record(done)
+        if args.top_logprobs:
+            record["tokens"] = [token_record(t) for t in sampled]
+        print(json.dumps(record, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
+        if args.top_logprobs:
+            print_token_alternatives(sampled)
         usage = done.usage
         print(
             f"[{done.finish_reason}] {usage.prompt_tokens} prompt tokens ({usage.prompt_tok_s:.1f} tok/s), "
@@ -277,35 +346,67 @@ def finished_record(done) -> dict:
     }
 
 
+def token_record(event) -> dict:
+    return {
+        "index": event.index,
+        "id": event.token_id,
+        "text": event.text,
+        "logprob": event.logprob,
+        "top": [{"id": a.token_id, "text": a.text, "logprob": a.logprob} for a in event.top],
+    }
+
+
+def print_token_alternatives(sampled) -> None:
+    """--top-logprobs in text mode: after the reply, each generated token and its alternatives."""
+    print("\ntoken alternatives (natural-log probabilities):")
+    for t in sampled:
+        alternatives = "  ".join(f"{a.text!r} {a.logprob:.3f}" for a in t.top)
+        print(f"{t.index:>5}  {t.text!r:16} {t.logprob:8.3f}   {alternatives}")
+
+
 # --- score ---------------------------------------------------------------------------------------
-def score_positions(lm, ids: list[int], top: int) -> list[dict]:
-    """Teacher-forced: for each position i, the token there and the top-K next-token candidates
-    from the model's output at i (natural-log probabilities)."""
+def score_positions(lm, ids: list[int], top: int) -> dict:
+    """Teacher-forced scoring: for each position i > 0, the log-probability the model gave the
+    text's own token ids[i] after ids[:i], and the top-K candidates it considered there
+    (natural logs); the first token has no context, so no score. Also the total over the scored
+    tokens, the perplexity exp(-total / n) and the top-K predictions after the whole text."""
+    import math
+
     from engine.errors import ContextOverflowError
     from engine.sampling import log_normalizer, top_ids
 
     if not ids:
-        raise ConfigValidationError("text", "", "text that tokenizes to at least one token")
+        raise ConfigValidationError("TEXT", "", "text that tokenizes to at least one token")
     if len(ids) > lm.n_ctx:
         raise ContextOverflowError(
             f"The text is {len(ids)} tokens, more than the context window of {lm.n_ctx}"
         )
     cache = lm.model.new_cache(len(ids))
     chunk = max(1, min(256, SCORE_LOGITS_BUDGET // max(1, int(lm.config.n_vocab))))
-    positions = []
+    positions = [{"token_id": int(i), "logprob": None, "top": []} for i in ids]
+    next_top: list[dict] = []
     for start in range(0, len(ids), chunk):
         rows = lm.model.forward(ids[start : start + chunk], cache, all_logits=True)
         for offset, row in enumerate(np.atleast_2d(rows)):
             log_z = log_normalizer(row)
-            positions.append(
-                {
-                    "token_id": int(ids[start + offset]),
-                    "top": [
-                        {"id": int(i), "logprob": float(row[i]) - log_z} for i in top_ids(row, top)
-                    ],
-                }
-            )
-    return positions
+            candidates = [
+                {"id": int(i), "logprob": float(row[i]) - log_z} for i in top_ids(row, top)
+            ]
+            following = start + offset + 1  # the output at position j predicts token j + 1
+            if following < len(ids):
+                positions[following]["logprob"] = float(row[ids[following]]) - log_z
+                positions[following]["top"] = candidates
+            else:
+                next_top = candidates
+    scored = [p["logprob"] for p in positions[1:]]
+    total = float(sum(scored))
+    return {
+        "positions": positions,
+        "total_logprob": total,
+        "scored_tokens": len(scored),
+        "perplexity": math.exp(-total / len(scored)) if scored else None,
+        "next_top": next_top,
+    }
 
 
 def cmd_score(args) -> int:
@@ -313,29 +414,43 @@ def cmd_score(args) -> int:
         raise ConfigValidationError("--top", args.top, "an integer >= 1")
     lm = _load(args)
     ids = lm.tokenizer.encode(args.text, add_special=True)
-    positions = score_positions(lm, ids, args.top)
+    result = score_positions(lm, ids, args.top)
     if args.json:
-        print(json.dumps({"positions": positions}))
+        print(json.dumps(result, ensure_ascii=False))
+        return 0
+    piece = lm.tokenizer.piece
+    print(f"{'id':>8}  {'token':16} {'logprob':>8}   top {args.top} candidates at this position")
+    for pos in result["positions"]:
+        own = "-" if pos["logprob"] is None else f"{pos['logprob']:.3f}"
+        alternatives = "  ".join(f"{piece(a['id'])!r} {a['logprob']:.3f}" for a in pos["top"])
+        print(f"{pos['token_id']:>8}  {piece(pos['token_id'])!r:16} {own:>8}   {alternatives}")
+    if result["scored_tokens"]:
+        print(
+            f"total logprob {result['total_logprob']:.3f} over {result['scored_tokens']} tokens "
+            f"(the first has no context), perplexity {result['perplexity']:.2f}"
+        )
     else:
-        for pos in positions:
-            alternatives = "  ".join(
-                f"{lm.tokenizer.piece(a['id'])!r}:{a['logprob']:.3f}" for a in pos["top"]
-            )
-            print(
-                f"{pos['token_id']:>8} {lm.tokenizer.piece(pos['token_id'])!r:16} -> {alternatives}"
-            )
+        print("one token only: nothing to score (the first token has no context)")
     return 0
 
 
 # --- argument parsing ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m engine", description="LocalChat inference engine"
+        prog="python -m engine",
+        description="LocalChat inference engine",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def model_command(name, help_text, loads_model=False):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            epilog=EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.add_argument("model", help="GGUF path, or 'default' (SmolLM2-135M-Instruct) or 'gemma3'")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if loads_model:
@@ -346,7 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
                 help="context window (default: min(model's, 4096))",
             )
             p.add_argument(
-                "--threads", type=int, default=None, help="worker threads for the kernels"
+                "--threads",
+                type=int,
+                default=None,
+                help="worker threads for the kernels, 1 to 256 (default: physical cores)",
             )
         return p
 
@@ -383,7 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument(
-        "--top-logprobs", type=int, default=0, help="alternatives per token in the events"
+        "--top-logprobs",
+        type=int,
+        default=0,
+        help="show the N most likely alternatives of every generated token (after the text, "
+        "or as 'tokens' in --json)",
     )
     p.add_argument(
         "--json-mode",
@@ -411,10 +533,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = model_command(
-        "score", "teacher-forced top-K next-token log-probabilities over TEXT", loads_model=True
+        "score",
+        "log-probability of each token of TEXT, the total and the perplexity, with the top-K "
+        "candidates at each position",
+        loads_model=True,
     )
     p.add_argument("text")
-    p.add_argument("--top", type=int, required=True, help="alternatives per position")
+    p.add_argument(
+        "--top",
+        type=int,
+        default=SCORE_DEFAULT_TOP,
+        help=f"candidates per position (default {SCORE_DEFAULT_TOP})",
+    )
 
     p = model_command("bench", "prefill/decode tok/s like llama-bench, memory, JIT start-up times")
     from engine.bench import add_arguments as add_bench_arguments
@@ -438,19 +568,41 @@ COMMANDS = {
 }
 
 
+def print_safely_on_any_terminal() -> None:
+    """Paths may hold bytes that are not UTF-8 (carried as surrogates) and stdout may be strict
+    (PYTHONIOENCODING=utf-8:strict, an ASCII locale): escape what cannot be encoded instead of
+    crashing halfway through the output."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
+def show_warning_as_one_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (e.g. the JIT -> numpy fallback) as one line for a person, not a source path."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    print_safely_on_any_terminal()
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
-    except ConfigValidationError as exc:
+        with warnings.catch_warnings():  # restores the previous display when main() returns
+            warnings.showwarning = show_warning_as_one_line
+            require_utf8_arguments(args)
+            return COMMANDS[args.command](args)
+    except (ConfigValidationError, InputFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except (EngineError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_ENGINE
+    except KeyboardInterrupt:  # Ctrl-C while compiling kernels, loading or benchmarking
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. `python -m engine info MODEL | head`: the reader left early
         sys.stderr.close()
-        return 0
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.load_summary import kernel_path
+
 
 def _rss_mb() -> float:
     with open("/proc/self/statm") as fh:
@@ -112,6 +114,7 @@ def run_bench(
     result["backend"] = backend.name
     result["isa"] = getattr(backend, "isa", "numpy")
     result["threads"] = getattr(backend, "n_threads", 1)
+    result["kernels"] = kernel_path(backend)  # says why when it is the (slow) numpy fallback
     result["file_bytes"] = Path(model_path).stat().st_size
     model = lm.model
     rng = np.random.default_rng(1234)
@@ -170,7 +173,7 @@ def format_table(r: dict) -> str:
         extra.append(f"cold compile {r['cold_compile_s']:.2f} s")
     extra.append(f"warm start {r['warm_start_s']:.3f} s")
     extra.append(f"model load {r['load_s']:.2f} s")
-    return "\n".join([head, *rows, "", ", ".join(extra)])
+    return "\n".join([head, *rows, "", f"kernels: {r['kernels']}", ", ".join(extra)])
 
 
 def add_arguments(p) -> None:
@@ -178,7 +181,7 @@ def add_arguments(p) -> None:
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test)")
     p.add_argument(
-        "-t", "--threads", type=int, default=None, help="kernel threads (default: cores)"
+        "-t", "--threads", type=int, default=None, help="kernel threads, 1 to 256 (default: cores)"
     )
     p.add_argument("-r", "--repetitions", type=int, default=3, help="timed runs (median reported)")
     p.add_argument("--skip-cold", action="store_true", help="do not measure the cold compile")

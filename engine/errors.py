@@ -66,3 +66,14 @@ class ModelOutputError(EngineError, ValueError):
 
 class ConstraintError(EngineError):
     """JSON mode could not continue: the grammar allows no token, or the schema is invalid."""
+
+
+# --- input files ---------------------------------------------------------------------------------
+class InputFileError(EngineError):
+    """A file named by the user (model, JSON schema, ...) cannot be read as input: missing, not a
+    regular file (a directory, FIFO or device would block or never end), unreadable, too large or
+    not UTF-8. Carries the role of the file (e.g. "--json-schema"), the path and the problem."""
+
+    def __init__(self, role: str, path, problem: str):
+        self.role, self.path, self.problem = role, path, problem
+        super().__init__(f"{role} {path}: {problem}")

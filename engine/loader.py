@@ -77,10 +77,14 @@ def load_model(
     TokenizerError / ConfigValidationError (n_ctx, n_threads) before any large allocation."""
     report = progress or (lambda stage, fraction: None)
     path = Path(path)
+    from engine.kernels.threads import MAX_THREADS
+
     if n_threads is not None and (
-        isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1
+        isinstance(n_threads, bool)
+        or not isinstance(n_threads, int)
+        or not 1 <= n_threads <= MAX_THREADS
     ):
-        raise ConfigValidationError("n_threads", n_threads, "an integer >= 1")
+        raise ConfigValidationError("n_threads", n_threads, f"an integer from 1 to {MAX_THREADS}")
 
     report("reading model file", 0.0)
     gguf_file = open_gguf(path)

@@ -135,3 +135,4 @@ class ModelInfo:
     n_ctx: int
     template: str  # chat template name, "(fallback)" appended when the model has none
     sampling_metadata: dict = field(default_factory=dict)  # engine.presets.sampling_metadata
+    summary: str = ""  # one line: name, architecture, quant, kernel path (printed on stderr)

@@ -43,25 +43,45 @@ def test_tokenize_no_special_adds_nothing_but_still_parses_specials(capsys, tiny
     assert json.loads(with_special)["ids"][-1] == 2
 
 
-def test_score_positions_align_with_next_token_predictions(capsys, tiny):
+def test_score_gives_each_token_its_own_logprob_the_total_and_perplexity(capsys, tiny):
+    import math
+
     from engine.loader import load_model
     from engine.sampling import log_softmax
 
-    code, out, _ = run_cli(capsys, "score", tiny, "The cat sat on the mat", "--top", 4, "--json")
+    text = "The cat sat on the mat"
+    code, out, _ = run_cli(capsys, "score", tiny, text, "--top", 4, "--json")
     assert code == 0
-    positions = json.loads(out)["positions"]
+    result = json.loads(out)
+    positions = result["positions"]
     lm = load_model(tiny)
-    ids = lm.tokenizer.encode("The cat sat on the mat", add_special=True)
+    ids = lm.tokenizer.encode(text, add_special=True)
     assert [p["token_id"] for p in positions] == ids
-    for i in (0, len(ids) // 2, len(ids) - 1):
-        # position i's alternatives come from the model's output after ids[: i + 1]
-        lp = log_softmax(lm.model.forward(ids[: i + 1], lm.model.new_cache(i + 1)))
+    assert positions[0]["logprob"] is None and positions[0]["top"] == []  # no context yet
+    own = []
+    for i in range(1, len(ids)):
+        # token i is scored by the model's output after ids[:i], computed here independently
+        lp = log_softmax(lm.model.forward(ids[:i], lm.model.new_cache(i)))
+        own.append(float(lp[ids[i]]))
+        assert positions[i]["logprob"] == pytest.approx(own[-1], abs=2e-3)
         top = positions[i]["top"]
-        assert len(top) == 4
+        assert len(top) == 4 and top[0]["id"] == int(lp.argmax())
         assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
-        assert top[0]["id"] == int(lp.argmax())
         for t in top:
             assert t["logprob"] == pytest.approx(float(lp[t["id"]]), abs=2e-3)
+    assert result["scored_tokens"] == len(ids) - 1
+    assert result["total_logprob"] == pytest.approx(sum(own), abs=1e-2)
+    assert result["perplexity"] == pytest.approx(math.exp(-sum(own) / len(own)), rel=1e-3)
+    full = log_softmax(lm.model.forward(ids, lm.model.new_cache(len(ids))))
+    assert result["next_top"][0]["id"] == int(full.argmax())
+
+
+def test_score_text_output_needs_no_top_and_prints_the_total(capsys, tiny):
+    code, out, err = run_cli(capsys, "score", tiny, "The cat sat")
+    assert code == 0, err
+    assert "total logprob" in out and "perplexity" in out
+    rows = [line for line in out.splitlines()[1:] if not line.startswith("total")]
+    assert all(len(row.split("  ")) > 3 for row in rows[1:])  # default --top gives candidates
 
 
 @pytest.mark.parametrize(
@@ -90,9 +110,9 @@ def test_context_overflow_is_reported_not_crashed(capsys, tiny):
     assert code == 1 and "context window" in err
 
 
-def test_missing_model_file_is_an_error_message(capsys, tmp_path):
+def test_missing_model_file_is_a_usage_error_naming_the_path_once(capsys, tmp_path):
     code, _, err = run_cli(capsys, "tokenize", tmp_path / "nope.gguf", "x")
-    assert code == 1 and "nope.gguf" in err
+    assert code == 2 and err.count("nope.gguf") == 1 and "not found" in err
 
 
 def test_module_entry_point_runs():
@@ -237,3 +257,102 @@ def test_info_json_reports_model_tokenizer_template_and_preset_sources(capsys, t
         "seed",
         "stop",
     }
+
+
+def test_top_logprobs_shows_alternatives_in_json_and_text(capsys, tiny):
+    record = _generate_json(capsys, tiny, "--max-tokens", 4, "--greedy", "--top-logprobs", 3)
+    tokens = record["tokens"]
+    assert [t["id"] for t in tokens] == record["ids"]
+    for t in tokens:
+        assert len(t["top"]) == 3
+        assert t["top"][0]["id"] == t["id"]  # greedy: the chosen token is the most likely
+        assert t["top"][0]["logprob"] == pytest.approx(t["logprob"])
+    code, out, _ = run_cli(
+        capsys,
+        "generate",
+        tiny,
+        "Once upon a time",
+        "--max-tokens",
+        4,
+        "--greedy",
+        "--top-logprobs",
+        3,
+    )
+    assert code == 0
+    table = out.split("token alternatives", 1)[1].splitlines()[1:]
+    assert len(table) == len(tokens)
+    assert repr(tokens[0]["top"][1]["text"]) in table[0]
+
+
+def test_threads_above_the_pool_limit_are_refused_not_run_on_numpy(capsys, tiny):
+    code, out, err = run_cli(capsys, "generate", tiny, "Hi", "--threads", 300, "--max-tokens", 1)
+    assert code == 2 and "256" in err and out == ""
+    assert "numpy" not in err
+
+
+def test_help_documents_the_exit_codes():
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "generate", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert "exit codes" in result.stdout
+    for code in ("0 ", "1 ", "2 ", "130"):
+        assert f"\n  {code}" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_without_template(tmp_path_factory):
+    from tests.tiny_models import write_tiny_model
+
+    path = tmp_path_factory.mktemp("cli") / "tiny-base.gguf"
+    return str(write_tiny_model(path, "llama", seed=3, omit_keys=("tokenizer.chat_template",)))
+
+
+def test_info_marks_a_fallback_template_once(capsys, tiny_without_template):
+    code, out, _ = run_cli(capsys, "info", tiny_without_template)
+    line = next(line for line in out.splitlines() if line.startswith("chat template"))
+    assert code == 0 and line.count("fallback") == 1
+
+
+def test_info_names_the_kernel_path(capsys, tiny, monkeypatch):
+    code, out, _ = run_cli(capsys, "info", tiny)
+    assert code == 0 and any(line.startswith("kernels          JIT") for line in out.splitlines())
+    monkeypatch.setenv("LOCALCHAT_KERNELS", "numpy")
+    _, out, _ = run_cli(capsys, "info", tiny, "--json")
+    assert json.loads(out)["kernels"] == "numpy (LOCALCHAT_KERNELS=numpy)"
+
+
+def test_chat_on_a_model_without_template_warns_it_is_a_base_model(capsys, tiny_without_template):
+    code, _, err = run_cli(
+        capsys, "generate", tiny_without_template, "Hi", "--chat", "--max-tokens", 1
+    )
+    assert code == 0 and "no chat template" in err and "base model" in err
+    _, _, plain = run_cli(capsys, "generate", tiny_without_template, "Hi", "--max-tokens", 1)
+    assert "base model" not in plain
+
+
+def test_chat_on_a_model_with_a_template_does_not_warn(capsys, tiny):
+    code, _, err = run_cli(capsys, "generate", tiny, "Hi", "--chat", "--max-tokens", 1)
+    assert code == 0 and "base model" not in err
+
+
+def test_a_fallback_to_numpy_kernels_is_one_plain_warning_line(capsys, tiny, monkeypatch):
+    import warnings
+
+    import engine.kernels.jit_backend as jit_backend
+
+    def no_jit(*args, **kwargs):
+        raise RuntimeError("no LLVM target here")
+
+    monkeypatch.setattr(jit_backend, "JitBackend", no_jit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # whatever the suite's filters say, show it like a user
+        code, _, err = run_cli(capsys, "generate", tiny, "Hi", "--max-tokens", 1)
+    assert code == 0
+    warning_lines = [line for line in err.splitlines() if "numpy kernels" in line]
+    assert warning_lines == [
+        "warning: JIT kernels unavailable (RuntimeError: no LLVM target here); using numpy kernels"
+    ]
+    assert ".py:" not in err  # no source path, no source line

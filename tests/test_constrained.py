@@ -409,7 +409,8 @@ def test_cli_refuses_bad_json_flags(smollm2_path, tmp_path, capsys):
     assert "--json-schema" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text('{"type": "foo"}')
-    assert main(["generate", str(smollm2_path), "x", "--json-schema", str(bad)]) == 1
+    # an invalid schema is bad command-line input like an unreadable one: exit 2 (issue 16, #9)
+    assert main(["generate", str(smollm2_path), "x", "--json-schema", str(bad)]) == 2
     assert "Invalid type: foo" in capsys.readouterr().err
 
 

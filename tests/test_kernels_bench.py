@@ -26,6 +26,8 @@ def test_run_bench_reports_throughput_memory_and_start_up(tiny):
     assert r["peak_rss_mb"] >= r["rss_generating_mb"] > 0
     table = format_table(r)
     assert "| pp8 |" in table and "| tg3 |" in table
+    assert f"kernels: {r['kernels']}" in table
+    assert r["kernels"].startswith("JIT " if r["backend"] == "jit" else "numpy")
 
 
 def test_cli_bench_json(tiny, capsys):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine_bridge import ChatRequest
 from app.worker import EngineWorker, EventBatch, RequestFailed
 from engine.cancel import CancelToken
 from engine.errors import ConstraintError
 from engine.events import Finished, TextDelta, Usage
+from engine.types import GenerationRequest
 from tests.test_constrained_hostile import real_panic_type
 
 USAGE = Usage(
@@ -42,7 +42,7 @@ def run(script, cancel: CancelToken | None = None) -> list:
     worker = EngineWorker(Engine(script))
     worker.lm = object()
     worker.generate(
-        7, ChatRequest(messages=({"role": "user", "content": "x"},)), cancel or CancelToken()
+        7, GenerationRequest(messages=({"role": "user", "content": "x"},)), cancel or CancelToken()
     )
     return terminal_items(worker)
 
@@ -135,7 +135,9 @@ def test_keyboard_interrupt_still_propagates_after_the_terminal_item():
     worker = EngineWorker(Engine(raises_mid_stream(KeyboardInterrupt())))
     worker.lm = object()
     with pytest.raises(KeyboardInterrupt):
-        worker.generate(7, ChatRequest(messages=({"role": "user", "content": "x"},)), CancelToken())
+        worker.generate(
+            7, GenerationRequest(messages=({"role": "user", "content": "x"},)), CancelToken()
+        )
     (item,) = terminal_items(worker)
     assert isinstance(item, RequestFailed)
 

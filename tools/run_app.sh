@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up .venv (first run only does real work) and starts the desktop app.
+# Sets up .venv (only the first run, or a changed pyproject.toml, runs pip: later launches work
+# offline) and starts the desktop app.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/bootstrap.sh

@@ -27,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
+from engine.errors import ConfigValidationError
 from engine.qtensor import QTensor
 
 KERNELS_ENV = "LOCALCHAT_KERNELS"  # "numpy" forces the reference backend
@@ -114,10 +115,12 @@ class Backend(Protocol):
         Shapes (T, n_ff) float32; out may alias gate."""
 
 
-def _reference() -> Backend:
+def _reference(why: str) -> Backend:
     from engine.kernels.reference import ReferenceBackend
 
-    return ReferenceBackend()
+    backend = ReferenceBackend()
+    backend.fallback_reason = why  # shown by the CLI, bench and the app's load line
+    return backend
 
 
 def get_backend(
@@ -126,15 +129,14 @@ def get_backend(
     """The fastest backend that works here: the JIT backend unless LOCALCHAT_KERNELS=numpy or
     compiling it failed (then a warning names why and numpy runs)."""
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
-        return _reference()
+        return _reference(f"{KERNELS_ENV}=numpy")
     try:
         from engine.kernels.jit_backend import JitBackend
 
         return JitBackend(n_threads=n_threads, progress=progress)
+    except ConfigValidationError:
+        raise  # a bad setting (e.g. n_threads) is the caller's to fix, not a reason to run slowly
     except Exception as exc:  # any compile/load failure must not stop the app from working
-        warnings.warn(
-            f"JIT kernels unavailable ({type(exc).__name__}: {exc}); using numpy kernels",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return _reference()
+        why = f"JIT kernels unavailable ({type(exc).__name__}: {exc})"
+        warnings.warn(f"{why}; using numpy kernels", RuntimeWarning, stacklevel=2)
+        return _reference(why)

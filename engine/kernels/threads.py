@@ -43,6 +43,8 @@ import numpy as np
 _GEN, _CTR, _DONE, _STOP, _FN, _ARGS, _NCHUNKS, _SLEEPERS = 0, 64, 128, 192, 256, 264, 272, 320
 _STATE_BYTES = 512
 CHUNKS_PER_THREAD = 4
+# Nothing in the state block is per thread; this bounds the OS threads a typo can start.
+MAX_THREADS = 256
 
 # Cycle budgets (TSC ticks, ~3 GHz): spin ~70 us, then yield until ~10 ms, then block.
 _SPIN_TICKS = 200_000
@@ -280,8 +282,10 @@ class ThreadPool:
         from engine.errors import ConfigValidationError
 
         n = physical_cores() if n_threads is None else int(n_threads)
-        if not 1 <= n <= 256:
-            raise ConfigValidationError("n_threads", n_threads, "an integer from 1 to 256")
+        if not 1 <= n <= MAX_THREADS:
+            raise ConfigValidationError(
+                "n_threads", n_threads, f"an integer from 1 to {MAX_THREADS}"
+            )
         self.n_threads = n
         self._state = np.zeros(_STATE_BYTES // 4, dtype=np.int32)
         # Chunks per job: several per thread so whoever is running picks up the slack.
