@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from app.controller import EngineController
 from app.engine_bridge import ModelInfo, PresetView
-from app.export import render_export, write_export
+from app.export import export_file_name, render_export, safe_export_path, write_export
 from app.icon import app_icon
 from app.preset_state import parse_value
 from app.schema_check import check_schema
@@ -439,12 +439,8 @@ class MainWindow(QMainWindow):
     # --- export ---------------------------------------------------------------------------------
     def ask_export(self) -> None:
         conv = self.store.conversation(self.session.ensure_conversation())
-        suggested = (
-            "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip()
-            or "chat"
-        )
         path, _ = QFileDialog.getSaveFileName(
-            self, "Export chat", suggested + ".md", "Markdown (*.md);;JSON (*.json)"
+            self, "Export chat", export_file_name(conv.title), "Markdown (*.md);;JSON (*.json)"
         )
         if path:
             self.export_to(path)
@@ -454,6 +450,7 @@ class MainWindow(QMainWindow):
 
         With the qasync loop running (the real app) the write happens in a worker thread via
         asyncio; without one (some tests) it is written directly."""
+        path = str(safe_export_path(Path(path)))
         conv = self.store.conversation(self.session.ensure_conversation())
         messages = self.store.messages(conv.id)
         try:
