@@ -123,10 +123,11 @@ def run_gui(args: argparse.Namespace) -> int:
     import qasync
     from PySide6.QtWidgets import QApplication, QMessageBox
 
+    from app.app_data import open_app_data
     from app.controller import EngineController
     from app.engine_bridge import RealEngine
     from app.icon import app_icon
-    from app.store import Store, StoreError
+    from app.store import StoreError
     from app.theme import apply_theme
     from app.views.main_window import MainWindow
 
@@ -136,18 +137,20 @@ def run_gui(args: argparse.Namespace) -> int:
     app.setDesktopFileName("localchat")
     app.setWindowIcon(app_icon())
     db_path, settings_file = _data_paths(args.data_dir)
-    settings = settings_file.load()
-    apply_theme(app, settings.theme, settings.font_size)
     try:
-        store = Store(db_path)
+        # A damaged database, a read-only directory or broken settings do not stop the app.
+        data = open_app_data(db_path, settings_file)
     except StoreError as exc:
         QMessageBox.critical(None, "LocalChat", str(exc))
         return 1
+    store, settings = data.store, data.settings
+    apply_theme(app, settings.theme, settings.font_size)
 
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     controller = EngineController(RealEngine())
     window = MainWindow(controller, store, settings, settings_file)
+    window.show_startup_notices(data.notices)
     window.show()
     window.start(args.model)
     closed = asyncio.Event()

@@ -42,6 +42,7 @@ from app.theme import apply_theme
 from app.views.chat_view import ChatView
 from app.views.json_mode_bar import JsonModeBar
 from app.views.model_bar import ModelBar
+from app.views.notice_banner import NoticeBanner
 from app.views.preset_panel import PresetPanel
 from app.views.settings_dialog import SettingsDialog
 from app.views.sidebar import Sidebar
@@ -142,6 +143,8 @@ class MainWindow(QMainWindow):
         center = QWidget()
         center_layout = QVBoxLayout(center)
         center_layout.setContentsMargins(4, 4, 4, 4)
+        self.notice_banner = NoticeBanner()
+        center_layout.addWidget(self.notice_banner)
         prompt_row = QHBoxLayout()
         prompt_row.addWidget(QLabel("System prompt:"))
         prompt_row.addWidget(self.system_prompt, 1)
@@ -483,6 +486,12 @@ class MainWindow(QMainWindow):
             apply_theme(QApplication.instance(), self.settings.theme, self.settings.font_size)
 
     # --- errors, drag and drop, close -----------------------------------------------------------
+    def show_startup_notices(self, notices: list[str]) -> None:
+        """What happened to the app's own data at start-up (recovered database, read-only data
+        directory, settings reset), shown until the user hides it."""
+        for i, text in enumerate(notices):
+            self.notice_banner.show_notice(f"startup-{i}", text)
+
     def show_error(self, title: str, message: str) -> None:
         QMessageBox.critical(self, title, message)
 

@@ -1,0 +1,383 @@
+"""A damaged conversation database: find the damage, keep the file aside, copy what is readable.
+
+What damage looked like (issue 17): garbage bytes or a truncated file ("file is not a database",
+"database disk image is malformed"), and one invalid byte inside a message. The last one passes
+SQLite's integrity check (SQLite does not validate UTF-8), but Python's sqlite3 raised
+OperationalError("Could not decode to UTF-8 column 'content'") while the window was being built;
+the engine thread was already running, so Qt aborted ("QThread: Destroyed while thread is still
+running", SIGABRT) on every start.
+
+The check reads every row with bytes for text, so it sees exactly what Python would fail on.
+Recovery is a row-by-row copy through Python's sqlite3 with per-row error handling (portable: no
+dependency on the sqlite3 command-line tool and its `.recover`): a row that cannot be read is
+counted and skipped, invalid UTF-8 becomes U+FFFD, unreadable JSON columns are dropped. The
+damaged file is renamed with a timestamp and never deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sqlite3
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.store import (
+    SCHEMA_VERSION,
+    STATUS_INTERRUPTED,
+    STATUS_STREAMING,
+    Conversation,
+    Store,
+    StoredMessage,
+    open_read_only,
+)
+
+ORPHANS_TITLE = "Recovered messages"
+# After a damaged page ends a table scan, rowids past it are looked up one by one until this many
+# in a row are missing (rows on intact pages stay reachable through the b-tree's interior pages).
+PROBE_MISSES = 256
+# SQLite's companions of a database file, moved with it so its last commits stay readable.
+COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
+_TEXT_COLUMNS = {
+    "conversations": ("title", "system_prompt"),
+    "messages": ("role", "content", "reasoning", "status", "finish_reason", "json_mode"),
+}
+_JSON_COLUMNS = ("usage_json", "tokens_json")
+
+
+@dataclass
+class RecoveryReport:
+    problem: str  # what was wrong with the original
+    kept_as: Path  # where the original is now
+    conversations: int = 0
+    messages: int = 0
+    unreadable_rows: int = 0  # rows SQLite could not read at all (lost)
+    repaired_values: int = 0  # text with invalid bytes replaced, or unreadable usage/tokens dropped
+    incomplete: bool = False  # a table could not be scanned to its end (rows there may be lost)
+
+    def summary(self) -> str:
+        lines = [
+            f"The chat database was damaged ({self.problem}).",
+            f"Recovered {self.conversations} chats and {self.messages} messages into a new "
+            "database.",
+        ]
+        if self.repaired_values:
+            lines.append(
+                f"{self.repaired_values} damaged values were repaired (unreadable characters "
+                "shown as \ufffd)."
+            )
+        if self.unreadable_rows:
+            lines.append(f"{self.unreadable_rows} rows could not be read and are missing.")
+        if self.incomplete:
+            lines.append("Part of the file could not be read; messages stored there are missing.")
+        lines.append(f"The damaged file is kept as {self.kept_as}")
+        return "\n".join(lines)
+
+
+def database_problem(path: Path) -> str | None:
+    """What is wrong with the database at `path`, or None when it is readable as a whole (or does
+    not exist, or is from a newer version of the app: Store reports that, and it is not damage)."""
+    if not path.exists():
+        return None
+    db = None
+    try:
+        if path.stat().st_size == 0:
+            return None  # created but never written: Store initialises it
+        db = open_read_only(path)
+        if db is None:
+            return "not a SQLite database"
+        db.text_factory = bytes
+        check = db.execute("PRAGMA quick_check").fetchone()[0]
+        if check != b"ok" and check != "ok":
+            return _short(check)
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0 or version > SCHEMA_VERSION:
+            return None  # empty, foreign or newer: Store decides
+        for table, columns in _TEXT_COLUMNS.items():
+            names = _column_names(db, table)
+            if not names:
+                return f"table {table} is missing"
+            for row in db.execute(f"SELECT * FROM {table}"):
+                record = dict(zip(names, row, strict=True))
+                for column in columns:
+                    if not _decodes(record.get(column)):
+                        return f"{table} row {record.get('id')}: {column} is not valid UTF-8"
+                for column in _JSON_COLUMNS:
+                    if column in record and not _json_readable(record[column]):
+                        return f"{table} row {record.get('id')}: {column} is not valid JSON"
+        return None
+    except (sqlite3.Error, OSError) as exc:
+        return _short(str(exc))
+    finally:
+        if db is not None:
+            db.close()
+
+
+def keep_aside(path: Path, now: float | None = None) -> Path:
+    """Rename `path` (and its -wal/-shm/-journal) to `<name>.damaged-YYYYmmdd-HHMMSS`, never
+    overwriting an earlier one; returns the new database path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    target = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    path.rename(target)
+    for suffix in COMPANION_SUFFIXES:
+        companion = path.with_name(path.name + suffix)
+        if companion.exists():
+            companion.rename(target.with_name(target.name + suffix))
+    with contextlib.suppress(OSError):
+        target.chmod(0o600)  # still the user's chats
+    return target
+
+
+def recover_into(damaged: Path, store: Store, report: RecoveryReport) -> RecoveryReport:
+    """Copy every readable conversation and message of `damaged` into `store` (a fresh one).
+    Works on a scratch copy, so the kept original is never written to."""
+    with tempfile.TemporaryDirectory(prefix=".recovery-", dir=store.path.parent) as scratch:
+        db = _working_copy(damaged, Path(scratch))
+        if db is None:
+            return report
+        try:
+            _recover_conversations(db, store, report)
+            _recover_messages(db, store, report)
+        finally:
+            db.close()
+    return report
+
+
+def recover_database(path: Path, problem: str) -> tuple[Store, RecoveryReport]:
+    """Keep the damaged file at `path` aside, create a fresh database there, copy into it."""
+    kept = keep_aside(path)
+    store = Store(path)
+    report = RecoveryReport(problem=problem, kept_as=kept)
+    try:
+        recover_into(kept, store, report)
+    except sqlite3.Error as exc:
+        # Whatever was copied stays; the rest is in the kept file.
+        report.problem += f"; recovery stopped early: {exc}"
+    return store, report
+
+
+def _working_copy(damaged: Path, scratch: Path) -> sqlite3.Connection | None:
+    """A readable copy of `damaged` (with its WAL), or None. A truncated file's header still
+    counts the missing pages and SQLite then refuses the whole file; the copy's header is
+    corrected to the pages actually present."""
+    copy = scratch / "copy.sqlite3"
+    shutil.copyfile(damaged, copy)
+    wal = damaged.with_name(damaged.name + "-wal")
+    if wal.exists():
+        shutil.copyfile(wal, scratch / "copy.sqlite3-wal")
+    db = _open_checked(copy)
+    if db is None and _fix_page_count(copy):
+        db = _open_checked(copy)
+    if db is not None:
+        db.text_factory = bytes
+    return db
+
+
+def _open_checked(path: Path) -> sqlite3.Connection | None:
+    try:
+        db = sqlite3.connect(path)
+    except sqlite3.Error:
+        return None
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error:
+        db.close()
+        return None
+    return db
+
+
+def _fix_page_count(path: Path) -> bool:
+    """Set the header's database size (bytes 28-31) to the whole pages in the file."""
+    with open(path, "r+b") as f:
+        header = f.read(100)
+        if len(header) < 100 or not header.startswith(b"SQLite format 3\0"):
+            return False
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        if page_size < 512 or page_size & (page_size - 1):
+            return False
+        pages = path.stat().st_size // page_size
+        f.seek(28)
+        f.write(pages.to_bytes(4, "big"))
+    return True
+
+
+def _recover_conversations(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> None:
+    for rowid in _row_ids(db, "conversations", report):
+        record = _read_row(db, "conversations", rowid, report)
+        if record is None:
+            continue
+        conv = Conversation(
+            id=int(record["id"]),
+            title=_text(record.get("title"), report) or "Recovered chat",
+            system_prompt=_text(record.get("system_prompt"), report),
+            created_at=_number(record.get("created_at")),
+            updated_at=_number(record.get("updated_at", record.get("created_at"))),
+        )
+        store.restore_conversation(conv)
+        report.conversations += 1
+
+
+def _recover_messages(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> None:
+    records = []
+    for rowid in _row_ids(db, "messages", report):
+        record = _read_row(db, "messages", rowid, report)
+        if record is not None:
+            records.append(record)
+    # Version 1 had no position column: id order was the order.
+    records.sort(
+        key=lambda r: (
+            _int(r.get("conversation_id")) or 0,
+            _int(r.get("position")) or 0,
+            int(r["id"]),
+        )
+    )
+    restored_chats = {c.id for c in store.list_conversations()}
+    orphans_chat: int | None = None
+    next_position: dict[int, int] = {}
+    for record in records:
+        conversation_id = _int(record.get("conversation_id"))
+        if conversation_id not in restored_chats:
+            if orphans_chat is None:
+                orphans_chat = store.create_conversation(ORPHANS_TITLE)
+                restored_chats.add(orphans_chat)
+            conversation_id = orphans_chat
+        position = next_position.get(conversation_id, 0)
+        next_position[conversation_id] = position + 1
+        status = _text(record.get("status"), report) or "complete"
+        store.restore_message(
+            StoredMessage(
+                id=int(record["id"]),
+                conversation_id=conversation_id,
+                position=position,
+                role=_text(record.get("role"), report) or "assistant",
+                content=_text(record.get("content"), report),
+                reasoning=_text(record.get("reasoning"), report),
+                status=STATUS_INTERRUPTED if status == STATUS_STREAMING else status,
+                finish_reason=_text(record.get("finish_reason"), report) or None,
+                usage=_json(record.get("usage_json"), None, report),
+                tokens=_json(record.get("tokens_json"), [], report),
+                json_mode=_text(record.get("json_mode"), report) or "off",
+                created_at=_number(record.get("created_at")),
+            )
+        )
+        report.messages += 1
+
+
+def _row_ids(db: sqlite3.Connection, table: str, report: RecoveryReport) -> list[int]:
+    """Every rowid that can be found. A scan of the table b-tree (no index: an index may be the
+    damaged part) stops at the first damaged page; past it, rowids are looked up one by one."""
+    ids: list[int] = []
+    try:
+        for (rowid,) in db.execute(f"SELECT rowid FROM {table} NOT INDEXED"):
+            ids.append(rowid)
+        return ids
+    except sqlite3.DatabaseError:
+        report.incomplete = True
+    rowid, misses = (max(ids) if ids else 0), 0
+    while misses < PROBE_MISSES:
+        rowid += 1
+        try:
+            found = db.execute(f"SELECT rowid FROM {table} WHERE rowid=?", (rowid,)).fetchone()
+        except sqlite3.DatabaseError:
+            found = None
+        if found is None:
+            misses += 1
+        else:
+            ids.append(rowid)
+            misses = 0
+    return ids
+
+
+def _read_row(db: sqlite3.Connection, table: str, rowid: int, report: RecoveryReport):
+    try:
+        cur = db.execute(f"SELECT * FROM {table} WHERE rowid=?", (rowid,))
+        row = cur.fetchone()
+    except sqlite3.DatabaseError:
+        report.unreadable_rows += 1
+        return None
+    if row is None:
+        return None
+    record = dict(zip([d[0] for d in cur.description], row, strict=True))
+    if record.get("id") is None:
+        record["id"] = rowid
+    return record
+
+
+def _column_names(db: sqlite3.Connection, table: str) -> list[str]:
+    names = []
+    for row in db.execute(f"PRAGMA table_info({table})"):
+        name = row[1]
+        names.append(name.decode("utf-8", "replace") if isinstance(name, bytes) else name)
+    return names
+
+
+def _decodes(value) -> bool:
+    if not isinstance(value, bytes):
+        return True
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _json_readable(value) -> bool:
+    if value is None or value == b"":
+        return True
+    if not _decodes(value):
+        return False
+    try:
+        json.loads(value)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _text(value, report: RecoveryReport) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            report.repaired_values += 1
+            return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _json(value, default, report: RecoveryReport):
+    if value is None or value == b"":
+        return default
+    if not _json_readable(value):
+        report.repaired_values += 1
+        return default
+    return json.loads(value)
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _short(text) -> str:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    first = str(text).splitlines()[0] if text else "unknown damage"
+    return first[:200]
