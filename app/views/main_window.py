@@ -51,6 +51,7 @@ from app.views.ttft_panel import TtftPanel
 from app.views.usage_panel import UsagePanel
 
 FRAME_MS = 33  # ~30 Hz: smooth enough for text, cheap enough for markdown re-rendering
+SAVE_RETRY_MS = 5000  # while a save fails (disk full): how often to try again
 
 
 class InputBox(QPlainTextEdit):
@@ -95,6 +96,9 @@ class MainWindow(QMainWindow):
         self.frame_timer = QTimer(self)
         self.frame_timer.setInterval(FRAME_MS)
         self.frame_timer.timeout.connect(self._on_frame)
+        self.save_retry_timer = QTimer(self)
+        self.save_retry_timer.setInterval(SAVE_RETRY_MS)
+        self.save_retry_timer.timeout.connect(self.session.retry_saves)
         self.model_bar.set_recent(settings.recent_models)
         self._refresh_sidebar()
         self.session.ensure_conversation()
@@ -216,6 +220,7 @@ class MainWindow(QMainWindow):
         s.busyChanged.connect(self._set_busy)
         s.presetChanged.connect(self._on_preset_changed)
         s.presetProblem.connect(self._on_preset_problem)
+        s.storageProblem.connect(self._on_storage_problem)
 
         self.chat_view.editRequested.connect(self.edit_message)
         self.chat_view.regenerateRequested.connect(self.session.regenerate_reply)
@@ -492,6 +497,15 @@ class MainWindow(QMainWindow):
         for i, text in enumerate(notices):
             self.notice_banner.show_notice(f"startup-{i}", text)
 
+    def _on_storage_problem(self, message: str) -> None:
+        """A failed save (disk full): a banner, not a dialog per token; retried on a timer."""
+        if message:
+            self.notice_banner.show_notice("storage", message, "error")
+            self.save_retry_timer.start()
+        else:
+            self.notice_banner.clear_notice("storage")
+            self.save_retry_timer.stop()
+
     def show_error(self, title: str, message: str) -> None:
         QMessageBox.critical(self, title, message)
 
@@ -509,6 +523,8 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event):
         self.frame_timer.stop()
         self.session.tick()  # last partial save before the thread goes away
+        self.session.retry_saves()  # and a last try for replies a full disk kept in memory
+        self.save_retry_timer.stop()
         self.controller.shutdown()
         self.settings_file.save(self.settings)
         super().closeEvent(event)
