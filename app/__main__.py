@@ -127,8 +127,14 @@ def run_gui(args: argparse.Namespace) -> int:
     from app.controller import EngineController
     from app.engine_bridge import RealEngine
     from app.icon import app_icon
+    from app.instance_lock import InstanceLock, RaiseRequests, request_raise
     from app.store import StoreError
     from app.theme import apply_theme
+    from app.views.instance_dialog import (
+        QUIT,
+        SHOW_OTHER,
+        ask_about_running_instance,
+    )
     from app.views.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -137,9 +143,18 @@ def run_gui(args: argparse.Namespace) -> int:
     app.setDesktopFileName("localchat")
     app.setWindowIcon(app_icon())
     db_path, settings_file = _data_paths(args.data_dir)
+    lock = InstanceLock(db_path.parent)
+    read_only = False
+    if not lock.acquire():  # another LocalChat is writing these chats
+        choice = ask_about_running_instance(db_path.parent)
+        if choice == SHOW_OTHER and request_raise(db_path.parent):
+            return 0
+        if choice == QUIT:
+            return 0
+        read_only = True  # chosen, or the other window did not answer
     try:
         # A damaged database, a read-only directory or broken settings do not stop the app.
-        data = open_app_data(db_path, settings_file)
+        data = open_app_data(db_path, settings_file, read_only=read_only)
     except StoreError as exc:
         QMessageBox.critical(None, "LocalChat", str(exc))
         return 1
@@ -151,6 +166,11 @@ def run_gui(args: argparse.Namespace) -> int:
     controller = EngineController(RealEngine())
     window = MainWindow(controller, store, settings, settings_file)
     window.show_startup_notices(data.notices)
+    if data.read_only:
+        window.setWindowTitle("LocalChat (read-only)")
+    if lock.held:
+        raise_requests = RaiseRequests(db_path.parent, window)
+        raise_requests.raiseRequested.connect(window.bring_forward)
     window.show()
     window.start(args.model)
     closed = asyncio.Event()
@@ -158,6 +178,7 @@ def run_gui(args: argparse.Namespace) -> int:
     with loop:
         loop.run_until_complete(closed.wait())
     store.close()
+    lock.release()
     return 0
 
 

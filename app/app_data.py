@@ -44,6 +44,7 @@ def open_app_data(
     if settings_file.problem:
         notices.append(settings_file.problem)
     if read_only:
+        settings_file.read_only = True
         store = Store.in_memory_copy(db_path)
         notices.append(
             "Read-only: another LocalChat window is using this data directory. Chats you "

@@ -64,6 +64,7 @@ class SettingsFile:
         # For the user (banner and stderr): why the defaults are in use, or why saving failed.
         self.problem: str | None = None
         self.kept_as: Path | None = None  # where an unreadable settings file was moved
+        self.read_only = False  # another window owns this data directory: never write
 
     def load(self) -> Settings:
         """The saved settings; defaults if there are none. A file that cannot be used (not JSON,
@@ -106,6 +107,8 @@ class SettingsFile:
     def save(self, settings: Settings) -> bool:
         """Write the file 0600 in a 0700 directory; False (and `problem` set) if it cannot be
         written, e.g. a read-only or full disk: settings are not worth failing the app for."""
+        if self.read_only:
+            return False
         tmp = self.path.with_suffix(".tmp")
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

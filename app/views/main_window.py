@@ -506,6 +506,14 @@ class MainWindow(QMainWindow):
             self.notice_banner.clear_notice("storage")
             self.save_retry_timer.stop()
 
+    def bring_forward(self) -> None:
+        """Another LocalChat started on this data directory and asked for this window."""
+        if self.isMinimized():
+            self.showNormal()
+        self.show()
+        self.raise_()
+        self.activateWindow()
+
     def show_error(self, title: str, message: str) -> None:
         QMessageBox.critical(self, title, message)
 
