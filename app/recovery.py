@@ -7,7 +7,9 @@ OperationalError("Could not decode to UTF-8 column 'content'") while the window 
 the engine thread was already running, so Qt aborted ("QThread: Destroyed while thread is still
 running", SIGABRT) on every start.
 
-The check reads every row with bytes for text, so it sees exactly what Python would fail on.
+The check (SQLite's quick_check, then every text value read as bytes and decoded strictly) sees
+exactly what Python would fail on; on a 315 MB database (2,000 messages, 1,000 of them with
+1,000-token lists) it took 0.27 s (median of 5, file in the page cache, machine shared).
 Recovery is a row-by-row copy through Python's sqlite3 with per-row error handling (portable: no
 dependency on the sqlite3 command-line tool and its `.recover`): a row that cannot be read is
 counted and skipped, invalid UTF-8 becomes U+FFFD, unreadable JSON columns are dropped. The
@@ -100,14 +102,14 @@ def database_problem(path: Path) -> str | None:
             names = _column_names(db, table)
             if not names:
                 return f"table {table} is missing"
-            for row in db.execute(f"SELECT * FROM {table}"):
-                record = dict(zip(names, row, strict=True))
-                for column in columns:
-                    if not _decodes(record.get(column)):
-                        return f"{table} row {record.get('id')}: {column} is not valid UTF-8"
-                for column in _JSON_COLUMNS:
-                    if column in record and not _json_readable(record[column]):
-                        return f"{table} row {record.get('id')}: {column} is not valid JSON"
+            # Only the text columns: usage/tokens JSON is read leniently by the store (a bad value
+            # costs that value), and parsing megabytes of token lists would slow every start.
+            present = [c for c in columns if c in names]
+            sql = f"SELECT id, {', '.join(present)} FROM {table}"
+            for row in db.execute(sql):
+                for column, value in zip(present, row[1:], strict=True):
+                    if not _decodes(value):
+                        return f"{table} row {row[0]}: {column} is not valid UTF-8"
         return None
     except (sqlite3.Error, OSError) as exc:
         return _short(str(exc))
