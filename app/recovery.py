@@ -47,7 +47,6 @@ _TEXT_COLUMNS = {
     "conversations": ("title", "system_prompt"),
     "messages": ("role", "content", "reasoning", "status", "finish_reason", "json_mode"),
 }
-_JSON_COLUMNS = ("usage_json", "tokens_json")
 
 
 @dataclass
