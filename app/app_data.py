@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.recovery import database_problem, recover_database
+from app.recovery import database_problem, recover_database, recover_in_memory
 from app.settings import Settings, SettingsFile
 from app.store import Store, StoreError, create_private_dir
 
@@ -51,7 +51,12 @@ def open_app_data(
             "write here are not saved."
         )
     elif not _writable_dir(db_path.parent) or _unwritable_file(db_path):
-        store = Store.in_memory_copy(db_path)
+        problem = database_problem(db_path)
+        if problem is None:
+            store = Store.in_memory_copy(db_path)
+        else:  # damaged and cannot be set aside: show what is readable, leave the file alone
+            store, report = recover_in_memory(db_path, problem)
+            notices.append(report.summary())
         notices.append(
             f"The data directory {db_path.parent} cannot be written: chats cannot be saved. "
             "You can chat, but nothing is kept after you close the app."

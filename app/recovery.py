@@ -58,12 +58,12 @@ class RecoveryReport:
     unreadable_rows: int = 0  # rows SQLite could not read at all (lost)
     repaired_values: int = 0  # text with invalid bytes replaced, or unreadable usage/tokens dropped
     incomplete: bool = False  # a table could not be scanned to its end (rows there may be lost)
+    into: str = "a new database"
 
     def summary(self) -> str:
         lines = [
             f"The chat database was damaged ({self.problem}).",
-            f"Recovered {self.conversations} chats and {self.messages} messages into a new "
-            "database.",
+            f"Recovered {self.conversations} chats and {self.messages} messages into {self.into}.",
         ]
         if self.repaired_values:
             lines.append(
@@ -136,10 +136,13 @@ def keep_aside(path: Path, now: float | None = None) -> Path:
     return target
 
 
-def recover_into(damaged: Path, store: Store, report: RecoveryReport) -> RecoveryReport:
+def recover_into(
+    damaged: Path, store: Store, report: RecoveryReport, scratch_parent: Path | None = None
+) -> RecoveryReport:
     """Copy every readable conversation and message of `damaged` into `store` (a fresh one).
-    Works on a scratch copy, so the kept original is never written to."""
-    with tempfile.TemporaryDirectory(prefix=".recovery-", dir=store.path.parent) as scratch:
+    Works on a scratch copy (in `scratch_parent`, else the system's temporary directory), so the
+    damaged original is never written to."""
+    with tempfile.TemporaryDirectory(prefix=".recovery-", dir=scratch_parent) as scratch:
         db = _working_copy(damaged, Path(scratch))
         if db is None:
             return report
@@ -157,9 +160,21 @@ def recover_database(path: Path, problem: str) -> tuple[Store, RecoveryReport]:
     store = Store(path)
     report = RecoveryReport(problem=problem, kept_as=kept)
     try:
-        recover_into(kept, store, report)
+        recover_into(kept, store, report, scratch_parent=path.parent)
     except sqlite3.Error as exc:
         # Whatever was copied stays; the rest is in the kept file.
+        report.problem += f"; recovery stopped early: {exc}"
+    return store, report
+
+
+def recover_in_memory(path: Path, problem: str) -> tuple[Store, RecoveryReport]:
+    """For a damaged database that cannot be moved (read-only directory): what is readable, in an
+    in-memory store; the file stays where it is."""
+    store = Store.in_memory_copy(path.with_name(path.name + ".absent"))
+    report = RecoveryReport(problem=problem, kept_as=path, into="this window (not saved)")
+    try:
+        recover_into(path, store, report)
+    except (OSError, sqlite3.Error) as exc:
         report.problem += f"; recovery stopped early: {exc}"
     return store, report
 

@@ -221,10 +221,13 @@ READ_ONLY_CHILD = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not root_can_mount(), reason="needs root and unshare for a read-only mount")
-def test_read_only_data_directory_opens_a_working_copy(tmp_path):
+@pytest.mark.parametrize("damaged", [False, True])
+def test_read_only_data_directory_opens_a_working_copy(tmp_path, damaged):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     make_chats(data_dir / "chats.sqlite3").close()
+    if damaged:
+        flip_marker_byte(data_dir / "chats.sqlite3")
     before = sha(data_dir / "chats.sqlite3")
     run = run_python_in_mount(data_dir, READ_ONLY_CHILD, str(data_dir), size="4m", read_only=True)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -232,4 +235,6 @@ def test_read_only_data_directory_opens_a_working_copy(tmp_path):
     assert "TITLES ['chat 0', 'chat 1', 'chat 2']" in run.stdout
     assert "WORKS ['hello']" in run.stdout and "SETTINGS_SAVED False" in run.stdout
     assert "cannot be written: chats cannot be saved" in run.stdout
+    if damaged:
+        assert "Recovered 3 chats and 24 messages into this window (not saved)" in run.stdout
     assert sha(data_dir / "chats.sqlite3") == before
