@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.recovery import database_problem, recover_database, recover_in_memory
+from app.recovery import database_problem, is_damage, recover_database, recover_in_memory
 from app.settings import Settings, SettingsFile
 from app.store import Store, StoreError, create_private_dir
 
@@ -75,12 +75,15 @@ def _open_or_recover(db_path: Path, notices: list[str]) -> Store:
             return Store(db_path)
         except StoreError:
             raise
-        except sqlite3.DatabaseError as exc:
-            # Damage the read-only check could not see (e.g. a WAL that fails to replay).
-            problem = str(exc)
-        except OSError as exc:
-            notices.append(f"The chats database {db_path} cannot be opened ({exc}).")
-            return Store.in_memory_copy(db_path)
+        except (OSError, sqlite3.Error) as exc:
+            if not (isinstance(exc, sqlite3.Error) and is_damage(exc)):
+                # Locked, unreadable, disk full: not damage, so the file stays where it is.
+                notices.append(
+                    f"The chats database {db_path} cannot be opened ({exc}). Chats in this "
+                    "window are not saved."
+                )
+                return Store.in_memory_copy(db_path)
+            problem = str(exc)  # damage the read-only check could not see (a bad WAL)
     try:
         store, report = recover_database(db_path, problem)
     except (OSError, sqlite3.Error) as exc:

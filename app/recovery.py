@@ -34,7 +34,6 @@ from app.store import (
     Conversation,
     Store,
     StoredMessage,
-    open_read_only,
 )
 
 ORPHANS_TITLE = "Recovered messages"
@@ -78,18 +77,37 @@ class RecoveryReport:
         return "\n".join(lines)
 
 
+SQLITE_MAGIC = b"SQLite format 3\0"
+
+
+def is_damage(exc: sqlite3.Error) -> bool:
+    """Whether SQLite's error means the file's content is broken. A locked, unreadable or full
+    file is not damage: moving it aside would be wrong."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    text = str(exc).lower()
+    return (
+        name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+        or "malformed" in text
+        or "not a database" in text
+    )
+
+
 def database_problem(path: Path) -> str | None:
-    """What is wrong with the database at `path`, or None when it is readable as a whole (or does
-    not exist, or is from a newer version of the app: Store reports that, and it is not damage)."""
-    if not path.exists():
+    """What is wrong with the database at `path`, or None when it is readable as a whole, or
+    when the trouble is not damage (missing, locked, unreadable, from a newer version of the app:
+    Store reports those)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(len(SQLITE_MAGIC))
+    except OSError:
         return None
+    if not header:
+        return None  # created but never written: Store initialises it
+    if header != SQLITE_MAGIC:
+        return "not a SQLite database"
     db = None
     try:
-        if path.stat().st_size == 0:
-            return None  # created but never written: Store initialises it
-        db = open_read_only(path)
-        if db is None:
-            return "not a SQLite database"
+        db = _connect_read_only(path)
         db.text_factory = bytes
         check = db.execute("PRAGMA quick_check").fetchone()[0]
         if check != b"ok" and check != "ok":
@@ -110,11 +128,31 @@ def database_problem(path: Path) -> str | None:
                     if not _decodes(value):
                         return f"{table} row {row[0]}: {column} is not valid UTF-8"
         return None
-    except (sqlite3.Error, OSError) as exc:
-        return _short(str(exc))
+    except sqlite3.Error as exc:
+        return _short(str(exc)) if is_damage(exc) else None
     finally:
         if db is not None:
             db.close()
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """Like store.open_read_only, but raising SQLite's error so it can be told apart."""
+    error: sqlite3.Error | None = None
+    for mode in ("mode=ro", "immutable=1"):
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True)
+        except sqlite3.Error as exc:
+            error = exc
+            continue
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.Error as exc:
+            db.close()
+            error = exc
+            if is_damage(exc):
+                break
+    raise error
 
 
 def keep_aside(path: Path, now: float | None = None) -> Path:
@@ -157,7 +195,12 @@ def recover_into(
 def recover_database(path: Path, problem: str) -> tuple[Store, RecoveryReport]:
     """Keep the damaged file at `path` aside, create a fresh database there, copy into it."""
     kept = keep_aside(path)
-    store = Store(path)
+    try:
+        store = Store(path)
+    except (OSError, sqlite3.Error) as exc:  # e.g. the disk is full too
+        store, report = recover_in_memory(kept, problem)
+        report.problem += f"; a new database could not be created: {exc}"
+        return store, report
     report = RecoveryReport(problem=problem, kept_as=kept)
     try:
         recover_into(kept, store, report, scratch_parent=path.parent)

@@ -238,3 +238,19 @@ def test_read_only_data_directory_opens_a_working_copy(tmp_path, damaged):
     if damaged:
         assert "Recovered 3 chats and 24 messages into this window (not saved)" in run.stdout
     assert sha(data_dir / "chats.sqlite3") == before
+
+
+def test_locked_database_is_not_mistaken_for_damage(tmp_path):
+    db = tmp_path / "chats.sqlite3"
+    make_chats(db).close()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # e.g. a database browser in the middle of a write
+    try:
+        data = open_data(tmp_path)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert kept_files(tmp_path) == []
+    assert "cannot be opened (database is locked)" in data.notices[0]
+    assert len(data.store.list_conversations()) == 3 and not data.store.saves_to_disk
+    data.store.close()
