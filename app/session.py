@@ -31,13 +31,16 @@ def _reports_write_errors(method):
 
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
+        failures_before = self._write_failures
         try:
             result = method(self, *args, **kwargs)
         except StoreWriteError as exc:
+            self._write_failures += 1
             self._action_error = exc
             self._note_storage()
             return None
-        self._action_error = None
+        if self._write_failures == failures_before:  # no nested action failed either
+            self._action_error = None
         self._note_storage()
         return result
 
@@ -90,6 +93,7 @@ class ChatSession(QObject):
         self._prompt_estimate = 0
         self._unsaved: list[ReplyRecorder] = []  # finished replies whose final save failed
         self._action_error: StoreWriteError | None = None
+        self._write_failures = 0
         self._storage_problem = ""
 
         controller.modelLoaded.connect(self._on_model_loaded)

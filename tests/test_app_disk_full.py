@@ -189,3 +189,24 @@ def test_real_full_disk_on_a_tiny_tmpfs(tmp_path):
     assert "SEND True" in run.stdout
     assert "SAVED True complete" in run.stdout, run.stdout + run.stderr[-3000:]
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
+def test_chat_actions_on_a_full_disk_report_it_instead_of_raising(qtbot, tmp_path):
+    window, db = full_disk_window(qtbot, tmp_path, FakeEngine())
+    chats = len(window.store.list_conversations())
+    db.full = True
+    window.new_chat()
+    window.session.rename_conversation(window.session.conversation_id, "renamed")
+    window.system_prompt.setText("be brief")
+    window.input.setPlainText("hello")
+    window.send()
+    assert "Disk full" in window.notice_banner.text and window.notice_banner.isVisible()
+    assert len(window.store.list_conversations()) == chats
+    assert window.input.toPlainText() == "hello" and window.send_button.isEnabled()
+    db.full = False
+    with qtbot.waitSignal(window.session.busyChanged, timeout=10000):
+        window.send()
+    qtbot.waitUntil(lambda: not window.session.busy, timeout=10000)
+    assert not window.notice_banner.isVisible()
+    window.close()
+    window.store.close()
