@@ -53,7 +53,7 @@ def _data_paths(data_dir: Path | None):
 
     if data_dir is None:
         return default_db_path(), SettingsFile()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # chats are private
     return data_dir / "chats.sqlite3", SettingsFile(data_dir / "settings.json")
 
 

@@ -254,3 +254,12 @@ def test_locked_database_is_not_mistaken_for_damage(tmp_path):
     assert "cannot be opened (database is locked)" in data.notices[0]
     assert len(data.store.list_conversations()) == 3 and not data.store.saves_to_disk
     data.store.close()
+
+
+def test_app_creates_its_data_directory_0700(tmp_path):
+    data_dir = tmp_path / "fresh" / "data"
+    run = start_app(data_dir, tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((data_dir / "chats.sqlite3").stat().st_mode) == 0o600
+    assert stat.S_IMODE((data_dir / "settings.json").stat().st_mode) == 0o600
