@@ -34,12 +34,14 @@ from app.store import (
     Conversation,
     Store,
     StoredMessage,
+    StoreWriteError,
 )
 
 ORPHANS_TITLE = "Recovered messages"
 # After a damaged page ends a table scan, rowids past it are looked up one by one until this many
 # in a row are missing (rows on intact pages stay reachable through the b-tree's interior pages).
 PROBE_MISSES = 256
+RESTORE_BATCH = 500  # rows per transaction while copying into the fresh database
 # SQLite's companions of a database file, moved with it so its last commits stay readable.
 COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
 _TEXT_COLUMNS = {
@@ -204,7 +206,7 @@ def recover_database(path: Path, problem: str) -> tuple[Store, RecoveryReport]:
     report = RecoveryReport(problem=problem, kept_as=kept)
     try:
         recover_into(kept, store, report, scratch_parent=path.parent)
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, StoreWriteError, OSError) as exc:
         # Whatever was copied stays; the rest is in the kept file.
         report.problem += f"; recovery stopped early: {exc}"
     return store, report
@@ -217,7 +219,7 @@ def recover_in_memory(path: Path, problem: str) -> tuple[Store, RecoveryReport]:
     report = RecoveryReport(problem=problem, kept_as=path, into="this window (not saved)")
     try:
         recover_into(path, store, report)
-    except (OSError, sqlite3.Error) as exc:
+    except (sqlite3.Error, StoreWriteError, OSError) as exc:
         report.problem += f"; recovery stopped early: {exc}"
     return store, report
 
@@ -269,6 +271,11 @@ def _fix_page_count(path: Path) -> bool:
 
 
 def _recover_conversations(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> None:
+    with store.restoring():
+        _copy_conversations(db, store, report)
+
+
+def _copy_conversations(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> None:
     for rowid in _row_ids(db, "conversations", report):
         record = _read_row(db, "conversations", rowid, report)
         if record is None:
@@ -285,49 +292,58 @@ def _recover_conversations(db: sqlite3.Connection, store: Store, report: Recover
 
 
 def _recover_messages(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> None:
-    records = []
+    # Order first (keys only, so a large database is not held in memory), then copy in batches.
+    key_columns = "id, conversation_id"
+    if "position" in _column_names(db, "messages"):
+        key_columns += ", position"
+    keys = []
     for rowid in _row_ids(db, "messages", report):
-        record = _read_row(db, "messages", rowid, report)
+        record = _read_row(db, "messages", rowid, report, columns=key_columns)
         if record is not None:
-            records.append(record)
-    # Version 1 had no position column: id order was the order.
-    records.sort(
-        key=lambda r: (
-            _int(r.get("conversation_id")) or 0,
-            _int(r.get("position")) or 0,
-            int(r["id"]),
-        )
-    )
+            key = (
+                _int(record.get("conversation_id")) or 0,
+                _int(record.get("position")) or 0,  # version 1 had none: id order was the order
+                int(record["id"]),
+            )
+            keys.append((key, rowid))
+    keys.sort()
     restored_chats = {c.id for c in store.list_conversations()}
     orphans_chat: int | None = None
     next_position: dict[int, int] = {}
-    for record in records:
-        conversation_id = _int(record.get("conversation_id"))
-        if conversation_id not in restored_chats:
-            if orphans_chat is None:
-                orphans_chat = store.create_conversation(ORPHANS_TITLE)
-                restored_chats.add(orphans_chat)
-            conversation_id = orphans_chat
-        position = next_position.get(conversation_id, 0)
-        next_position[conversation_id] = position + 1
-        status = _text(record.get("status"), report) or "complete"
-        store.restore_message(
-            StoredMessage(
-                id=int(record["id"]),
-                conversation_id=conversation_id,
-                position=position,
-                role=_text(record.get("role"), report) or "assistant",
-                content=_text(record.get("content"), report),
-                reasoning=_text(record.get("reasoning"), report),
-                status=STATUS_INTERRUPTED if status == STATUS_STREAMING else status,
-                finish_reason=_text(record.get("finish_reason"), report) or None,
-                usage=_json(record.get("usage_json"), None, report),
-                tokens=_json(record.get("tokens_json"), [], report),
-                json_mode=_text(record.get("json_mode"), report) or "off",
-                created_at=_number(record.get("created_at")),
-            )
-        )
-        report.messages += 1
+    for start in range(0, len(keys), RESTORE_BATCH):
+        with store.restoring():
+            for _key, rowid in keys[start : start + RESTORE_BATCH]:
+                record = _read_row(db, "messages", rowid, report)
+                if record is None:
+                    continue
+                conversation_id = _int(record.get("conversation_id"))
+                if conversation_id not in restored_chats:
+                    if orphans_chat is None:
+                        orphans_chat = store.create_conversation(ORPHANS_TITLE)
+                        restored_chats.add(orphans_chat)
+                    conversation_id = orphans_chat
+                position = next_position.get(conversation_id, 0)
+                next_position[conversation_id] = position + 1
+                store.restore_message(_message(record, conversation_id, position, report))
+                report.messages += 1
+
+
+def _message(record: dict, conversation_id: int, position: int, report) -> StoredMessage:
+    status = _text(record.get("status"), report) or "complete"
+    return StoredMessage(
+        id=int(record["id"]),
+        conversation_id=conversation_id,
+        position=position,
+        role=_text(record.get("role"), report) or "assistant",
+        content=_text(record.get("content"), report),
+        reasoning=_text(record.get("reasoning"), report),
+        status=STATUS_INTERRUPTED if status == STATUS_STREAMING else status,
+        finish_reason=_text(record.get("finish_reason"), report) or None,
+        usage=_json(record.get("usage_json"), None, report),
+        tokens=_json(record.get("tokens_json"), [], report),
+        json_mode=_text(record.get("json_mode"), report) or "off",
+        created_at=_number(record.get("created_at")),
+    )
 
 
 def _row_ids(db: sqlite3.Connection, table: str, report: RecoveryReport) -> list[int]:
@@ -355,9 +371,11 @@ def _row_ids(db: sqlite3.Connection, table: str, report: RecoveryReport) -> list
     return ids
 
 
-def _read_row(db: sqlite3.Connection, table: str, rowid: int, report: RecoveryReport):
+def _read_row(
+    db: sqlite3.Connection, table: str, rowid: int, report: RecoveryReport, columns: str = "*"
+) -> dict | None:
     try:
-        cur = db.execute(f"SELECT * FROM {table} WHERE rowid=?", (rowid,))
+        cur = db.execute(f"SELECT {columns} FROM {table} WHERE rowid=?", (rowid,))
         row = cur.fetchone()
     except sqlite3.DatabaseError:
         report.unreadable_rows += 1
