@@ -39,7 +39,7 @@ def _data_paths(data_dir: Path | None):
 
     if data_dir is None:
         return default_db_path(), SettingsFile()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # chats are private
     return data_dir / "chats.sqlite3", SettingsFile(data_dir / "settings.json")
 
 
@@ -163,11 +163,18 @@ def run_gui(args: argparse.Namespace) -> int:
     import qasync
     from PySide6.QtWidgets import QApplication, QMessageBox
 
+    from app.app_data import open_app_data
     from app.controller import EngineController
     from app.engine_bridge import RealEngine
     from app.icon import app_icon
-    from app.store import Store, StoreError
+    from app.instance_lock import InstanceLock, RaiseRequests, request_raise
+    from app.store import StoreError
     from app.theme import apply_theme
+    from app.views.instance_dialog import (
+        QUIT,
+        SHOW_OTHER,
+        ask_about_running_instance,
+    )
     from app.views.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -176,19 +183,35 @@ def run_gui(args: argparse.Namespace) -> int:
     app.setDesktopFileName("localchat")
     app.setWindowIcon(app_icon())
     db_path, settings_file = _data_paths(args.data_dir)
-    settings = settings_file.load()
-    apply_theme(app, settings.theme, settings.font_size)
+    lock = InstanceLock(db_path.parent)
+    read_only = False
+    if not lock.acquire():  # another LocalChat is writing these chats
+        choice = ask_about_running_instance(db_path.parent)
+        if choice == SHOW_OTHER and request_raise(db_path.parent):
+            return 0
+        if choice == QUIT:
+            return 0
+        read_only = True  # chosen, or the other window did not answer
     try:
-        store = Store(db_path)
+        # A damaged database, a read-only directory or broken settings do not stop the app.
+        data = open_app_data(db_path, settings_file, read_only=read_only)
     except StoreError as exc:
         QMessageBox.critical(None, "LocalChat", str(exc))
         return 1
+    store, settings = data.store, data.settings
+    apply_theme(app, settings.theme, settings.font_size)
 
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     controller = EngineController(RealEngine())
     controller.modelLoaded.connect(print_load_line)
     window = MainWindow(controller, store, settings, settings_file)
+    window.show_startup_notices(data.notices)
+    if data.read_only:
+        window.setWindowTitle("LocalChat (read-only)")
+    if lock.held:
+        raise_requests = RaiseRequests(db_path.parent, window)
+        raise_requests.raiseRequested.connect(window.bring_forward)
     window.show()
     open_requested_model(window, args.model)
     closed = asyncio.Event()
@@ -196,6 +219,7 @@ def run_gui(args: argparse.Namespace) -> int:
     with loop:
         loop.run_until_complete(closed.wait())
     store.close()
+    lock.release()
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 from app.store import Conversation, StoredMessage
@@ -16,6 +17,45 @@ ROLE_TITLES = {
     Role.USER: "You",
     Role.ASSISTANT: "Assistant",
 }  # also on screen
+# POSIX file systems (ext4, btrfs, APFS, NTFS via the OS) limit a name to 255 bytes, not
+# characters: a title of 200 accented letters is 400 bytes and the write fails.
+DEFAULT_NAME_MAX = 255
+
+
+def name_max(directory: Path) -> int:
+    """The longest file name, in bytes, that `directory`'s file system accepts."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):
+        return DEFAULT_NAME_MAX
+
+
+def truncate_file_name(name: str, limit: int = DEFAULT_NAME_MAX) -> str:
+    """`name` cut to at most `limit` UTF-8 bytes, keeping its extension and never splitting a
+    character."""
+    if len(name.encode("utf-8")) <= limit:
+        return name
+    stem, dot, extension = name.rpartition(".")
+    if not dot or not stem or len(extension.encode("utf-8")) > 16:
+        stem, extension = name, ""
+    suffix = ("." + extension) if extension else ""
+    room = limit - len(suffix.encode("utf-8"))
+    # errors="ignore" drops the partial character left at the cut.
+    cut = stem.encode("utf-8")[:room].decode("utf-8", errors="ignore").rstrip()
+    return cut + suffix
+
+
+def export_file_name(title: str, extension: str = ".md", limit: int = DEFAULT_NAME_MAX) -> str:
+    """A file name suggested for exporting a chat titled `title`: letters, digits, spaces, - and
+    _ kept, everything else (path separators included) replaced, within the byte limit."""
+    stem = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in title).strip() or "chat"
+    return truncate_file_name(stem + extension, limit)
+
+
+def safe_export_path(path: Path) -> Path:
+    """`path` with its last component truncated to what its directory's file system accepts."""
+    path = Path(path)
+    return path.with_name(truncate_file_name(path.name, name_max(path.parent)))
 
 
 def to_markdown(conversation: Conversation, messages: list[StoredMessage]) -> str:
@@ -68,6 +108,7 @@ def render_export(path: Path, conversation: Conversation, messages: list[StoredM
 async def write_export(
     path: Path, conversation: Conversation, messages: list[StoredMessage]
 ) -> Path:
+    path = safe_export_path(path)
     text = render_export(path, conversation, messages)
-    await asyncio.to_thread(Path(path).write_text, text, encoding="utf-8")
-    return Path(path)
+    await asyncio.to_thread(path.write_text, text, encoding="utf-8")
+    return path

@@ -1,28 +1,46 @@
 """Check a JSON schema typed by the user before it is used for constrained decoding.
 
-Parsing errors come from `json` (with line and column); schema errors come from llguidance, the
-same library the engine's JSON mode compiles schemas with, so a schema accepted here is one the
-engine can use."""
+Parsing errors come from `json` (with line and column); structural limits (nesting depth, `$ref`
+cycles) from engine.schema_guard; schema errors from the engine's own validator
+(engine.constrained.validate_json_schema, which compiles with llguidance like JSON mode does), so
+a schema accepted here is one the engine can use. Whatever goes wrong, the caller gets a message,
+never an exception: the editor must never keep showing an earlier "valid"."""
 
 from __future__ import annotations
 
 import json
 
-import llguidance
+from engine.constrained import validate_json_schema
+from engine.errors import ConstraintError
+from engine.schema_guard import check_depth, check_schema_structure, json_text_depth
 
 
 def check_schema(text: str) -> tuple[dict | None, str | None]:
     """Returns (schema, None) when usable, else (None, a message for the user)."""
     try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return None, f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-    if not isinstance(schema, dict):
-        return None, f"A JSON schema must be an object ({{...}}), not {type(schema).__name__}"
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
-    problem = llguidance.LLMatcher.validate_grammar(grammar)
-    if problem:
-        return None, f"Invalid schema: {problem}"
+        # Before parsing: json.loads itself recurses and fails with RecursionError near 1,000.
+        check_depth(json_text_depth(text))
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return None, f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        if not isinstance(schema, dict):
+            return (
+                None,
+                f"A JSON schema must be an object ({{...}}), not {type(schema).__name__}",
+            )
+        check_schema_structure(schema)
+        validate_json_schema(schema)
+    except ConstraintError as exc:
+        return None, str(exc)
+    except RecursionError:
+        return None, "The JSON schema is nested too deeply to check"
+    except BaseException as exc:
+        # llguidance is native code: a Rust panic arrives as pyo3's PanicException, which derives
+        # from BaseException. Anything but a request to stop becomes a message.
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return None, f"The JSON schema cannot be checked: {type(exc).__name__}: {exc}"
     return schema, None
 
 

@@ -7,6 +7,7 @@ usage shown while tokens arrive. Widgets only call its methods and listen to its
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
@@ -16,12 +17,41 @@ from app.controller import EngineController
 from app.preset_state import PresetState
 from app.reply_recorder import ReplyRecorder
 from app.settings import Settings, SettingsFile
-from app.store import Store, StoredMessage
+from app.store import Store, StoredMessage, StoreWriteError
 from engine.errors import EngineError
 from engine.events import Finished
 from engine.types import GenerationRequest, JsonMode, MessageStatus, ModelInfo, Role
 
 TOP_LOGPROBS = 5
+
+
+def _reports_write_errors(method):
+    """A user action whose database write fails (disk full) reports it through storageProblem
+    and returns None instead of raising into a Qt slot; one that succeeds clears that report."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        failures_before = self._write_failures
+        try:
+            result = method(self, *args, **kwargs)
+        except StoreWriteError as exc:
+            self._write_failures += 1
+            self._action_error = exc
+            self._note_storage()
+            return None
+        if self._write_failures == failures_before:  # no nested action failed either
+            self._action_error = None
+        self._note_storage()
+        return result
+
+    return guarded
+
+
+def describe_write_error(exc: StoreWriteError) -> str:
+    kept = "Replies are kept in this window and saved as soon as possible (retried every few s)."
+    if exc.disk_full:
+        return f"Disk full: chats cannot be saved. {kept}"
+    return f"Chats cannot be saved ({exc}). {kept}"
 
 
 class ChatSession(QObject):
@@ -38,6 +68,7 @@ class ChatSession(QObject):
     busyChanged = Signal(bool)
     presetChanged = Signal(object)  # ResolvedPreset
     presetProblem = Signal(str)  # the model's preset could not be resolved (message for the user)
+    storageProblem = Signal(str)  # a database write failed (e.g. disk full); "" once saving works
 
     def __init__(
         self,
@@ -60,6 +91,10 @@ class ChatSession(QObject):
         self._first_token_at: float | None = None
         self._n_tokens = 0
         self._prompt_estimate = 0
+        self._unsaved: list[ReplyRecorder] = []  # finished replies whose final save failed
+        self._action_error: StoreWriteError | None = None
+        self._write_failures = 0
+        self._storage_problem = ""
 
         controller.modelLoaded.connect(self._on_model_loaded)
         controller.replyText.connect(self._on_text)
@@ -85,6 +120,7 @@ class ChatSession(QObject):
         self.conversation_id = conversation_id
         self.conversationOpened.emit(conv, self.store.messages(conversation_id))
 
+    @_reports_write_errors
     def new_conversation(self) -> int:
         if self.busy:
             self.cancel()
@@ -102,10 +138,12 @@ class ChatSession(QObject):
                 self.new_conversation()
         return self.conversation_id
 
+    @_reports_write_errors
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         self.store.rename_conversation(conversation_id, title)
         self.conversationsChanged.emit()
 
+    @_reports_write_errors
     def delete_conversation(self, conversation_id: int) -> None:
         if self.busy and conversation_id == self.conversation_id:
             self.cancel()
@@ -115,15 +153,18 @@ class ChatSession(QObject):
         self.conversationsChanged.emit()
         self.ensure_conversation()
 
+    @_reports_write_errors
     def set_system_prompt(self, text: str) -> None:
         self.store.set_system_prompt(self.ensure_conversation(), text)
 
     # --- generation -----------------------------------------------------------------------------
+    @_reports_write_errors
     def send(self, text: str) -> bool:
         """Append a user message and start the reply. False when it cannot start now."""
         text = text.strip()
         if not text or self.busy or self.controller.model is None:
             return False
+        self.retry_saves()  # the earlier reply first, so the chat stays in order
         cid = self.ensure_conversation()
         first_message = not self.store.messages(cid)
         user_id = self.store.add_message(cid, Role.USER, text)
@@ -135,6 +176,7 @@ class ChatSession(QObject):
         self._start_reply(cid)
         return True
 
+    @_reports_write_errors
     def regenerate_last(self) -> bool:
         """Drop the last reply (if any) and answer the last user message again."""
         if self.busy or self.controller.model is None or self.conversation_id is None:
@@ -146,6 +188,7 @@ class ChatSession(QObject):
             return False
         return self._regenerate_after(messages[-1])
 
+    @_reports_write_errors
     def regenerate_reply(self, message_id: int) -> bool:
         """Answer again the user message this reply answered; the reply and everything after it
         are dropped (the same as editing that user message without changing it)."""
@@ -166,6 +209,7 @@ class ChatSession(QObject):
             return False
         return self._regenerate_after(earlier_users[-1])
 
+    @_reports_write_errors
     def edit_and_regenerate(self, message_id: int, new_text: str) -> bool:
         message = self.store.message(message_id)
         if (
@@ -193,7 +237,10 @@ class ChatSession(QObject):
         messages = []
         if conv.system_prompt.strip():
             messages.append({"role": Role.SYSTEM, "content": conv.system_prompt.strip()})
+        unsaved = {r.message_id: r for r in self._unsaved}
         for m in self.store.messages(conversation_id):
+            if m.id in unsaved:  # its final save failed: the copy in memory is the reply
+                m = unsaved[m.id].in_memory(m)
             if (
                 m.role in (Role.USER, Role.ASSISTANT)
                 and m.status != MessageStatus.STREAMING
@@ -240,7 +287,31 @@ class ChatSession(QObject):
         if self._recorder is None:
             return
         self._recorder.maybe_save()
+        self._note_storage()
         self.liveUsage.emit(self.live_usage())
+
+    def retry_saves(self) -> bool:
+        """Save what a failed write left in memory (a timer calls this while a problem lasts;
+        sending calls it too). True when nothing is left unsaved."""
+        had_unsaved = bool(self._unsaved)
+        self._unsaved = [r for r in self._unsaved if not r.retry()]
+        if had_unsaved and not self._unsaved:
+            self._action_error = None  # the writes went through: there is space again
+        if self._recorder is not None:
+            self._recorder.maybe_save()
+        self._note_storage()
+        return not self._unsaved
+
+    def _note_storage(self) -> None:
+        errors = [r.save_error for r in self._unsaved]
+        if self._recorder is not None:
+            errors.append(self._recorder.save_error)
+        errors.append(self._action_error)
+        error = next((e for e in errors if e is not None), None)
+        problem = describe_write_error(error) if error is not None else ""
+        if problem != self._storage_problem:
+            self._storage_problem = problem
+            self.storageProblem.emit(problem)
 
     def live_usage(self) -> dict:
         now = time.perf_counter()
@@ -308,7 +379,7 @@ class ChatSession(QObject):
         if recorder is None:
             return
         status = recorder.finish(finished)
-        stored = self.store.message(recorder.message_id)
+        stored = self._stored_reply(recorder)
         self.busyChanged.emit(False)
         if stored is None:
             return  # its chat was deleted while it streamed
@@ -322,9 +393,18 @@ class ChatSession(QObject):
         if recorder is None:
             return
         recorder.fail(message)
-        stored = self.store.message(recorder.message_id)  # None if its chat was deleted
+        stored = self._stored_reply(recorder)  # None if its chat was deleted
         self.busyChanged.emit(False)
         self.replyFailed.emit(message, stored)
+
+    def _stored_reply(self, recorder: ReplyRecorder) -> StoredMessage | None:
+        """The finished reply as stored, or as held in memory when its save failed."""
+        stored = self.store.message(recorder.message_id)
+        if stored is not None and recorder.pending:
+            self._unsaved.append(recorder)
+            stored = recorder.in_memory(stored)
+        self._note_storage()
+        return stored
 
     # --- presets --------------------------------------------------------------------------------
     def set_preset_value(self, field: str, value) -> str | None:

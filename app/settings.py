@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -59,20 +61,65 @@ class Settings:
 class SettingsFile:
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path is not None else default_settings_path()
+        # For the user (banner and stderr): why the defaults are in use, or why saving failed.
+        self.problem: str | None = None
+        self.kept_as: Path | None = None  # where an unreadable settings file was moved
+        self.read_only = False  # another window owns this data directory: never write
 
     def load(self) -> Settings:
+        """The saved settings; defaults if there are none. A file that cannot be used (not JSON,
+        nested so deeply the parser gives up, wrong types) is renamed aside so the next save
+        does not overwrite it, and `problem` says so; start-up never fails on it."""
+        self.problem = self.kept_as = None
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
             return Settings()
+        except (OSError, UnicodeDecodeError) as exc:
+            return self._unusable(f"cannot be read ({exc})", keep_aside=False)
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            return self._unusable(f"is not valid JSON ({exc})")
+        except RecursionError:
+            return self._unusable("is nested too deeply to read")
+        if not isinstance(raw, dict):
+            return self._unusable(f"holds a {type(raw).__name__}, not settings")
         known = {f.name for f in fields(Settings)}
         try:
             return Settings(**{k: v for k, v in raw.items() if k in known}).validated()
-        except (TypeError, ValueError):
-            return Settings()
+        except (TypeError, ValueError, RecursionError) as exc:
+            return self._unusable(f"has values of the wrong type ({exc})")
 
-    def save(self, settings: Settings) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def _unusable(self, why: str, keep_aside: bool = True) -> Settings:
+        self.problem = f"The settings file {self.path} {why}; using default settings."
+        if keep_aside:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            target = self.path.with_name(f"{self.path.name}.broken-{stamp}")
+            try:
+                self.path.rename(target)
+                self.kept_as = target
+                self.problem += f" The old file is kept as {target}"
+            except OSError:
+                pass
+        return Settings()
+
+    def save(self, settings: Settings) -> bool:
+        """Write the file 0600 in a 0700 directory; False (and `problem` set) if it cannot be
+        written, e.g. a read-only or full disk: settings are not worth failing the app for."""
+        if self.read_only:
+            return False
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(settings), indent=2), encoding="utf-8")
-        os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(asdict(settings), indent=2))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            message = f"Settings could not be saved to {self.path}: {exc}"
+            if message != self.problem:
+                print(f"LocalChat: {message}", file=sys.stderr)
+            self.problem = message
+            return False
+        return True

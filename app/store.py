@@ -16,9 +16,12 @@ reasoning, finish reason, usage and sampled tokens. `_migrate` upgrades in place
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,23 +116,93 @@ class StoreError(Exception):
     """The conversation database cannot be opened or is from a newer version of the app."""
 
 
+class StoreWriteError(StoreError):
+    """A write was refused (disk full, I/O error, read-only file); the database is unchanged."""
+
+    def __init__(self, message: str, *, disk_full: bool):
+        super().__init__(message)
+        self.disk_full = disk_full
+
+
+def lenient_text(raw: bytes) -> str:
+    """TEXT columns decoded with U+FFFD for invalid bytes. Python's default decoder raises
+    OperationalError on one flipped byte, which made every start of the app fail."""
+    return raw.decode("utf-8", errors="replace")
+
+
+def create_private_dir(directory: Path) -> None:
+    """Create `directory` (and parents) readable by the owner only; existing ones are left as
+    they are (a --data-dir chosen by the user keeps the user's permissions)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def create_private_file(path: Path) -> None:
+    """Create `path` empty with mode 0600 if it does not exist; tighten it to 0600 if it does.
+    SQLite creates the -wal and -shm files with the database file's permissions."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+
+
+Connect = Callable[..., sqlite3.Connection]
+
+
 class Store:
-    def __init__(self, path: Path | str | None = None):
+    def __init__(
+        self,
+        path: Path | str | None = None,
+        *,
+        connect: Connect = sqlite3.connect,
+        connection: sqlite3.Connection | None = None,
+        mark_interrupted: bool = True,
+    ):
+        """Open (creating if needed) the database at `path`.
+
+        `connect` is how the file is opened (tests inject a connection that fails like a full
+        disk); `connection` is an already open database (the in-memory copy of `in_memory_copy`).
+        `mark_interrupted=False` leaves replies another process is streaming as they are.
+        """
         self.path = Path(path) if path is not None else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # check_same_thread=False: the store is only used from the GUI thread, but pytest-qt and
-        # qasync may call in from a helper thread; sqlite3 itself serialises access.
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.saves_to_disk = connection is None
+        if connection is None:
+            create_private_dir(self.path.parent)
+            create_private_file(self.path)
+            # check_same_thread=False: the store is only used from the GUI thread, but pytest-qt
+            # and qasync may call in from a helper thread; sqlite3 itself serialises access.
+            connection = connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db = connection
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.text_factory = lenient_text
+        if self.saves_to_disk:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
-        # A reply that was streaming when the app died is kept, marked so the user can see why
-        # it stops mid-sentence.
-        self._db.execute(
-            "UPDATE messages SET status=? WHERE status=?", (STATUS_INTERRUPTED, STATUS_STREAMING)
-        )
+        if mark_interrupted:
+            # A reply that was streaming when the app died is kept, marked so the user can see
+            # why it stops mid-sentence.
+            self._db.execute(
+                "UPDATE messages SET status=? WHERE status=?",
+                (STATUS_INTERRUPTED, STATUS_STREAMING),
+            )
+
+    @classmethod
+    def in_memory_copy(cls, path: Path | str) -> Store:
+        """A writable copy, in memory, of the database at `path` (empty if there is none or it
+        cannot be read): for a read-only data directory or a second window on the same data.
+        Nothing is ever written to `path`, and replies streaming elsewhere are not marked."""
+        memory = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        source = open_read_only(Path(path))
+        if source is not None:
+            try:
+                source.backup(memory)
+            except sqlite3.Error:
+                memory.close()
+                memory = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            finally:
+                source.close()
+        return cls(path, connection=memory, mark_interrupted=False)
 
     # --- schema ---------------------------------------------------------------------------------
     @property
@@ -190,6 +263,19 @@ class Store:
     def _transaction(self):
         return _Transaction(self._db)
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Turn SQLite's write failures into StoreWriteError, which callers handle (a full disk
+        must not become a traceback per token)."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            disk_full = "full" in text or "no space" in text
+            raise StoreWriteError(str(exc), disk_full=disk_full) from exc
+        except sqlite3.DatabaseError as exc:
+            raise StoreWriteError(str(exc), disk_full=False) from exc
+
     def close(self) -> None:
         self._db.close()
 
@@ -198,12 +284,13 @@ class Store:
 
     # --- conversations --------------------------------------------------------------------------
     def create_conversation(self, title: str = DEFAULT_TITLE, system_prompt: str = "") -> int:
-        now = time.time()
-        cur = self._db.execute(
-            "INSERT INTO conversations(title, system_prompt, created_at, updated_at) VALUES (?,?,?,?)",
-            (title, system_prompt, now, now),
-        )
-        return cur.lastrowid
+        with self._writing():
+            now = time.time()
+            cur = self._db.execute(
+                "INSERT INTO conversations(title, system_prompt, created_at, updated_at) VALUES (?,?,?,?)",
+                (title, system_prompt, now, now),
+            )
+            return cur.lastrowid
 
     def conversation(self, conversation_id: int) -> Conversation | None:
         row = self._db.execute(
@@ -227,23 +314,28 @@ class Store:
         return [Conversation(**dict(r)) for r in self._db.execute(sql, args)]
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
-        self._db.execute(
-            "UPDATE conversations SET title=?, updated_at=? WHERE id=?",
-            (title.strip() or DEFAULT_TITLE, time.time(), conversation_id),
-        )
+        with self._writing():
+            self._db.execute(
+                "UPDATE conversations SET title=?, updated_at=? WHERE id=?",
+                (title.strip() or DEFAULT_TITLE, time.time(), conversation_id),
+            )
 
     def set_system_prompt(self, conversation_id: int, system_prompt: str) -> None:
-        self._db.execute(
-            "UPDATE conversations SET system_prompt=? WHERE id=?", (system_prompt, conversation_id)
-        )
+        with self._writing():
+            self._db.execute(
+                "UPDATE conversations SET system_prompt=? WHERE id=?",
+                (system_prompt, conversation_id),
+            )
 
     def delete_conversation(self, conversation_id: int) -> None:
-        self._db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
+        with self._writing():
+            self._db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
 
     def _touch(self, conversation_id: int) -> None:
-        self._db.execute(
-            "UPDATE conversations SET updated_at=? WHERE id=?", (time.time(), conversation_id)
-        )
+        with self._writing():
+            self._db.execute(
+                "UPDATE conversations SET updated_at=? WHERE id=?", (time.time(), conversation_id)
+            )
 
     # --- messages -------------------------------------------------------------------------------
     def messages(self, conversation_id: int) -> list[StoredMessage]:
@@ -270,31 +362,32 @@ class Store:
         tokens: list | None = None,
         json_mode: str = "off",
     ) -> int:
-        with self._transaction():
-            position = self._db.execute(
-                "SELECT coalesce(max(position) + 1, 0) FROM messages WHERE conversation_id=?",
-                (conversation_id,),
-            ).fetchone()[0]
-            cur = self._db.execute(
-                "INSERT INTO messages(conversation_id, position, role, content, reasoning, status,"
-                " finish_reason, usage_json, tokens_json, json_mode, created_at)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    conversation_id,
-                    position,
-                    role,
-                    content,
-                    reasoning,
-                    status,
-                    finish_reason,
-                    json.dumps(usage) if usage is not None else None,
-                    json.dumps(tokens) if tokens else None,
-                    json_mode,
-                    time.time(),
-                ),
-            )
-            self._touch(conversation_id)
-        return cur.lastrowid
+        with self._writing():
+            with self._transaction():
+                position = self._db.execute(
+                    "SELECT coalesce(max(position) + 1, 0) FROM messages WHERE conversation_id=?",
+                    (conversation_id,),
+                ).fetchone()[0]
+                cur = self._db.execute(
+                    "INSERT INTO messages(conversation_id, position, role, content, reasoning, status,"
+                    " finish_reason, usage_json, tokens_json, json_mode, created_at)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        conversation_id,
+                        position,
+                        role,
+                        content,
+                        reasoning,
+                        status,
+                        finish_reason,
+                        json.dumps(usage) if usage is not None else None,
+                        json.dumps(tokens) if tokens else None,
+                        json_mode,
+                        time.time(),
+                    ),
+                )
+                self._touch(conversation_id)
+            return cur.lastrowid
 
     def begin_reply(self, conversation_id: int, json_mode: str = "off") -> int:
         """An empty assistant message in status 'streaming'; `save_partial` grows it."""
@@ -303,10 +396,11 @@ class Store:
         )
 
     def save_partial(self, message_id: int, content: str, reasoning: str = "") -> None:
-        self._db.execute(
-            "UPDATE messages SET content=?, reasoning=? WHERE id=?",
-            (content, reasoning, message_id),
-        )
+        with self._writing():
+            self._db.execute(
+                "UPDATE messages SET content=?, reasoning=? WHERE id=?",
+                (content, reasoning, message_id),
+            )
 
     def finish_reply(
         self,
@@ -319,29 +413,74 @@ class Store:
         usage: dict | None,
         tokens: list | None = None,
     ) -> None:
-        self._db.execute(
-            "UPDATE messages SET content=?, reasoning=?, status=?, finish_reason=?, usage_json=?,"
-            " tokens_json=? WHERE id=?",
-            (
-                content,
-                reasoning,
-                status,
-                finish_reason,
-                json.dumps(usage) if usage is not None else None,
-                json.dumps(tokens) if tokens else None,
-                message_id,
-            ),
-        )
+        with self._writing():
+            self._db.execute(
+                "UPDATE messages SET content=?, reasoning=?, status=?, finish_reason=?, usage_json=?,"
+                " tokens_json=? WHERE id=?",
+                (
+                    content,
+                    reasoning,
+                    status,
+                    finish_reason,
+                    json.dumps(usage) if usage is not None else None,
+                    json.dumps(tokens) if tokens else None,
+                    message_id,
+                ),
+            )
+
+    # --- recovery (app/recovery.py copies what a damaged database still holds) ---------------
+    def restoring(self):
+        """One transaction around many restore_* calls: a commit per row made recovering a
+        300 MB database take a minute."""
+        return self._transaction()
+
+    def restore_conversation(self, conversation: Conversation) -> None:
+        with self._writing():
+            self._db.execute(
+                "INSERT INTO conversations(id, title, system_prompt, created_at, updated_at)"
+                " VALUES (?,?,?,?,?)",
+                (
+                    conversation.id,
+                    conversation.title,
+                    conversation.system_prompt,
+                    conversation.created_at,
+                    conversation.updated_at,
+                ),
+            )
+
+    def restore_message(self, m: StoredMessage) -> None:
+        with self._writing():
+            self._db.execute(
+                "INSERT INTO messages(id, conversation_id, position, role, content, reasoning,"
+                " status, finish_reason, usage_json, tokens_json, json_mode, created_at)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    m.id,
+                    m.conversation_id,
+                    m.position,
+                    m.role,
+                    m.content,
+                    m.reasoning,
+                    m.status,
+                    m.finish_reason,
+                    json.dumps(m.usage) if m.usage is not None else None,
+                    json.dumps(m.tokens) if m.tokens else None,
+                    m.json_mode,
+                    m.created_at,
+                ),
+            )
 
     def update_message_content(self, message_id: int, content: str) -> None:
-        self._db.execute("UPDATE messages SET content=? WHERE id=?", (content, message_id))
+        with self._writing():
+            self._db.execute("UPDATE messages SET content=? WHERE id=?", (content, message_id))
 
     def delete_messages_from(self, conversation_id: int, position: int) -> None:
         """Delete the message at `position` and everything after it (regenerate / edit)."""
-        self._db.execute(
-            "DELETE FROM messages WHERE conversation_id=? AND position>=?",
-            (conversation_id, position),
-        )
+        with self._writing():
+            self._db.execute(
+                "DELETE FROM messages WHERE conversation_id=? AND position>=?",
+                (conversation_id, position),
+            )
 
 
 class _Transaction:
@@ -355,7 +494,13 @@ class _Transaction:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is None:
+            self._db.execute("COMMIT")
+            return False
+        # A failed COMMIT (disk full) may already have ended the transaction; the first error
+        # is the one to report.
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("ROLLBACK")
         return False
 
 
@@ -377,8 +522,34 @@ def _message_from_row(row: sqlite3.Row) -> StoredMessage:
         reasoning=row["reasoning"],
         status=row["status"],
         finish_reason=row["finish_reason"],
-        usage=json.loads(row["usage_json"]) if row["usage_json"] else None,
-        tokens=json.loads(row["tokens_json"]) if row["tokens_json"] else [],
+        usage=_json_or(row["usage_json"], None),
+        tokens=_json_or(row["tokens_json"], []),
         json_mode=row["json_mode"],
         created_at=row["created_at"],
     )
+
+
+def _json_or(text: str | None, default):
+    """A JSON column's value; `default` when empty or unreadable (a damaged byte must cost the
+    usage line or the token list of one message, not the whole chat)."""
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return default
+
+
+def open_read_only(path: Path) -> sqlite3.Connection | None:
+    """A read-only connection to `path`, or None if it cannot be opened. In a read-only directory
+    SQLite cannot create the WAL index, so `immutable=1` (no locking, no WAL) is the fallback."""
+    if not path.is_file():
+        return None
+    for mode in ("mode=ro", "immutable=1"):
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True)
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.Error:
+            continue
+    return None

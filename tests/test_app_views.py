@@ -79,7 +79,7 @@ def test_schema_dialog_validates_before_use(qtbot):
     dialog.editor.setPlainText("[1, 2]")
     assert not ok.isEnabled() and "must be an object" in dialog.status.text()
     dialog.editor.setPlainText('{"type": "objekt"}')
-    assert not ok.isEnabled() and dialog.status.text() == "✖ Invalid schema: Invalid type: objekt"
+    assert not ok.isEnabled() and dialog.status.text().endswith("Invalid type: objekt")
     dialog.editor.setPlainText('{"type": "object", "properties": {"a": {"type": "integer"}}}')
     assert ok.isEnabled() and dialog.status.text() == "✔ valid schema"
 

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.controller import EngineController
-from app.export import render_export, write_export
+from app.export import export_file_name, render_export, safe_export_path, write_export
 from app.icon import app_icon
 from app.preset_state import parse_value
 from app.schema_check import check_schema
@@ -41,6 +41,7 @@ from app.theme import apply_theme
 from app.views.chat_view import ChatView
 from app.views.json_mode_bar import JsonModeBar
 from app.views.model_bar import ModelBar
+from app.views.notice_banner import NoticeBanner
 from app.views.preset_panel import PresetPanel
 from app.views.settings_dialog import SettingsDialog
 from app.views.sidebar import Sidebar
@@ -50,6 +51,7 @@ from app.views.usage_panel import UsagePanel
 from engine.types import MessageStatus, ModelInfo, ResolvedPreset, Role
 
 FRAME_MS = 33  # ~30 Hz: smooth enough for text, cheap enough for markdown re-rendering
+SAVE_RETRY_MS = 5000  # while a save fails (disk full): how often to try again
 
 
 class InputBox(QPlainTextEdit):
@@ -93,6 +95,9 @@ class MainWindow(QMainWindow):
         self.frame_timer = QTimer(self)
         self.frame_timer.setInterval(FRAME_MS)
         self.frame_timer.timeout.connect(self._on_frame)
+        self.save_retry_timer = QTimer(self)
+        self.save_retry_timer.setInterval(SAVE_RETRY_MS)
+        self.save_retry_timer.timeout.connect(self.session.retry_saves)
         self.model_bar.set_recent(settings.recent_models)
         self._refresh_sidebar()
         self.session.ensure_conversation()
@@ -141,6 +146,8 @@ class MainWindow(QMainWindow):
         center = QWidget()
         center_layout = QVBoxLayout(center)
         center_layout.setContentsMargins(4, 4, 4, 4)
+        self.notice_banner = NoticeBanner()
+        center_layout.addWidget(self.notice_banner)
         prompt_row = QHBoxLayout()
         prompt_row.addWidget(QLabel("System prompt:"))
         prompt_row.addWidget(self.system_prompt, 1)
@@ -212,6 +219,7 @@ class MainWindow(QMainWindow):
         s.busyChanged.connect(self._set_busy)
         s.presetChanged.connect(self._on_preset_changed)
         s.presetProblem.connect(self._on_preset_problem)
+        s.storageProblem.connect(self._on_storage_problem)
 
         self.chat_view.editRequested.connect(self.edit_message)
         self.chat_view.regenerateRequested.connect(self.session.regenerate_reply)
@@ -439,12 +447,8 @@ class MainWindow(QMainWindow):
     # --- export ---------------------------------------------------------------------------------
     def ask_export(self) -> None:
         conv = self.store.conversation(self.session.ensure_conversation())
-        suggested = (
-            "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip()
-            or "chat"
-        )
         path, _ = QFileDialog.getSaveFileName(
-            self, "Export chat", suggested + ".md", "Markdown (*.md);;JSON (*.json)"
+            self, "Export chat", export_file_name(conv.title), "Markdown (*.md);;JSON (*.json)"
         )
         if path:
             self.export_to(path)
@@ -454,6 +458,7 @@ class MainWindow(QMainWindow):
 
         With the qasync loop running (the real app) the write happens in a worker thread via
         asyncio; without one (some tests) it is written directly."""
+        path = str(safe_export_path(Path(path)))
         conv = self.store.conversation(self.session.ensure_conversation())
         messages = self.store.messages(conv.id)
         try:
@@ -486,6 +491,29 @@ class MainWindow(QMainWindow):
             apply_theme(QApplication.instance(), self.settings.theme, self.settings.font_size)
 
     # --- errors, drag and drop, close -----------------------------------------------------------
+    def show_startup_notices(self, notices: list[str]) -> None:
+        """What happened to the app's own data at start-up (recovered database, read-only data
+        directory, settings reset), shown until the user hides it."""
+        for i, text in enumerate(notices):
+            self.notice_banner.show_notice(f"startup-{i}", text)
+
+    def _on_storage_problem(self, message: str) -> None:
+        """A failed save (disk full): a banner, not a dialog per token; retried on a timer."""
+        if message:
+            self.notice_banner.show_notice("storage", message, "error")
+            self.save_retry_timer.start()
+        else:
+            self.notice_banner.clear_notice("storage")
+            self.save_retry_timer.stop()
+
+    def bring_forward(self) -> None:
+        """Another LocalChat started on this data directory and asked for this window."""
+        if self.isMinimized():
+            self.showNormal()
+        self.show()
+        self.raise_()
+        self.activateWindow()
+
     def show_error(self, title: str, message: str) -> None:
         QMessageBox.critical(self, title, message)
 
@@ -503,6 +531,8 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event):
         self.frame_timer.stop()
         self.session.tick()  # last partial save before the thread goes away
+        self.session.retry_saves()  # and a last try for replies a full disk kept in memory
+        self.save_retry_timer.stop()
         self.controller.shutdown()
         self.settings_file.save(self.settings)
         super().closeEvent(event)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QGuiApplication, QTextCursor
+from PySide6.QtCore import QEvent, Qt, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QSizePolicy,
     QTextBrowser,
     QToolButton,
@@ -29,6 +30,36 @@ STATUS_NOTES = {
     MessageStatus.INTERRUPTED: "⚠ interrupted (the app closed while this reply was streaming)",
     MessageStatus.STREAMING: "generating…",
 }
+# Model output is untrusted text: a link in it may name file:, a custom URL handler or a
+# javascript: URL that some handler would run. Only web pages open, and only after the user has
+# seen the full address.
+OPENABLE_SCHEMES = ("http", "https")
+
+
+def is_openable_link(url: QUrl) -> bool:
+    return url.isValid() and url.scheme().lower() in OPENABLE_SCHEMES and bool(url.host())
+
+
+def confirm_and_open_link(url: QUrl, parent: QWidget | None = None) -> bool:
+    """Open a link from a message in the browser if it is http(s) and the user agrees."""
+    address = url.toString()
+    if not is_openable_link(url):
+        QMessageBox.information(
+            parent,
+            "Link not opened",
+            f"LocalChat only opens http and https links. This one was not opened:\n\n{address}",
+        )
+        return False
+    answer = QMessageBox.question(
+        parent,
+        "Open link?",
+        f"Open this address in your web browser?\n\n{address}",
+        QMessageBox.Open | QMessageBox.Cancel,
+        QMessageBox.Cancel,
+    )
+    if answer != QMessageBox.Open:
+        return False
+    return QDesktopServices.openUrl(url)
 
 
 class AutoHeightBrowser(QTextBrowser):
@@ -36,7 +67,11 @@ class AutoHeightBrowser(QTextBrowser):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.setOpenExternalLinks(True)
+        # Neither Qt's own navigation (it would load a file: link into this view) nor direct
+        # opening: every click goes through confirm_and_open_link.
+        self.setOpenExternalLinks(False)
+        self.setOpenLinks(False)
+        self.anchorClicked.connect(lambda url: confirm_and_open_link(url, self))
         self.setFrameShape(QFrame.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
