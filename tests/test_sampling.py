@@ -300,9 +300,13 @@ def test_errors_name_the_problem():
     from engine.sampling import log_normalizer
 
     dead = np.full(4, -np.inf, np.float32)
-    with pytest.raises(ValueError, match="every logit is -inf or not finite"):
+    with pytest.raises(
+        ValueError, match="^every logit is -inf or not finite: no token can be chosen$"
+    ):
         log_normalizer(dead)
-    with pytest.raises(ValueError, match="every logit is -inf or not finite"):
+    with pytest.raises(
+        ValueError, match="^every logit is -inf or not finite: no token can be chosen$"
+    ):
         sampling_distribution(cfg(), dead)
 
 
@@ -350,3 +354,8 @@ def test_penalties_count_every_token_as_generated_by_default():
     config = GenerationConfig.from_values({"frequency_penalty": 1.0})
     (process,) = make_logits_processors(config)
     np.testing.assert_array_equal(process([1], np.zeros(3, np.float32)), [0.0, -1.0, 0.0])
+
+
+def test_min_p_of_one_keeps_exactly_the_tokens_tied_with_the_most_likely():
+    logits = np.array([2.0, 2.0, 0.0, 2.0], np.float32)
+    assert_dist(dist(cfg(min_p=1.0), logits), {0: 1 / 3, 1: 1 / 3, 3: 1 / 3})
