@@ -84,9 +84,12 @@ def test_unicode_text_streams_without_replacement_characters(name):
     # Emoji with skin tones and ZWJ, CJK, accents, whitespace runs; no '<' so no special-token text.
     # SmolLM2's vocabulary lacks a few bytes (some C0 controls, the lead bytes of planes 4-11), which
     # llama.cpp then drops, so the round trip is only checked on text its vocabulary can spell.
+    # U+2581 is SentencePiece's space marker: Gemma's vocabulary (and llama.cpp) decode it to " ".
     alphabet = st.one_of(
         st.characters(
-            max_codepoint=0x3FFFF, blacklist_categories=("Cs", "Cc"), blacklist_characters="<\ufffd"
+            max_codepoint=0x3FFFF,
+            blacklist_categories=("Cs", "Cc"),
+            blacklist_characters="<\ufffd\u2581",
         ),
         st.sampled_from(["👍🏽", "👨‍👩‍👧", "🏳️‍🌈", "日本語", "é", "e\u0301", "  ", "\t", "\n", " "]),
     )
