@@ -33,6 +33,11 @@ from engine.events import (
 )
 from engine.types import GenerationRequest, JsonMode, ModelInfo, ResolvedPreset
 
+# How long a test waits for a signal or condition before failing: generous, because the first
+# kernel compile on a cold JIT cache or a busy shared machine can take far longer than usual.
+# The waits return as soon as the signal arrives, so a long deadline costs nothing when green.
+WAIT_MS = 60_000
+
 CHECKPOINT_PRESET = {
     "temperature": 0.2,
     "top_p": 0.9,
@@ -123,7 +128,7 @@ class FakeEngine:
         emitted, reason, first = [], FINISH_STOP, None
         for i, piece in enumerate(pieces):
             if self.pause_after is not None and i == self.pause_after:
-                self.gate.wait(10)
+                self.gate.wait(WAIT_MS / 1000)
             if cancel.cancelled:
                 reason = FINISH_CANCELLED
                 break
@@ -176,7 +181,7 @@ def make_window(qtbot, data_dir, engine, *, load=True, model_path="/models/fake-
     qtbot.addWidget(window)
     window.show()
     if load:
-        with qtbot.waitSignal(controller.modelLoaded, timeout=5000):
+        with qtbot.waitSignal(controller.modelLoaded, timeout=WAIT_MS):
             window.open_model(model_path)
     return window
 

@@ -1,4 +1,10 @@
-"""Shared pytest fixtures: the two packaged real models and a cached tiny-model factory."""
+"""Shared pytest fixtures: the two packaged real models and a cached tiny-model factory.
+
+Test tiers: every test that needs a real model (its file or the loaded model) gets it from a
+fixture in REAL_MODEL_FIXTURES and is marked `slow` here, so `pytest -m "not slow"` is a fast tier
+that loads no real model. Tests that only read a real model's vocabulary (tokenizer fixtures,
+tiny models carrying a real tokenizer) stay in the fast tier.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +42,35 @@ def gemma3_path() -> Path:
         return gemma3_270m_path()
     except ModelNotInstalledError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    """SmolLM2 loaded with a 512-token context, one per test module (tests may fill its caches)."""
+    from engine.loader import load_model
+
+    with load_model(smollm2_path, n_ctx=512) as lm:
+        yield lm
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_path):
+    """gemma3-270m loaded with a 512-token context, one per test module."""
+    from engine.loader import load_model
+
+    with load_model(gemma3_path, n_ctx=512) as lm:
+        yield lm
+
+
+REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "smollm2", "gemma3"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `slow` every test that uses a real model through a fixture above (directly or through
+    another fixture: `fixturenames` is the closure)."""
+    for item in items:
+        if REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

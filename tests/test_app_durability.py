@@ -1,21 +1,25 @@
 """Durability: the app is SIGKILLed while a reply streams; the database must open cleanly with the
-completed messages and the partial reply (saved at most SAVE_INTERVAL_S behind) intact."""
+completed messages and the partial reply (saved at most app.reply_recorder.SAVE_INTERVAL_S behind) intact."""
 
 import os
+import queue
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
-from app.reply_recorder import SAVE_INTERVAL_S
 from app.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
-WORDS = [f"word{i}" for i in range(400)]
+# 2000 tokens at 20 ms each: the reply streams for 40 s or more, far longer than the test needs.
+WORDS = [f"word{i}" for i in range(2000)]
 LONG_REPLY = " ".join(WORDS)
+STARTUP_TIMEOUT_S = 120  # the child imports Qt and numpy on a shared machine
+STREAM_TIMEOUT_S = 60
 
 # The real window, session, recorder and store over a fake engine that streams slowly (20 ms per
 # token), so the kill lands in the middle of the second reply.
@@ -64,6 +68,16 @@ def partial_reply_length(db_path: Path) -> int:
         return 0
 
 
+def wait_for(condition, timeout_s: float, what: str):
+    """Poll `condition` until it returns a truthy value; fail naming `what` after a generous
+    deadline (the machine may be busy, so the deadline is never part of what is tested)."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
 def test_sigkill_while_streaming_keeps_database_and_partial_reply(tmp_path):
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(REPO))
     child = subprocess.Popen(
@@ -74,21 +88,35 @@ def test_sigkill_while_streaming_keeps_database_and_partial_reply(tmp_path):
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    # The child's output is read on a thread so waiting for it has a deadline.
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(
+        target=lambda: [lines.put(line) for line in child.stdout], daemon=True
+    )
+    reader.start()
+    db_path = tmp_path / "chats.sqlite3"
     try:
-        assert child.stdout.readline().strip() == "STREAMING"
-        db_path = tmp_path / "chats.sqlite3"
-        deadline = time.monotonic() + 30
-        while (seen := partial_reply_length(db_path)) < 60 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        # Stream on for longer than the save interval: the kill cuts mid-reply, and at least one
-        # more throttled save must have landed by then.
-        time.sleep(SAVE_INTERVAL_S + 0.15)
+        assert lines.get(timeout=STARTUP_TIMEOUT_S).strip() == "STREAMING"
+        seen = wait_for(
+            lambda: (length := partial_reply_length(db_path)) >= 60 and length,
+            STREAM_TIMEOUT_S,
+            "the first throttled save of the partial reply",
+        )
+        # One more throttled save must land while the reply streams: the kill then cuts
+        # mid-reply after a save that the last look did not see.
+        wait_for(
+            lambda: partial_reply_length(db_path) > seen,
+            STREAM_TIMEOUT_S,
+            "a later save of the partial reply",
+        )
         child.send_signal(signal.SIGKILL)
-        child.wait(10)
+        child.wait(STREAM_TIMEOUT_S)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+        reader.join(STREAM_TIMEOUT_S)
+        child.stdout.close()
     assert child.returncode == -signal.SIGKILL
 
     store = Store(db_path)

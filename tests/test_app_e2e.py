@@ -19,13 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def model_path():
-    from engine.model_files import ModelNotInstalledError, default_model_path
-
-    try:
-        return str(default_model_path())
-    except ModelNotInstalledError as exc:
-        pytest.skip(str(exc))
+def model_path(smollm2_path):
+    return str(smollm2_path)
 
 
 def wait_reply(qtbot, window, timeout=180_000):

@@ -10,12 +10,12 @@ from PySide6.QtWidgets import QApplication, QDialog, QDialogButtonBox
 
 from app.views.json_mode_bar import SchemaDialog
 from app.views.settings_dialog import SettingsDialog
-from tests.app_fakes import FakeEngine, close_window, make_window
+from tests.app_fakes import WAIT_MS, FakeEngine, close_window, make_window
 
 
 def send_and_wait(qtbot, window, text):
     with qtbot.waitSignal(
-        window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False
+        window.session.busyChanged, timeout=WAIT_MS, check_params_cb=lambda b: b is False
     ):
         window.input.setPlainText(text)
         window.send()
@@ -46,7 +46,7 @@ def test_title_icon_and_shortcuts(qtbot, tmp_path):
     assert len(window.store.list_conversations()) == 2 and window.chat_view.widgets == []
     window.system_prompt.setFocus()
     qtbot.keyClick(window, Qt.Key_L, Qt.ControlModifier)
-    qtbot.waitUntil(lambda: QApplication.focusWidget() is window.input)
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is window.input, timeout=WAIT_MS)
     close_window(window)
 
 
@@ -141,13 +141,13 @@ def test_drop_a_gguf_opens_it_and_recent_models_remember(qtbot, tmp_path):
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(model))])
     event = QDropEvent(QPointF(10, 10), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier)
-    with qtbot.waitSignal(window.controller.modelLoaded, timeout=5000):
+    with qtbot.waitSignal(window.controller.modelLoaded, timeout=WAIT_MS):
         window.dropEvent(event)
     assert window.controller.model.path == str(model)
     assert window.settings.recent_models[:2] == [str(model), "/models/fake-model.gguf"]
     actions = window.model_bar.recent_menu.actions()
     assert [a.text() for a in actions] == ["dropped.gguf", "fake-model.gguf"]
-    with qtbot.waitSignal(window.controller.modelLoaded, timeout=5000):
+    with qtbot.waitSignal(window.controller.modelLoaded, timeout=WAIT_MS):
         actions[1].trigger()
     assert window.controller.model.path == "/models/fake-model.gguf"
     close_window(window)
@@ -174,7 +174,7 @@ def test_export_runs_through_the_qasync_loop(qtbot, tmp_path):
         loop.close()
     record = json.loads(target.read_text())
     assert record["messages"][-1]["content"] == "Exported reply."
-    qtbot.waitUntil(lambda: window.state_label.text() == "Exported to out.json")
+    qtbot.waitUntil(lambda: window.state_label.text() == "Exported to out.json", timeout=WAIT_MS)
     close_window(window)
 
 
@@ -221,7 +221,7 @@ def test_real_engine_bad_file_is_a_dialog_not_a_crash(qtbot, tmp_path, monkeypat
     bad = tmp_path / "notes.gguf"
     bad.write_text("these are not model weights\n" * 10)
     window = make_window(qtbot, tmp_path, RealEngine(), load=False)
-    with qtbot.waitSignal(window.controller.loadFailed, timeout=30000):
+    with qtbot.waitSignal(window.controller.loadFailed, timeout=WAIT_MS):
         window.open_model(str(bad))
     [(title, text)] = shown
     assert title == "Could not open the model" and text.startswith("notes.gguf\n\n")

@@ -7,7 +7,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from tests.app_fakes import FakeEngine, close_window, make_window
+from tests.app_fakes import WAIT_MS, FakeEngine, close_window, make_window
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def dialogs(monkeypatch):
     return shown
 
 
-def send_and_wait(qtbot, window, text, timeout=5000):
+def send_and_wait(qtbot, window, text, timeout=WAIT_MS):
     with qtbot.waitSignal(
         window.session.busyChanged, timeout=timeout, check_params_cb=lambda busy: busy is False
     ):
@@ -29,7 +29,8 @@ def send_and_wait(qtbot, window, text, timeout=5000):
 
 def test_reply_streams_into_the_view_in_order(qtbot, tmp_path):
     reply = "Paris is the capital of **France**. It has about two million people."
-    window = make_window(qtbot, tmp_path, FakeEngine(replies=[reply], token_delay_s=0.01))
+    engine = FakeEngine(replies=[reply], pause_after=4)
+    window = make_window(qtbot, tmp_path, engine)
     seen = []
 
     def record():
@@ -38,7 +39,14 @@ def test_reply_streams_into_the_view_in_order(qtbot, tmp_path):
             seen.append(w.text)
 
     window.frame_timer.timeout.connect(record)
-    send_and_wait(qtbot, window, "What is the capital of France?")
+    with qtbot.waitSignal(
+        window.session.busyChanged, timeout=WAIT_MS, check_params_cb=lambda busy: busy is False
+    ):
+        window.input.setPlainText("What is the capital of France?")
+        qtbot.keyClick(window.input, Qt.Key_Return)
+        # The engine holds after four tokens: a frame must draw them before the rest exists.
+        qtbot.waitUntil(lambda: "Paris is the capital" in seen, timeout=WAIT_MS)
+        engine.gate.set()
     user, assistant = window.chat_view.widgets
     assert user.text == "What is the capital of France?" and assistant.text == reply
     # Drawn progressively: every frame shows a prefix of the reply, growing.
@@ -73,10 +81,10 @@ def test_cancel_mid_stream_keeps_text_and_marks_it(qtbot, tmp_path):
             window.chat_view.streaming_widget is not None
             and window.chat_view.streaming_widget.text == "one two three"
         ),
-        timeout=5000,
+        timeout=WAIT_MS,
     )
     assert window.cancel_button.isEnabled()
-    with qtbot.waitSignal(window.session.busyChanged, timeout=5000):
+    with qtbot.waitSignal(window.session.busyChanged, timeout=WAIT_MS):
         qtbot.keyClick(window, Qt.Key_Escape)  # Esc shortcut -> CancelToken.cancel()
         engine.gate.set()
     reply = window.chat_view.widgets[-1]
@@ -112,7 +120,7 @@ def test_generation_error_shows_dialog_and_app_keeps_working(qtbot, tmp_path, di
 
 def test_bad_model_file_shows_dialog(qtbot, tmp_path, dialogs):
     window = make_window(qtbot, tmp_path, FakeEngine(), load=False)
-    with qtbot.waitSignal(window.controller.loadFailed, timeout=5000):
+    with qtbot.waitSignal(window.controller.loadFailed, timeout=WAIT_MS):
         window.open_model(str(tmp_path / "broken.bad"))
     assert dialogs[0][0] == "Could not open the model" and "not a GGUF file" in dialogs[0][1]
     assert not window.send_button.isEnabled()
@@ -205,7 +213,7 @@ def test_edit_user_message_and_regenerate_from_there(qtbot, tmp_path, monkeypatc
         QInputDialog, "getMultiLineText", lambda *a, **k: ("Question one, edited", True)
     )
     with qtbot.waitSignal(
-        window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False
+        window.session.busyChanged, timeout=WAIT_MS, check_params_cb=lambda b: b is False
     ):
         first_user.edit_button.click()
     assert [w.text for w in window.chat_view.widgets] == ["Question one, edited", "Answer three."]
@@ -220,7 +228,7 @@ def test_regenerate_replaces_last_reply(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path, engine)
     send_and_wait(qtbot, window, "Write a line")
     with qtbot.waitSignal(
-        window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False
+        window.session.busyChanged, timeout=WAIT_MS, check_params_cb=lambda b: b is False
     ):
         qtbot.keyClick(window, Qt.Key_R, Qt.ControlModifier)
     assert [w.text for w in window.chat_view.widgets] == ["Write a line", "Better."]
@@ -323,10 +331,10 @@ def test_deleting_or_leaving_a_chat_while_it_streams(qtbot, tmp_path, monkeypatc
             window.chat_view.streaming_widget is not None
             and window.chat_view.streaming_widget.text == "a b"
         ),
-        timeout=5000,
+        timeout=WAIT_MS,
     )
     second = window.session.new_conversation()  # leaving cancels
-    with qtbot.waitSignal(window.session.busyChanged, timeout=5000):
+    with qtbot.waitSignal(window.session.busyChanged, timeout=WAIT_MS):
         engine.gate.set()
     assert window.session.conversation_id == second and window.chat_view.widgets == []
     assert window.store.messages(first)[-1].status == "cancelled"
@@ -340,11 +348,11 @@ def test_deleting_or_leaving_a_chat_while_it_streams(qtbot, tmp_path, monkeypatc
             window.chat_view.streaming_widget is not None
             and window.chat_view.streaming_widget.text == "g h"
         ),
-        timeout=5000,
+        timeout=WAIT_MS,
     )
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
     window.sidebar.delete_button.click()  # deletes the streaming chat
-    with qtbot.waitSignal(window.session.busyChanged, timeout=5000):
+    with qtbot.waitSignal(window.session.busyChanged, timeout=WAIT_MS):
         engine.gate.set()
     assert [c.id for c in window.store.list_conversations()] == [first]
     assert window.send_button.isEnabled()
@@ -375,7 +383,7 @@ def test_regenerate_an_earlier_reply_drops_what_followed(qtbot, tmp_path):
     send_and_wait(qtbot, window, "Q2")
     first_reply = window.chat_view.widgets[1]
     with qtbot.waitSignal(
-        window.session.busyChanged, timeout=5000, check_params_cb=lambda b: b is False
+        window.session.busyChanged, timeout=WAIT_MS, check_params_cb=lambda b: b is False
     ):
         first_reply.regenerate_button.click()
     assert [w.text for w in window.chat_view.widgets] == ["Q1", "A1 again"]

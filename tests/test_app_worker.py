@@ -8,7 +8,7 @@ import pytest
 from app.controller import EngineController
 from engine.errors import ContextOverflowError
 from engine.types import GenerationRequest
-from tests.app_fakes import FakeEngine
+from tests.app_fakes import WAIT_MS, FakeEngine
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def make_controller(qtbot):
 
 
 def load(qtbot, controller, path="/models/fake.gguf"):
-    with qtbot.waitSignal(controller.modelLoaded, timeout=5000):
+    with qtbot.waitSignal(controller.modelLoaded, timeout=WAIT_MS):
         controller.load_model(path)
 
 
@@ -42,7 +42,7 @@ def test_load_reports_progress_then_model_info(qtbot, make_controller):
 
 def test_bad_file_becomes_load_failed_signal(qtbot, make_controller):
     c = make_controller(FakeEngine())
-    with qtbot.waitSignal(c.loadFailed, timeout=5000) as sig:
+    with qtbot.waitSignal(c.loadFailed, timeout=WAIT_MS) as sig:
         c.load_model("/tmp/broken.bad")
     path, message = sig.args
     assert path == "/tmp/broken.bad" and "not a GGUF file" in message
@@ -56,7 +56,7 @@ def test_one_token_reply_signals_in_strict_order(qtbot, make_controller):
     for signal in (c.replyTokens, c.replyText, c.replyFinished):
         signal.connect(got.append)
     with qtbot.waitSignals(
-        [c.replyTokens, c.replyText, c.replyFinished], order="strict", timeout=5000
+        [c.replyTokens, c.replyText, c.replyFinished], order="strict", timeout=WAIT_MS
     ):
         c.generate(GenerationRequest(messages=({"role": "user", "content": "hello"},)))
     tokens, text, finished = got
@@ -64,19 +64,27 @@ def test_one_token_reply_signals_in_strict_order(qtbot, make_controller):
 
 
 def test_reply_streams_in_order_and_finishes(qtbot, make_controller):
-    c = make_controller(FakeEngine(replies=["one two three four five"], token_delay_s=0.02))
+    engine = FakeEngine(replies=["one two three four five"], pause_after=2)
+    c = make_controller(engine)
     load(qtbot, c)
-    log = []
+    log, finished_replies = [], []
     c.replyText.connect(lambda t: log.append(("text", t)))
     c.replyTokens.connect(lambda ts: log.append(("tokens", [t.index for t in ts])))
-    with qtbot.waitSignal(c.replyFinished, timeout=5000) as sig:
+    c.replyFinished.connect(finished_replies.append)
+    with qtbot.waitSignal(c.replyFinished, timeout=WAIT_MS) as sig:
         c.generate(GenerationRequest(messages=({"role": "user", "content": "count"},)))
+        # Streamed, not delivered in one lump at the end: the first words arrive while the
+        # engine is held after two tokens.
+        qtbot.waitUntil(
+            lambda: "".join(t for kind, t in log if kind == "text") == "one two", timeout=WAIT_MS
+        )
+        assert finished_replies == [] and c.busy
+        engine.gate.set()
     finished = sig.args[0]
     texts = [t for kind, t in log if kind == "text"]
     indices = [i for kind, ts in log if kind == "tokens" for i in ts]
     assert "".join(texts) == "one two three four five" == finished.text
     assert indices == [0, 1, 2, 3, 4]
-    assert len(texts) > 1  # 20 ms apart: streamed, not delivered in one lump at the end
     assert finished.finish_reason == "stop" and not c.busy
 
 
@@ -86,9 +94,9 @@ def test_cancel_from_gui_thread_stops_busy_worker(qtbot, make_controller):
     load(qtbot, c)
     texts = []
     c.replyText.connect(texts.append)
-    with qtbot.waitSignal(c.replyFinished, timeout=5000) as sig:
+    with qtbot.waitSignal(c.replyFinished, timeout=WAIT_MS) as sig:
         c.generate(GenerationRequest(messages=({"role": "user", "content": "go"},)))
-        qtbot.waitUntil(lambda: "".join(texts) == "a b c")
+        qtbot.waitUntil(lambda: "".join(texts) == "a b c", timeout=WAIT_MS)
         c.cancel()  # direct: the worker is blocked inside generate(), no slot could run
         engine.gate.set()
     finished = sig.args[0]
@@ -103,7 +111,7 @@ def test_refused_request_becomes_errored_signal(qtbot, make_controller):
     )
     c = make_controller(engine)
     load(qtbot, c)
-    with qtbot.waitSignal(c.replyErrored, timeout=5000) as sig:
+    with qtbot.waitSignal(c.replyErrored, timeout=WAIT_MS) as sig:
         c.generate(GenerationRequest(messages=({"role": "user", "content": "x"},)))
     assert "context 4096" in sig.args[0] and not c.busy
 
@@ -113,7 +121,7 @@ def test_unexpected_exception_names_its_type(qtbot, make_controller):
     engine.fail_generate_with = KeyError("boom")
     c = make_controller(engine)
     load(qtbot, c)
-    with qtbot.waitSignal(c.replyErrored, timeout=5000) as sig:
+    with qtbot.waitSignal(c.replyErrored, timeout=WAIT_MS) as sig:
         c.generate(GenerationRequest(messages=({"role": "user", "content": "x"},)))
     assert sig.args[0].startswith("Unexpected error: KeyError")
 
@@ -141,7 +149,7 @@ def test_a_flood_of_tokens_crosses_threads_in_few_batches(qtbot, make_controller
     c._worker.eventsReady.connect(lambda: wakeups.append(1))
     c.replyText.connect(texts.append)
     c.replyTokens.connect(lambda ts: indices.extend(t.index for t in ts))
-    with qtbot.waitSignal(c.replyFinished, timeout=20000):
+    with qtbot.waitSignal(c.replyFinished, timeout=WAIT_MS):
         c.generate(GenerationRequest(messages=({"role": "user", "content": "flood"},)))
     assert "".join(texts) == words
     assert indices == list(range(5000))

@@ -19,7 +19,7 @@ SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_path):
+def smollm2_chat(smollm2_path):
     gguf = open_gguf(smollm2_path)
     tokenizer = Tokenizer.from_gguf(gguf)
     return gguf, tokenizer, ChatTemplate.from_gguf(gguf, tokenizer)
@@ -44,8 +44,8 @@ GEMMA_LIKE = FakeTokenizer(
 
 
 # --- the model's own template -------------------------------------------------------------------
-def test_smollm2_template_renders_known_chatml(smollm2):
-    _, _, template = smollm2
+def test_smollm2_template_renders_known_chatml(smollm2_chat):
+    _, _, template = smollm2_chat
     assert not template.is_fallback
     assert "chatml" in template.name
     text = template.render([{"role": "user", "content": "What is 2+2?"}])
@@ -56,8 +56,8 @@ def test_smollm2_template_renders_known_chatml(smollm2):
     )
 
 
-def test_smollm2_template_uses_given_system_prompt_and_history(smollm2):
-    _, _, template = smollm2
+def test_smollm2_template_uses_given_system_prompt_and_history(smollm2_chat):
+    _, _, template = smollm2_chat
     messages = [
         {"role": "system", "content": "Answer in French."},
         {"role": "user", "content": "Hi"},
@@ -72,8 +72,8 @@ def test_smollm2_template_uses_given_system_prompt_and_history(smollm2):
     )
 
 
-def test_rendered_chat_tokenizes_with_single_special_ids(smollm2):
-    _, tokenizer, template = smollm2
+def test_rendered_chat_tokenizes_with_single_special_ids(smollm2_chat):
+    _, tokenizer, template = smollm2_chat
     ids = tokenizer.encode(template.render([{"role": "user", "content": "Hi"}]), add_special=True)
     im_start, im_end = tokenizer.token_id("<|im_start|>"), tokenizer.token_id("<|im_end|>")
     assert ids.count(im_start) == 3 and ids.count(im_end) == 2

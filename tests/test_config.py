@@ -43,10 +43,8 @@ def _fake(arch: str, **metadata):
     return fake
 
 
-def test_smollm2_config():
-    from engine.model_files import default_model_path
-
-    cfg = ModelConfig.from_gguf(open_gguf(default_model_path()))
+def test_smollm2_config(smollm2_path):
+    cfg = ModelConfig.from_gguf(open_gguf(smollm2_path))
     assert (cfg.arch, cfg.n_layers, cfg.d_model, cfg.n_ff) == ("llama", 30, 576, 1536)
     assert (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.n_vocab) == (9, 3, 64, 49152)
     assert cfg.rope_theta == 100000.0 and not cfg.rope_neox
@@ -54,10 +52,8 @@ def test_smollm2_config():
     assert cfg.activation == "silu" and cfg.embed_scale == 1.0 and cfg.attn_scale == 1 / 8
 
 
-def test_gemma3_270m_config():
-    from engine.model_files import gemma3_270m_path
-
-    cfg = ModelConfig.from_gguf(open_gguf(gemma3_270m_path()))
+def test_gemma3_270m_config(gemma3_path):
+    cfg = ModelConfig.from_gguf(open_gguf(gemma3_path))
     assert (cfg.n_layers, cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim) == (
         18,
         640,

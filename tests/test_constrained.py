@@ -267,20 +267,6 @@ PERSON_SCHEMA = {
 OBJECT_SCHEMA = {"type": "object"}  # what "any JSON object" must satisfy
 
 
-@pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    from engine.loader import load_model
-
-    return load_model(smollm2_path, n_ctx=512)
-
-
-@pytest.fixture(scope="module")
-def gemma3(gemma3_path):
-    from engine.loader import load_model
-
-    return load_model(gemma3_path, n_ctx=512)
-
-
 def json_request(lm, mode, schema, seed, max_new_tokens):
     if getattr(lm.chat_template, "is_fallback", True):  # base model: a plain text prompt
         prompt = dict(prompt="A short JSON record of a fictional person (name, age, city):\n")

@@ -84,9 +84,12 @@ def test_unicode_text_streams_without_replacement_characters(name):
     # Emoji with skin tones and ZWJ, CJK, accents, whitespace runs; no '<' so no special-token text.
     # SmolLM2's vocabulary lacks a few bytes (some C0 controls, the lead bytes of planes 4-11), which
     # llama.cpp then drops, so the round trip is only checked on text its vocabulary can spell.
+    # U+2581 is SentencePiece's space marker: Gemma's vocabulary (and llama.cpp) decode it to " ".
     alphabet = st.one_of(
         st.characters(
-            max_codepoint=0x3FFFF, blacklist_categories=("Cs", "Cc"), blacklist_characters="<\ufffd"
+            max_codepoint=0x3FFFF,
+            blacklist_categories=("Cs", "Cc"),
+            blacklist_characters="<\ufffd\u2581",
         ),
         st.sampled_from(["👍🏽", "👨‍👩‍👧", "🏳️‍🌈", "日本語", "é", "e\u0301", "  ", "\t", "\n", " "]),
     )
@@ -178,3 +181,65 @@ def test_clean_spaces_streaming_one_character_per_token(text):
         == tok.decode(ids)
         == tok.decode(tok.encode(text, add_special=False))
     )
+
+
+# --- a scripted vocabulary: every way of cutting a clean-up rule across tokens -------------------
+class PieceTokenizer:
+    """Just what StreamingDetokenizer reads: piece bytes per id, and the two vocabulary flags
+    (left out entirely when `clean` is None, as for a tokenizer that predates clean-up)."""
+
+    def __init__(self, pieces, clean=None, add_space_prefix=False):
+        self.pieces, self.add_space_prefix = pieces, add_space_prefix
+        if clean is not None:
+            self.clean_spaces = clean
+
+    def piece_bytes(self, token_id, special=False):
+        return self.pieces[token_id]
+
+
+CLEANUP_PIECES = [
+    b" ",
+    b"'",
+    b"s",
+    b",",
+    b"a",
+    b" '",
+    b"  ",
+    b"'s",
+    b" ,",
+    b"\xc3",
+    b"\xa9",
+    b".",
+    b"a ",
+    b"s  ",
+    b"x'",
+]
+
+
+def test_token_sequences_stream_exactly_what_a_one_shot_clean_up_gives():
+    import itertools
+    import random
+
+    from engine.tokenizer import clean_spaces
+
+    tok = PieceTokenizer(CLEANUP_PIECES, clean=True)
+    everything_short = itertools.chain.from_iterable(
+        itertools.product(range(len(CLEANUP_PIECES)), repeat=n) for n in (1, 2, 3)
+    )
+    draw = random.Random(16)
+    longer = (
+        [draw.randrange(len(CLEANUP_PIECES)) for _ in range(draw.randint(4, 12))]
+        for _ in range(3000)
+    )
+    for ids in itertools.chain(everything_short, longer):
+        detok = StreamingDetokenizer(tok)
+        streamed = "".join(detok.add(i) for i in ids) + detok.flush()
+        raw = b"".join(CLEANUP_PIECES[i] for i in ids)
+        assert streamed == clean_spaces(raw).decode("utf-8", errors="replace"), ids
+        assert detok.pending_bytes == b""
+
+
+def test_a_tokenizer_without_the_clean_spaces_flag_streams_raw_text():
+    tok = PieceTokenizer(CLEANUP_PIECES)  # no clean_spaces attribute at all
+    detok = StreamingDetokenizer(tok)
+    assert detok.add_many([4, 8, 5, 0, 2]) + detok.flush() == "a , ' s"

@@ -65,13 +65,7 @@ def test_tiny_model_matches_transformers(arch):
     _check_case(model, oracle["cases"][0], oracle["probe_ids"], atol=0.02, mean_tol=0.003)
 
 
-def _real_model(path_fn, oracle):
-    from engine.model_files import ModelNotInstalledError
-
-    try:
-        path = path_fn()
-    except ModelNotInstalledError as exc:
-        pytest.skip(str(exc))
+def _real_model(path, oracle):
     assert path.stat().st_size == oracle["file_size"], (
         "oracle fixture was made from a different file"
     )
@@ -79,20 +73,16 @@ def _real_model(path_fn, oracle):
     return build_model(open_gguf(path), backend=ReferenceBackend(), max_batch=1024)
 
 
-def test_smollm2_matches_transformers():
-    from engine.model_files import default_model_path
-
+def test_smollm2_matches_transformers(smollm2_path):
     oracle = _oracle("smollm2")
-    model = _real_model(default_model_path, oracle)
+    model = _real_model(smollm2_path, oracle)
     for case in oracle["cases"]:
         _check_case(model, case, oracle["probe_ids"], atol=0.06, mean_tol=0.01)
 
 
-def test_gemma3_matches_transformers_including_past_the_sliding_window():
-    from engine.model_files import gemma3_270m_path
-
+def test_gemma3_matches_transformers_including_past_the_sliding_window(gemma3_path):
     oracle = _oracle("gemma3")
-    model = _real_model(gemma3_270m_path, oracle)
+    model = _real_model(gemma3_path, oracle)
     long_case = next(c for c in oracle["cases"] if c["name"] == "counting_long")
     assert len(long_case["prompt_ids"]) > 600 and max(long_case["positions"]) > 512
     for case in oracle["cases"]:

@@ -481,13 +481,6 @@ def test_prefix_cache_full_hit_needs_no_prompt_forward_and_gives_the_same_output
 
 
 # --- the real SmolLM2 (ChatML): end-of-turn stopping ---------------------------------------------
-@pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    from engine.loader import load_model
-
-    return load_model(smollm2_path, n_ctx=256)
-
-
 @pytest.fixture
 def real_detokenizer(monkeypatch):
     """Undo the module's autouse fake: real models stream through engine.detokenizer."""

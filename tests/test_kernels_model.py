@@ -32,23 +32,16 @@ def jit():
     b.close()
 
 
-def _real(path_fn):
-    from engine.model_files import ModelNotInstalledError
-
-    try:
-        return path_fn()
-    except ModelNotInstalledError as exc:
-        pytest.skip(str(exc))
+def test_smollm2_matches_transformers(jit, smollm2_path):
+    check_real_model_against_transformers(jit, "smollm2", smollm2_path, max_err=1.0, mean_err=0.25)
 
 
-@pytest.mark.parametrize("name,max_err,mean_err", [("smollm2", 1.0, 0.25), ("gemma3", 1.5, 0.4)])
-def test_real_model_matches_transformers(jit, name, max_err, mean_err):
-    from engine import model_files
+def test_gemma3_matches_transformers(jit, gemma3_path):
+    check_real_model_against_transformers(jit, "gemma3", gemma3_path, max_err=1.5, mean_err=0.4)
 
+
+def check_real_model_against_transformers(jit, name, path, *, max_err, mean_err):
     oracle = json.loads((FIXTURES / f"oracle_{name}.json").read_text())
-    path = _real(
-        model_files.default_model_path if name == "smollm2" else model_files.gemma3_270m_path
-    )
     model = build_model(open_gguf(path), backend=jit)
     for case in oracle["cases"]:
         prompt, greedy = case["prompt_ids"], case["greedy"]

@@ -312,20 +312,6 @@ def test_a_cancelled_request_stores_only_consistent_state(loop_lm):
 
 
 # --- real models: a chat that grows turn by turn --------------------------------------------------
-@pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    from engine.loader import load_model
-
-    return load_model(smollm2_path, n_ctx=512)
-
-
-@pytest.fixture(scope="module")
-def gemma3(gemma3_path):
-    from engine.loader import load_model
-
-    return load_model(gemma3_path, n_ctx=512)
-
-
 def chat_turn(lm, request_kwargs, cache, **overrides):
     overrides.setdefault("max_new_tokens", 6)
     request = GenerationRequest(

@@ -229,3 +229,159 @@ def test_real_gguf_file_sampling_keys_and_generation_config_beside_it(tmp_path):
     )
     assert (preset.values["top_p"], preset.sources["top_p"]) == (0.9, "generation_config.json")
     json.dumps(preset.to_dict())
+
+
+# --- real-world files beside a model (issue 16) --------------------------------------------------
+# What `transformers` writes with `GenerationConfig(...).save_pretrained()` for settings left
+# unset: explicit nulls. A null states nothing, so lower sources still apply.
+def test_null_values_in_generation_config_json_fall_through(tmp_path):
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "do_sample": True,
+                "temperature": None,
+                "top_k": None,
+                "top_p": 0.9,
+                "eos_token_id": None,
+                "transformers_version": "4.47.1",
+            }
+        )
+    )
+    lm = lm_at(tmp_path, {"general.sampling.temp": 0.6})
+    preset = resolve_preset(lm)
+    assert (preset.values["temperature"], preset.sources["temperature"]) == (
+        pytest.approx(0.6),
+        "gguf metadata",
+    )
+    assert (preset.values["top_k"], preset.sources["top_k"]) == (50, "default")
+    assert (preset.values["top_p"], preset.sources["top_p"]) == (0.9, "generation_config.json")
+    assert (preset.values["do_sample"], preset.sources["do_sample"]) == (
+        True,
+        "generation_config.json",
+    )
+    assert preset.extra_eog_ids == frozenset()
+
+
+# SmolLM2-135M-Instruct's config.json as published (abridged): it names generation keys too
+# (bos/eos ids, transformers_version), but the model-config keys say what it really is.
+SMOLLM2_CONFIG_JSON = {
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_size": 576,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "num_hidden_layers": 30,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.42.3",
+    "vocab_size": 49152,
+}
+
+
+def test_a_model_config_json_named_like_the_gguf_is_not_a_preset(tmp_path):
+    (tmp_path / "model.json").write_text(json.dumps(SMOLLM2_CONFIG_JSON))
+    preset = resolve_preset(lm_at(tmp_path))
+    assert set(preset.sources.values()) == {"default"}
+    assert preset.extra_eog_ids == frozenset()  # its eos_token_id is not taken either
+    assert preset.notes == ("model.json beside the model is not a generation config; skipped",)
+
+
+@pytest.mark.parametrize(
+    "content,note",
+    [
+        ('{"license": "apache-2.0"}', "model.json beside the model is not a generation config"),
+        ("[0.7]", "model.json beside the model is not a JSON object; skipped"),
+        ("{oops", "model.json beside the model is not readable JSON; skipped"),
+    ],
+)
+def test_an_unusable_stem_json_is_noted_and_generation_config_json_still_applies(
+    tmp_path, content, note
+):
+    (tmp_path / "model.json").write_text(content)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
+    preset = resolve_preset(lm_at(tmp_path))
+    assert (preset.values["temperature"], preset.sources["temperature"]) == (
+        0.7,
+        "generation_config.json",
+    )
+    assert len(preset.notes) == 1 and preset.notes[0].startswith(note)
+
+
+def test_generation_config_that_is_not_an_object_names_what_it_found(tmp_path):
+    (tmp_path / "generation_config.json").write_text("[1, 2]")
+    with pytest.raises(PresetFileError, match="must hold a JSON object, found list"):
+        resolve_preset(lm_at(tmp_path))
+
+
+@pytest.mark.parametrize("eos,ids", [(0, {0}), ([0, 7], {0, 7}), (5, {5}), ([], set())])
+def test_eos_token_ids_in_generation_config_are_added(tmp_path, eos, ids):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    assert resolve_preset(lm_at(tmp_path)).extra_eog_ids == frozenset(ids)
+
+
+@pytest.mark.parametrize("eos", [-1, True, [1, -2], [True], "2", [1.5], 2.0])
+def test_bad_eos_token_id_is_refused_naming_the_file(tmp_path, eos):
+    target = tmp_path / "generation_config.json"
+    target.write_text(json.dumps({"eos_token_id": eos}))
+    with pytest.raises(PresetFileError) as info:
+        resolve_preset(lm_at(tmp_path))
+    assert str(info.value).startswith(f"{target}: eos_token_id=")
+    assert "must be a token id or a list of token ids" in str(info.value)
+
+
+def test_to_dict_is_values_sources_and_notes(tmp_path):
+    (tmp_path / "model.json").write_text("{}")
+    preset = resolve_preset(lm_at(tmp_path), overrides={"top_k": 3})
+    assert preset.to_dict() == {
+        "values": preset.values,
+        "sources": preset.sources,
+        "notes": list(preset.notes),
+    }
+    assert preset.to_dict()["sources"]["top_k"] == "override" and preset.to_dict()["notes"]
+
+
+@pytest.mark.parametrize("layer", ["saved", "overrides"])
+def test_bad_layers_name_the_layer_and_the_known_fields(tmp_path, layer):
+    source = {"saved": "saved preset", "overrides": "override"}[layer]
+    with pytest.raises(ConfigValidationError) as info:
+        resolve_preset(lm_at(tmp_path), **{layer: [("top_k", 3)]})
+    assert (info.value.field, info.value.value, info.value.allowed) == (
+        source,
+        [("top_k", 3)],
+        "a mapping of field -> value",
+    )
+    with pytest.raises(ConfigValidationError) as info:
+        resolve_preset(lm_at(tmp_path), **{layer: {"temprature": 0.5}})
+    assert (info.value.field, info.value.value) == ("temprature", 0.5)
+    assert info.value.allowed == (
+        f"a known field ({', '.join(GenerationConfig.field_names())}) in the {source}"
+    )
+
+
+def test_an_invalid_merged_value_keeps_the_value_and_names_its_source(tmp_path):
+    with pytest.raises(ConfigValidationError) as info:
+        resolve_preset(lm_at(tmp_path), saved={"top_p": 3})
+    assert (info.value.field, info.value.value) == ("top_p", 3)
+    assert info.value.allowed.endswith("(value from saved preset)")
+
+
+def test_a_model_object_without_path_or_gguf_gets_the_defaults():
+    from types import SimpleNamespace
+
+    for model in (SimpleNamespace(), SimpleNamespace(gguf=SimpleNamespace())):
+        preset = resolve_preset(model)
+        assert set(preset.sources.values()) == {"default"}
+
+
+def test_numpy_scalars_from_the_gguf_reader_become_python_numbers():
+    import numpy as np
+
+    values = gguf_sampling_values(
+        {
+            "general.sampling.top_k": np.int32(20),
+            "general.sampling.top_p": np.float32(0.5),
+            "general.sampling.temp": np.float32(0.0),
+        }
+    )
+    assert values == {"top_k": 20, "top_p": 0.5, "do_sample": False, "temperature": 0.0}
+    assert type(values["top_k"]) is int and type(values["top_p"]) is float

@@ -7,6 +7,7 @@ import pytest
 
 from engine.generation_config import GenerationConfig
 from engine.sampling import (
+    apply_processors,
     greedy,
     log_softmax,
     make_logits_processors,
@@ -205,3 +206,156 @@ def test_large_vocabulary_top_k_matches_a_full_sort(k):
     want = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
     assert ids.tolist() == kept.tolist()
     np.testing.assert_allclose(probs, want, rtol=1e-6)
+
+
+# --- issue 16: min-p at the temperature it is used with, and a reference for every combination ---
+def test_min_p_applies_to_the_temperature_scaled_distribution():
+    # T = 2: p ~ sqrt(P) = .707 .5 .387 .316 (sum 1.911); min-p .5 of .370 = .185 keeps three
+    # (at T = 1 the same min-p would keep two: .25 >= .5 * .5, .15 < .25)
+    root = np.sqrt(P)
+    assert_dist(
+        dist(cfg(temperature=2.0, min_p=0.5)), dict(enumerate((root[:3] / root[:3].sum()).tolist()))
+    )
+    # T = 0.5: p ~ P**2 = .25 .0625 .0225 .01; min-p .2 of the top keeps two (all four at T = 1)
+    square = P**2
+    assert_dist(
+        dist(cfg(temperature=0.5, min_p=0.2)),
+        dict(enumerate((square[:2] / square[:2].sum()).tolist())),
+    )
+
+
+def _reference_distribution(logits, temperature, top_k, top_p, min_p):
+    """transformers' order written the slow, obvious way: softmax of logits / T over the whole
+    vocabulary, sorted by probability (ties by id); keep the top k (and ties with the k-th), then
+    the smallest prefix whose mass reaches top_p, then tokens with p >= min_p * p_max."""
+    x = logits.astype(np.float64) / temperature
+    p = np.exp(x - x.max())
+    order = np.lexsort((np.arange(len(p)), -p))
+    ids, probs = order, p[order]
+    if 0 < top_k < len(p):
+        keep = probs >= probs[top_k - 1]
+        ids, probs = ids[keep], probs[keep]
+        probs = probs / probs.sum()
+    else:
+        probs = probs / probs.sum()
+    if top_p < 1.0:
+        mass_before = np.cumsum(probs) - probs
+        keep = max(int(np.count_nonzero(mass_before < top_p)), 1)
+        ids, probs = ids[:keep], probs[:keep]
+    if min_p > 0.0:
+        keep = probs >= min_p * probs[0]
+        ids, probs = ids[keep], probs[keep]
+    return ids, probs / probs.sum()
+
+
+@pytest.mark.parametrize("case", range(300))
+def test_every_truncation_combination_matches_a_reference(case):
+    rng = np.random.default_rng(case)
+    # small vocabularies for every branch; 3000 flat logits make top-p's first guess (1024 ids)
+    # too small so the candidate set has to grow
+    vocab = int(rng.choice([2, 5, 17, 64, 3000]))
+    logits = (rng.standard_normal(vocab) * rng.choice([0.3, 1.0, 4.0])).astype(np.float32)
+    if case % 3 == 0:  # integer logits: ties everywhere
+        logits = np.round(logits * 2).astype(np.float32)
+    logits += np.float32(rng.choice([0.0, -50.0, 400.0]))  # shift invariance, no overflow
+    temperature = float(rng.choice([0.3, 0.7, 1.0, 1.5, 2.5]))
+    top_k = int(rng.choice([0, 1, 2, 3, vocab - 1, vocab, vocab + 5]))
+    top_p = float(rng.choice([1.0, 0.35, 0.62, 0.9, 0.995]))
+    min_p = float(rng.choice([0.0, 0.0, 0.04, 0.3, 0.77]))
+    config = cfg(temperature=temperature, top_k=max(top_k, 0), top_p=top_p, min_p=min_p)
+    ids, probs = sampling_distribution(config, logits)
+    want_ids, want_probs = _reference_distribution(logits, temperature, top_k, top_p, min_p)
+    truncated = (0 < top_k < vocab) or top_p < 1.0 or min_p > 0.0
+    if truncated:
+        assert ids.tolist() == want_ids.tolist(), (temperature, top_k, top_p, min_p)
+        np.testing.assert_allclose(probs, want_probs, rtol=1e-4, atol=1e-7)
+    else:  # no truncation: the whole vocabulary in id order
+        assert ids.tolist() == list(range(vocab))
+        np.testing.assert_allclose(
+            probs,
+            _reference_distribution(logits, temperature, 0, 1, 0)[1][np.argsort(want_ids)],
+            rtol=1e-4,
+            atol=1e-7,
+        )
+
+
+def test_a_single_candidate_is_drawn_and_the_rng_stays_aligned():
+    assert [make_sampler(cfg(top_k=1, seed=5))(LOGITS) for _ in range(3)] == [0, 0, 0]
+    # min-p .45 keeps one token of `peaked` and two of LOGITS (.25 >= .45 * .5): the draw on
+    # LOGITS after a one-candidate step uses the RNG's second number, as documented
+    peaked = np.array([10.0, 0.0, 0.0, 0.0], np.float32)
+    sampler = make_sampler(cfg(min_p=0.45, seed=11))
+    rng = np.random.default_rng(11)
+    draws = []
+    for _ in range(40):
+        assert sampler(peaked) == 0
+        rng.random()
+        draws.append(sampler(LOGITS))
+        want = 0 if rng.random() * 0.75 < 0.5 else 1
+        assert draws[-1] == want
+    assert set(draws) == {0, 1}
+
+
+def test_errors_name_the_problem():
+    from engine.sampling import log_normalizer
+
+    dead = np.full(4, -np.inf, np.float32)
+    with pytest.raises(
+        ValueError, match="^every logit is -inf or not finite: no token can be chosen$"
+    ):
+        log_normalizer(dead)
+    with pytest.raises(
+        ValueError, match="^every logit is -inf or not finite: no token can be chosen$"
+    ):
+        sampling_distribution(cfg(), dead)
+
+
+def _reference_penalties(tokens, logits, n_prompt, repetition, last_n, presence, frequency):
+    out = logits.astype(np.float64).copy()
+    window = tokens if last_n < 0 else tokens[len(tokens) - last_n :] if last_n else []
+    for t in set(window):
+        if 0 <= t < len(out):
+            out[t] = out[t] / repetition if out[t] > 0 else out[t] * repetition
+    generated = tokens[n_prompt:]
+    for t in set(generated):
+        if 0 <= t < len(out):
+            out[t] -= generated.count(t) * frequency + presence
+    return out
+
+
+@pytest.mark.parametrize("case", range(60))
+def test_penalties_match_a_reference(case):
+    rng = np.random.default_rng(1000 + case)
+    vocab = 8
+    logits = rng.choice([-2.0, -0.5, 0.0, 0.5, 0.75, 3.0], vocab).astype(np.float32)
+    tokens = rng.integers(-2, vocab + 2, int(rng.integers(0, 7))).tolist()  # some out of range
+    n_prompt = int(rng.integers(0, len(tokens) + 1))
+    values = {
+        "repetition_penalty": float(rng.choice([1.0, 1.3, 2.0])),
+        "repeat_last_n": int(rng.choice([-1, 0, 1, 3, 64])),
+        "presence_penalty": float(rng.choice([0.0, 0.4])),
+        "frequency_penalty": float(rng.choice([0.0, 0.25])),
+    }
+    config = GenerationConfig.from_values(values)
+    out = apply_processors(make_logits_processors(config, n_prompt), tokens, logits.copy())
+    want = _reference_penalties(
+        tokens,
+        logits,
+        n_prompt,
+        values["repetition_penalty"],
+        values["repeat_last_n"],
+        values["presence_penalty"],
+        values["frequency_penalty"],
+    )
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+
+
+def test_penalties_count_every_token_as_generated_by_default():
+    config = GenerationConfig.from_values({"frequency_penalty": 1.0})
+    (process,) = make_logits_processors(config)
+    np.testing.assert_array_equal(process([1], np.zeros(3, np.float32)), [0.0, -1.0, 0.0])
+
+
+def test_min_p_of_one_keeps_exactly_the_tokens_tied_with_the_most_likely():
+    logits = np.array([2.0, 2.0, 0.0, 2.0], np.float32)
+    assert_dist(dist(cfg(min_p=1.0), logits), {0: 1 / 3, 1: 1 / 3, 3: 1 / 3})

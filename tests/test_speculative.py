@@ -215,20 +215,6 @@ BASE_PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    from engine.loader import load_model
-
-    return load_model(smollm2_path, n_ctx=512)
-
-
-@pytest.fixture(scope="module")
-def gemma3(gemma3_path):
-    from engine.loader import load_model
-
-    return load_model(gemma3_path, n_ctx=512)
-
-
 def greedy(lm, prompt, speculative, max_new_tokens):
     request = GenerationRequest(
         **prompt,

@@ -100,6 +100,57 @@ def test_precedence_order_is_total_and_documented():
         decide_finish_reason({"bogus"})
 
 
+# The order the module docstring and README document, written out here rather than read from
+# FINISH_PRECEDENCE so that reordering the constant is caught.
+DOCUMENTED_PRECEDENCE = [
+    "error",
+    "stop",
+    "stop_sequence",
+    "grammar_complete",
+    "length",
+    "cancelled",
+]
+
+
+def test_every_pair_of_finish_reasons_follows_the_documented_precedence():
+    for i, higher in enumerate(DOCUMENTED_PRECEDENCE):
+        for lower in DOCUMENTED_PRECEDENCE[i + 1 :]:
+            assert decide_finish_reason([lower, higher]) == higher, (higher, lower)
+    # the pair the original test never compared: a stop string that completes the JSON value
+    assert decide_finish_reason({"grammar_complete", "stop_sequence"}) == "stop_sequence"
+    assert decide_finish_reason(DOCUMENTED_PRECEDENCE[::-1]) == "error"
+
+
+def test_unknown_finish_reason_is_named():
+    with pytest.raises(ValueError, match=r"unknown finish reasons \['bogus'\]"):
+        decide_finish_reason({"bogus", "stop"})
+
+
+def test_no_push_after_a_match_and_nothing_held_or_flushed():
+    matcher = StopStringMatcher(["END"])
+    assert matcher.push("abc EN") == ("abc ", False) and matcher.held == "EN"
+    assert matcher.push("D tail") == ("", True)
+    assert (matcher.matched, matcher.held, matcher.flush()) == ("END", "", "")
+    with pytest.raises(
+        RuntimeError, match="^a stop string already matched; generation should have ended$"
+    ):
+        matcher.push("more")
+
+
+def test_flush_releases_the_held_text_once():
+    matcher = StopStringMatcher(["END"])
+    assert matcher.push("abc E") == ("abc ", False)
+    assert matcher.flush() == "E"
+    assert (matcher.held, matcher.flush()) == ("", "")
+
+
+def test_stop_strings_matching_at_the_same_place_report_the_first_listed():
+    for stops, want in ((["ab", "abc"], "ab"), (["abc", "ab"], "abc")):
+        matcher = StopStringMatcher(stops)
+        assert matcher.push("xxabcd") == ("xx", True)
+        assert matcher.matched == want
+
+
 # --- reasoning -----------------------------------------------------------------------------------
 def split(pieces, starts_inside=False):
     splitter = ReasoningSplitter(starts_inside)

@@ -461,11 +461,13 @@ class MainWindow(QMainWindow):
         path = str(safe_export_path(Path(path)))
         conv = self.store.conversation(self.session.ensure_conversation())
         messages = self.store.messages(conv.id)
+        # get_running_loop, not get_event_loop: with no loop running the latter creates one that
+        # nobody closes (a ResourceWarning when it is collected).
         try:
-            loop = asyncio.get_event_loop()
+            loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        if loop is not None and loop.is_running():
+        if loop is not None:
             task = loop.create_task(write_export(Path(path), conv, messages))
             self._export_tasks.add(task)
             task.add_done_callback(lambda t: self._export_done(t, path))
