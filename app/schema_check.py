@@ -1,25 +1,23 @@
 """Check a JSON schema typed by the user before it is used for constrained decoding.
 
-Parsing errors come from `json` (with line and column); structural limits (nesting depth, `$ref`
-cycles) from engine.schema_guard; schema errors from the engine's own validator
-(engine.constrained.validate_json_schema, which compiles with llguidance like JSON mode does), so
-a schema accepted here is one the engine can use. Whatever goes wrong, the caller gets a message,
+Parsing errors come from `json` (with line and column); everything else (nesting depth, `$ref`
+cycles with no way out, what llguidance rejects) from the engine's own validator,
+engine.constrained.validate_schema, which compiles the schema as JSON mode does, so a schema
+accepted here is one the engine can use. Whatever goes wrong, the caller gets a message,
 never an exception: the editor must never keep showing an earlier "valid"."""
 
 from __future__ import annotations
 
 import json
 
-from engine.constrained import validate_json_schema
+from engine.constrained import validate_schema
 from engine.errors import ConstraintError
-from engine.schema_guard import check_depth, check_schema_structure, json_text_depth
+from engine.schema_structure import MAX_SCHEMA_DEPTH
 
 
 def check_schema(text: str) -> tuple[dict | None, str | None]:
     """Returns (schema, None) when usable, else (None, a message for the user)."""
     try:
-        # Before parsing: json.loads itself recurses and fails with RecursionError near 1,000.
-        check_depth(json_text_depth(text))
         try:
             schema = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -29,12 +27,12 @@ def check_schema(text: str) -> tuple[dict | None, str | None]:
                 None,
                 f"A JSON schema must be an object ({{...}}), not {type(schema).__name__}",
             )
-        check_schema_structure(schema)
-        validate_json_schema(schema)
+        validate_schema(schema)
     except ConstraintError as exc:
         return None, str(exc)
     except RecursionError:
-        return None, "The JSON schema is nested too deeply to check"
+        # json.loads recurses: a document nested ~1,000 levels fails there, before the depth check.
+        return None, f"The JSON schema is nested more than {MAX_SCHEMA_DEPTH} levels deep"
     except BaseException as exc:
         # llguidance is native code: a Rust panic arrives as pyo3's PanicException, which derives
         # from BaseException. Anything but a request to stop becomes a message.
