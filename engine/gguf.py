@@ -160,6 +160,10 @@ def _map_file(path: Path) -> mmap.mmap:
         raise ModelFileError(f"{path}: file not found")
     if path.is_dir():
         raise ModelFileError(f"{path}: is a directory, not a GGUF model file")
+    if not path.is_file():
+        # A FIFO or device would block the open (or never end): the app's File > Open and the
+        # last-used model reach here without the CLI's input-file check.
+        raise ModelFileError(f"{path}: not a regular file (a pipe, socket or device), not a model")
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size

@@ -6,6 +6,7 @@ exactly which field is wrong.
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 
@@ -97,6 +98,14 @@ def test_missing_file(tmp_path):
 def test_directory(tmp_path):
     with pytest.raises(ModelFileError, match="directory"):
         open_gguf(tmp_path)
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    # Opening a FIFO for reading blocks until a writer appears: the load thread would hang.
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelFileError, match="not a regular file"):
+        open_gguf(fifo)
 
 
 def test_empty_file(tmp_path):
