@@ -144,8 +144,11 @@ def kv_bytes_needed(lm, n_ctx: int) -> int:
     return KVCache.bytes_needed(lm.config, n_ctx)
 
 
-def build_prompt_ids(lm, request: GenerationRequest) -> tuple[list[int], str]:
-    """-> (token ids, the prompt text). Exactly one of messages / prompt / prompt_ids."""
+def build_prompt_ids(
+    lm, request: GenerationRequest, cancel: CancelToken | None = None
+) -> tuple[list[int], str]:
+    """-> (token ids, the prompt text). Exactly one of messages / prompt / prompt_ids. `cancel`
+    reaches the template render, so Stop also ends a slow template (TemplateCancelled)."""
     given = [x is not None for x in (request.messages, request.prompt, request.prompt_ids)]
     if sum(given) != 1:
         raise ConfigValidationError(
@@ -159,7 +162,7 @@ def build_prompt_ids(lm, request: GenerationRequest) -> tuple[list[int], str]:
             text = request.prompt
             ids = list(lm.tokenizer.encode(text, add_special=True))
         else:  # message text is tokenized with control tokens not parsed (no role spoofing)
-            ids, text = chat_prompt_ids(lm.chat_template, lm.tokenizer, request.messages)
+            ids, text = chat_prompt_ids(lm.chat_template, lm.tokenizer, request.messages, cancel)
         bos = getattr(lm.tokenizer, "bos_id", None)
         # a template that writes the BOS text itself plus the tokenizer adding one -> one BOS
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
@@ -196,7 +199,12 @@ def check_ceilings(
     return max_new_tokens, capacity
 
 
-def plan_request(lm, request: GenerationRequest, preset: ResolvedPreset | None = None) -> _Plan:
+def plan_request(
+    lm,
+    request: GenerationRequest,
+    preset: ResolvedPreset | None = None,
+    cancel: CancelToken | None = None,
+) -> _Plan:
     if preset is None:
         preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
     config = preset.config
@@ -214,7 +222,7 @@ def plan_request(lm, request: GenerationRequest, preset: ResolvedPreset | None =
         if request.kv_budget_bytes is None
         else int(request.kv_budget_bytes)
     )
-    prompt_ids, prompt_text = build_prompt_ids(lm, request)
+    prompt_ids, prompt_text = build_prompt_ids(lm, request, cancel)
     max_new, capacity = check_ceilings(lm, len(prompt_ids), config.max_new_tokens, budget)
     seed = None
     if config.do_sample:
@@ -265,8 +273,9 @@ def generate(
     `preset`: the request's preset when the caller already resolved it (from the same
     saved_preset and overrides), so a send resolves it once; None resolves it here."""
     started = time.perf_counter()
-    plan = plan_request(lm, request, preset)
-    return _events(lm, plan, cancel or CancelToken(), started)
+    cancel = cancel or CancelToken()
+    plan = plan_request(lm, request, preset, cancel)
+    return _events(lm, plan, cancel, started)
 
 
 # --- the running request -------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.errors import ChatTemplateError
+from engine.errors import ChatTemplateError, TemplateCancelled
 
 log = logging.getLogger(__name__)
 
@@ -37,30 +37,34 @@ Span = tuple[int, int]
 
 
 def chat_prompt_ids(
-    template, tokenizer, messages: Sequence[Mapping[str, Any]]
+    template, tokenizer, messages: Sequence[Mapping[str, Any]], cancel: Any = None
 ) -> tuple[list[int], str]:
-    """-> (token ids with BOS as the tokenizer adds it, the prompt text)."""
+    """-> (token ids with BOS as the tokenizer adds it, the prompt text). `cancel` (the request's
+    CancelToken) stops a slow template render with TemplateCancelled."""
 
     def has_control_text(text: str) -> bool:
         literal = [(0, len(text))]
         plain = tokenizer.encode(text, add_special=False, literal_spans=literal)
         return plain != tokenizer.encode(text, add_special=False)
 
-    text, spans = render_with_message_spans(template, messages, has_control_text)
+    text, spans = render_with_message_spans(template, messages, has_control_text, cancel)
     ids = tokenizer.encode(text, add_special=True, literal_spans=spans)
     return list(ids), text
 
 
 def render_with_message_spans(
-    template, messages: Sequence[Mapping[str, Any]], has_control_text: Callable[[str], bool]
+    template,
+    messages: Sequence[Mapping[str, Any]],
+    has_control_text: Callable[[str], bool],
+    cancel: Any = None,
 ) -> tuple[str, list[Span]]:
     """The prompt text and (start, end) character spans in it that came from message text:
     every message's where the template keeps the text intact, else at least every message whose
     text `has_control_text`."""
-    text = template.render(messages, add_generation_prompt=True)
+    text = template.render(messages, add_generation_prompt=True, cancel=cancel)
     if not any(_message_texts(m) for m in messages):
         return text, []
-    spans = _marked_spans(template, messages, text, lambda _: True)
+    spans = _marked_spans(template, messages, text, lambda _: True, cancel)
     if spans is not None:
         return text, spans
     suspicious = {
@@ -68,7 +72,7 @@ def render_with_message_spans(
     }
     if not suspicious:
         return text, []  # nothing in the messages would be parsed as a control token
-    spans = _marked_spans(template, messages, text, lambda i: i in suspicious)
+    spans = _marked_spans(template, messages, text, lambda i: i in suspicious, cancel)
     if spans is not None:
         return text, spans
     log.info("chat template %r changes message text; locating messages by search", template)
@@ -86,7 +90,9 @@ def render_with_message_spans(
     return text, sorted(spans)
 
 
-def _marked_spans(template, messages, text: str, wrap: Callable[[int], bool]) -> list[Span] | None:
+def _marked_spans(
+    template, messages, text: str, wrap: Callable[[int], bool], cancel: Any = None
+) -> list[Span] | None:
     """Spans from a render with the chosen messages' text wrapped in markers, or None if that
     render, markers removed, is not exactly `text`."""
     texts = [t for m in messages for t in _message_texts(m)]
@@ -94,7 +100,9 @@ def _marked_spans(template, messages, text: str, wrap: Callable[[int], bool]) ->
         return None
     marked_messages = [_marked(m) if wrap(i) else m for i, m in enumerate(messages)]
     try:
-        marked = template.render(marked_messages, add_generation_prompt=True)
+        marked = template.render(marked_messages, add_generation_prompt=True, cancel=cancel)
+    except TemplateCancelled:
+        raise
     except ChatTemplateError:
         return None  # the template reacts to the markers
     unmarked, spans = _strip_markers(marked)
