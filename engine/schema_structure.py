@@ -20,7 +20,7 @@ left to the grammar library's own validation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -40,6 +40,7 @@ def check_schema_depth(schema: Any) -> None:
     stack = [(schema, 1)]
     while stack:
         node, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, list):
@@ -124,8 +125,10 @@ def _productive(node: Any, known: dict[str, bool]) -> bool:
 
 def _type_productive(node: dict, type_name: Any, known: dict[str, bool]) -> bool:
     if type_name == "object":
-        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-        required = node.get("required") if isinstance(node.get("required"), list) else []
+        properties = node.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        required = node.get("required")
+        required = required if isinstance(required, list) else []
         return all(_productive(properties[name], known) for name in required if name in properties)
     if type_name == "array":
         min_items = node.get("minItems", 0)

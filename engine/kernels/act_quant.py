@@ -57,8 +57,8 @@ def module_ir() -> str:
         half = f.op(
             f"shufflevector <32 x i32> {qi}, <32 x i32> poison, {mask(range(16 * h, 16 * h + 16))}"
         )
-        s = f.op(f"call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> {half})")
-        sd = f.op(f"fmul float {f.op(f'sitofp i32 {s} to float')}, {d}")
+        lane_sum = f.op(f"call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> {half})")
+        sd = f.op(f"fmul float {f.op(f'sitofp i32 {lane_sum} to float')}, {d}")
         idx = f.op(f"add i64 {f.op('shl i64 %b, 1')}, {h}")
         f(
             f"store float {sd}, ptr {f.op(f'getelementptr inbounds float, ptr {as_}, i64 {idx}')}, align 4"

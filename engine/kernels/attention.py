@@ -123,21 +123,21 @@ def attention_ir() -> str:
     f("%d_next = add i64 %d, 16")
     f("br label %d1_h")
     f.put_label("d1_done")
-    s = f.op(
+    score = f.op(
         f"fmul float {f.op(f'call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} %acc)')}, {scale}"
     )
     f(f"br i1 {has_cap}, label %p1_cap, label %p1_store")
     f.put_label("p1_cap")  # soft-cap only when asked: tanh is a libm call per key
-    ratio = f.op(f"fdiv float {s}, {softcap}")
+    ratio = f.op(f"fdiv float {score}, {softcap}")
     capped = f.op(f"fmul float {softcap}, {f.op(f'call float @llvm.tanh.f32(float {ratio})')}")
     f("br label %p1_store")
     f.put_label("p1_store")
-    s = f.op(f"phi float [{s}, %d1_done], [{capped}, %p1_cap]")
+    score = f.op(f"phi float [{score}, %d1_done], [{capped}, %p1_cap]")
     slot = f.op(f"sub i64 %j, {lo}")
     f(
-        f"store float {s}, ptr {f.op(f'getelementptr inbounds float, ptr {sc}, i64 {slot}')}, align 4"
+        f"store float {score}, ptr {f.op(f'getelementptr inbounds float, ptr {sc}, i64 {slot}')}, align 4"
     )
-    f(f"%mx_next = call float @llvm.maxnum.f32(float %mx, float {s})")
+    f(f"%mx_next = call float @llvm.maxnum.f32(float %mx, float {score})")
     f("%j_next = add i64 %j, 1")
     f("br label %p1_h")
     # --- pass 2: exp and sum ---

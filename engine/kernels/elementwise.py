@@ -170,7 +170,7 @@ def rope_ir() -> str:
     fr = f.load("double", f.op(f"getelementptr inbounds double, ptr {invf}, i64 %i"), 8)
     ang = f.op(f"fmul double {pf}, {fr}")
     c = f.op(f"fptrunc double {f.op(f'call double @llvm.cos.f64(double {ang})')} to float")
-    s = f.op(f"fptrunc double {f.op(f'call double @llvm.sin.f64(double {ang})')} to float")
+    sin = f.op(f"fptrunc double {f.op(f'call double @llvm.sin.f64(double {ang})')} to float")
     ia = f.op(f"select i1 {neox}, i64 %i, i64 {f.op('shl i64 %i, 1')}")
     ib = f.op(
         f"select i1 {neox}, i64 {f.op(f'add i64 %i, {half}')}, i64 {f.op(f'add i64 {ia}, 1')}"
@@ -187,8 +187,8 @@ def rope_ir() -> str:
     pb = f.op(f"getelementptr inbounds float, ptr {x}, i64 {f.op(f'add i64 {base}, {ib}')}")
     a = f.load("float", pa, 4)
     b = f.load("float", pb, 4)
-    na = f.op(f"fsub float {f.op(f'fmul float {a}, {c}')}, {f.op(f'fmul float {b}, {s}')}")
-    nb = f.op(f"fadd float {f.op(f'fmul float {a}, {s}')}, {f.op(f'fmul float {b}, {c}')}")
+    na = f.op(f"fsub float {f.op(f'fmul float {a}, {c}')}, {f.op(f'fmul float {b}, {sin}')}")
+    nb = f.op(f"fadd float {f.op(f'fmul float {a}, {sin}')}, {f.op(f'fmul float {b}, {c}')}")
     f(f"store float {na}, ptr {pa}, align 4")
     f(f"store float {nb}, ptr {pb}, align 4")
     f("%h_next = add i64 %h, 1")

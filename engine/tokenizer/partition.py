@@ -36,8 +36,7 @@ class SpecialPartition:
         )
         self._not_in_literal = frozenset(i for i in partitioned if attrs[i] & not_in_literal_attrs)
         self._first_chars = frozenset(text[0] for text, _ in self._specials)
-        self._trie: tuple[dict, object] | None = None
-        self._start_re: re.Pattern[str] | None = None
+        self._trie: tuple[dict, object, re.Pattern[str]] | None = None
         self._trie_lock = threading.Lock()
 
     def split(self, text: str, literal_spans: Iterable[tuple[int, int]] = ()) -> list[str | int]:
@@ -126,7 +125,5 @@ class SpecialPartition:
                         node = node.setdefault(ch, {})
                     node.setdefault(end_key, rank)  # identical texts: the first (lowest id) wins
                 starts = "".join(sorted(self._first_chars))
-                self._start_re = re.compile("[" + re.escape(starts) + "]")
-                self._trie = (trie, end_key)
-            trie, end_key = self._trie
-            return trie, end_key, self._start_re
+                self._trie = (trie, end_key, re.compile("[" + re.escape(starts) + "]"))
+            return self._trie
