@@ -24,6 +24,7 @@ import numpy as np
 
 from engine.errors import ConfigValidationError, ConstraintError, EngineError, InputFileError
 from engine.input_files import MAX_SCHEMA_BYTES, read_text_file, require_regular_file
+from engine.model_protocol import LanguageModel
 from engine.types import JsonMode
 
 MODEL_ALIASES = ("default", "gemma3")
@@ -251,7 +252,7 @@ def json_mode_arguments(args) -> tuple[str, str | None]:
     return "schema", read_text_file(args.json_schema, "--json-schema", MAX_SCHEMA_BYTES)
 
 
-def warn_if_base_model(lm) -> None:
+def warn_if_base_model(lm: LanguageModel) -> None:
     """A model without a chat template is usually a base (pretrained-only) model: wrapped in a
     borrowed template it tends to answer with nonsense, so --chat says so."""
     template = lm.chat_template
@@ -365,7 +366,7 @@ def print_token_alternatives(sampled) -> None:
 
 
 # --- score ---------------------------------------------------------------------------------------
-def score_positions(lm, ids: list[int], top: int) -> dict:
+def score_positions(lm: LanguageModel, ids: list[int], top: int) -> dict:
     """Teacher-forced scoring: for each position i > 0, the log-probability the model gave the
     text's own token ids[i] after ids[:i], and the top-K candidates it considered there
     (natural logs); the first token has no context, so no score. Also the total over the scored

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import ConfigValidationError, ContextOverflowError
+from engine.model_protocol import LanguageModel
 
 POLICIES = ("drop_oldest", "refuse")
 # Tokenizing this many characters takes about a second; a longer last message is counted on
@@ -61,7 +62,7 @@ class FitResult:
         return sum(1 for m in self.dropped if m.get("role") == "user")
 
 
-def count_prompt_tokens(lm, messages: list[dict]) -> int:
+def count_prompt_tokens(lm: LanguageModel, messages: list[dict]) -> int:
     from engine.generate import GenerationRequest, build_prompt_ids
 
     ids, _ = build_prompt_ids(lm, GenerationRequest(messages=messages))
@@ -69,7 +70,7 @@ def count_prompt_tokens(lm, messages: list[dict]) -> int:
 
 
 def fit_conversation(
-    lm,
+    lm: LanguageModel,
     messages: list[dict],
     *,
     reserve_tokens: int,
@@ -189,7 +190,7 @@ def _max_token_chars(tokenizer) -> int:
 
 
 def _too_long(
-    lm, messages, smallest: str, budget: int, reserve_tokens: int, limit: int
+    lm: LanguageModel, messages, smallest: str, budget: int, reserve_tokens: int, limit: int
 ) -> LastMessageTooLongError:
     """The error for "even the system prompt and the last turn do not fit", naming the last
     message's own token count (counted on at most MAX_COUNTED_CHARS of it)."""
@@ -221,7 +222,9 @@ def _too_long(
 DEFAULT_REPLY_RESERVE = 512
 
 
-def fit_chat(lm, messages: list[dict], max_new_tokens: int | None) -> FitResult | None:
+def fit_chat(
+    lm: LanguageModel, messages: list[dict], max_new_tokens: int | None
+) -> FitResult | None:
     """A chat as the app sends it: drop the oldest turns ("drop_oldest") so the prompt plus the
     reply's room fit the context. The room is the preset's max_new_tokens, or with no maximum
     min(DEFAULT_REPLY_RESERVE, n_ctx // 4). None when the room alone fills the context: nothing

@@ -90,6 +90,7 @@ from engine.events import (
     Usage,
 )
 from engine.generation_config import GenerationConfig
+from engine.model_protocol import LanguageModel
 from engine.presets import ResolvedPreset, resolve_preset
 from engine.prompt_ids import chat_prompt_ids
 from engine.reasoning import REASONING, ReasoningSplitter, prompt_opens_reasoning
@@ -138,14 +139,14 @@ def default_kv_budget_bytes() -> int:
         return 4 * 2**30
 
 
-def kv_bytes_needed(lm, n_ctx: int) -> int:
+def kv_bytes_needed(lm: LanguageModel, n_ctx: int) -> int:
     from engine.kv_cache import KVCache
 
     return KVCache.bytes_needed(lm.config, n_ctx)
 
 
 def build_prompt_ids(
-    lm, request: GenerationRequest, cancel: CancelToken | None = None
+    lm: LanguageModel, request: GenerationRequest, cancel: CancelToken | None = None
 ) -> tuple[list[int], str]:
     """-> (token ids, the prompt text). Exactly one of messages / prompt / prompt_ids. `cancel`
     reaches the template render, so Stop also ends a slow template (TemplateCancelled)."""
@@ -173,7 +174,7 @@ def build_prompt_ids(
 
 
 def check_ceilings(
-    lm, n_prompt: int, max_new_tokens: int | None, budget_bytes: int
+    lm: LanguageModel, n_prompt: int, max_new_tokens: int | None, budget_bytes: int
 ) -> tuple[int, int]:
     """-> (max_new_tokens, KV capacity). Refuses before anything is allocated."""
     limit = int(lm.n_ctx)
@@ -200,7 +201,7 @@ def check_ceilings(
 
 
 def plan_request(
-    lm,
+    lm: LanguageModel,
     request: GenerationRequest,
     preset: ResolvedPreset | None = None,
     cancel: CancelToken | None = None,
@@ -248,7 +249,7 @@ def plan_request(
     )
 
 
-def _choose_drafter(lm, request: GenerationRequest, config: GenerationConfig):
+def _choose_drafter(lm: LanguageModel, request: GenerationRequest, config: GenerationConfig):
     choice = request.speculative
     if choice is False:
         return None
@@ -262,7 +263,7 @@ def _choose_drafter(lm, request: GenerationRequest, config: GenerationConfig):
 
 
 def generate(
-    lm,
+    lm: LanguageModel,
     request: GenerationRequest,
     cancel: CancelToken | None = None,
     *,
@@ -304,7 +305,9 @@ class _Progress:
     draft_accepted: int = 0
 
 
-def _prefill(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> np.ndarray | None:
+def _prefill(
+    lm: LanguageModel, plan: _Plan, cancel: CancelToken, progress: _Progress
+) -> np.ndarray | None:
     """Fill the KV cache with the prompt; -> logits after it, or None when cancelled."""
     prompt = plan.prompt_ids
     hit = None
@@ -337,7 +340,9 @@ def _prefill(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> np.nd
     return logits
 
 
-def _decode_steps(lm, plan: _Plan, cancel: CancelToken, progress: _Progress) -> Iterator[_Step]:
+def _decode_steps(
+    lm: LanguageModel, plan: _Plan, cancel: CancelToken, progress: _Progress
+) -> Iterator[_Step]:
     """Prefill, then choose tokens one by one until the caller stops asking, the budget is spent
     or the cancel token is set. Yields each chosen token; the caller decides whether it ends the
     request. The cache always holds progress.fed_tokens, except transiently during a draft."""
@@ -422,7 +427,9 @@ def _draft(drafter, tokens: list[int], max_tokens: int, room: int) -> list[int]:
     return [int(t) for t in drafter.draft(tokens, limit)][:limit]
 
 
-def _events(lm, plan: _Plan, cancel: CancelToken, started: float) -> Iterator[object]:
+def _events(
+    lm: LanguageModel, plan: _Plan, cancel: CancelToken, started: float
+) -> Iterator[object]:
     tokenizer = lm.tokenizer
     detokenizer = new_detokenizer(tokenizer)
     stops = StopStringMatcher(plan.config.stop)
@@ -520,7 +527,7 @@ def _token_event(tokenizer, step: _Step, index: int, top_n: int) -> TokenSampled
     )
 
 
-def _store_final_state(lm, plan: _Plan, progress: _Progress) -> None:
+def _store_final_state(lm: LanguageModel, plan: _Plan, progress: _Progress) -> None:
     """Hand the final consistent KV state to the prefix cache (never after an error)."""
     if plan.prefix_cache is None or progress.cache is None or progress.prefill_done is None:
         return
@@ -533,7 +540,9 @@ def _store_final_state(lm, plan: _Plan, progress: _Progress) -> None:
     plan.prefix_cache.store(lm, list(fed), cache, None)
 
 
-def _usage(lm, plan: _Plan, progress: _Progress, started: float, n_sampled: int) -> Usage:
+def _usage(
+    lm: LanguageModel, plan: _Plan, progress: _Progress, started: float, n_sampled: int
+) -> Usage:
     prefill_end = progress.prefill_done or time.perf_counter()
     prefill_ms = (prefill_end - (progress.prompt_started or started)) * 1000.0
     n_prompt = len(plan.prompt_ids)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.model_protocol import LanguageModel
+
 ISA_LABELS = {"vnni": "avx512-vnni", "avx2": "avx2", "generic": "generic x86-64"}
 
 
@@ -25,7 +27,7 @@ def dominant_quant(gguf_file) -> str:
     return next(iter(gguf_file.quant_mix()), "?")
 
 
-def load_line(lm) -> str:
+def load_line(lm: LanguageModel) -> str:
     """`loaded NAME (ARCH, QUANT): KERNELS` for stderr after a model load."""
     name = lm.gguf.metadata.get("general.name") or Path(str(lm.path)).name
     return f"loaded {name} ({lm.gguf.arch}, {dominant_quant(lm.gguf)}): {kernel_path(lm.backend)}"

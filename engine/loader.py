@@ -8,12 +8,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.config import ModelConfig
 from engine.errors import ConfigValidationError
 from engine.gguf import GGUFFile, open_gguf
 from engine.models import build_model
+
+if TYPE_CHECKING:
+    from engine.chat_template import ChatTemplate
+    from engine.kernels.backend import Backend
+    from engine.models.transformer import TransformerModel
+    from engine.tokenizer import Tokenizer
 
 DEFAULT_MAX_CONTEXT = 4096  # default window: bounded so the KV cache stays small on a desktop
 
@@ -25,9 +31,9 @@ class LoadedModel:
     path: Path
     gguf: GGUFFile
     config: ModelConfig
-    model: Any  # engine.models.transformer.TransformerModel
+    model: TransformerModel
     n_ctx: int
-    backend: Any  # engine.kernels.backend.Backend
+    backend: Backend
 
     @property
     def name(self) -> str:
@@ -51,7 +57,7 @@ class LoadedModel:
         self.close()
 
     @cached_property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         """engine.tokenizer.Tokenizer built from the file's vocabulary (load_model builds it, so a
         bad vocabulary fails the load, not the first request)."""
         from engine.tokenizer import Tokenizer
@@ -59,7 +65,7 @@ class LoadedModel:
         return Tokenizer.from_gguf(self.gguf)
 
     @cached_property
-    def chat_template(self):
+    def chat_template(self) -> ChatTemplate:
         """engine.chat_template.ChatTemplate for the file's template (or the fallback)."""
         from engine.chat_template import ChatTemplate
 

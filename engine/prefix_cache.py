@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import ConfigValidationError
+from engine.model_protocol import LanguageModel
 from engine.types import PrefixHit
 
 DEFAULT_BUDGET_BYTES = 512 * 2**20  # a few long chats of a small model; the app may set its own
@@ -96,7 +97,9 @@ class PrefixCache:
             self._entries.clear()
 
     # --- the loop's seam -------------------------------------------------------------------------
-    def lookup(self, lm, prompt_ids: Sequence[int], min_capacity: int) -> PrefixHit | None:
+    def lookup(
+        self, lm: LanguageModel, prompt_ids: Sequence[int], min_capacity: int
+    ) -> PrefixHit | None:
         """The longest stored prefix of prompt_ids, copied into a new KVCache of min_capacity."""
         model = lm.model
         prompt = [int(t) for t in prompt_ids]
@@ -127,7 +130,9 @@ class PrefixCache:
             cache.commit(prompt[:best_n])
             return PrefixHit(cache, best_n, None if logits is None else logits.copy())
 
-    def store(self, lm, token_ids: Sequence[int], cache, next_logits: np.ndarray | None) -> None:
+    def store(
+        self, lm: LanguageModel, token_ids: Sequence[int], cache, next_logits: np.ndarray | None
+    ) -> None:
         """Keep a copy of the K/V rows of token_ids (all of `cache`), and next_logits after them."""
         tokens = tuple(int(t) for t in token_ids)
         if not tokens:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.errors import ConfigValidationError
+from engine.model_protocol import LanguageModel
 
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 2  # a single repeated token ("the", ",") predicts too little to pay a batch row
@@ -125,7 +126,9 @@ class PromptLookupDrafter:
                     table[tuple(seq[end - n : end])] = end
 
 
-def default_drafter(lm, config, required: bool = False) -> PromptLookupDrafter | None:
+def default_drafter(
+    lm: LanguageModel, config, required: bool = False
+) -> PromptLookupDrafter | None:
     """The engine default: prompt lookup for greedy requests (where it is exact and cheap to
     verify), off for sampled ones unless asked for (it is exact there too, the loop samples every
     position from its own distribution with the same RNG stream, but far fewer drafts agree)."""

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.generation_config import GenerationConfig
+from engine.model_protocol import LanguageModel
 
 if TYPE_CHECKING:
     import numpy as np
@@ -88,10 +89,12 @@ class PrefixHit:
 class SupportsPrefixReuse(Protocol):
     """The generation loop's prefix-cache seam (engine.prefix_cache.PrefixCache implements it)."""
 
-    def lookup(self, lm, prompt_ids: Sequence[int], min_capacity: int) -> PrefixHit | None: ...
+    def lookup(
+        self, lm: LanguageModel, prompt_ids: Sequence[int], min_capacity: int
+    ) -> PrefixHit | None: ...
 
     def store(
-        self, lm, token_ids: Sequence[int], cache, next_logits: np.ndarray | None
+        self, lm: LanguageModel, token_ids: Sequence[int], cache, next_logits: np.ndarray | None
     ) -> None: ...
 
 
