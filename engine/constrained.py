@@ -43,7 +43,7 @@ import json
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
@@ -52,8 +52,14 @@ from engine.errors import ConfigValidationError, ConstraintError
 from engine.schema_structure import MAX_SCHEMA_DEPTH, check_ref_cycles, check_schema_depth
 from engine.types import JsonMode
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict that exists only in the stub
+
 # Bounded whitespace (see the module docstring); no whitespace before the value itself.
-_JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"(?:\x20|\x0A\x20{0,20})"}
+_JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": True,
+    "whitespace_pattern": r"(?:\x20|\x0A\x20{0,20})",
+}
 _ANY_OBJECT_SCHEMA = {"type": "object"}
 
 # llguidance's token trie asserts (a Rust panic) on a token longer than this many bytes

@@ -353,7 +353,7 @@ class _HeaderParser:
         # The hot loop of loading a model (262k tokens for Gemma): keep it to plain struct calls.
         buf, size, pos = self.buf, self.size, self.pos
         unpack_len = struct.Struct("<Q").unpack_from
-        out = []
+        out: list[str] = []
         append = out.append
         for i in range(length):
             if pos + 8 > size:

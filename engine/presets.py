@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from engine.errors import ConfigValidationError, PresetFileError
 from engine.generation_config import GenerationConfig
@@ -154,7 +155,7 @@ def sampling_metadata(metadata: dict) -> dict:
 # --- GGUF general.sampling.* ---------------------------------------------------------------------
 def gguf_sampling_values(metadata: dict, notes: list[str] | None = None) -> dict:
     """Translate llama.cpp's general.sampling.* keys into our fields (see module docstring)."""
-    values = {}
+    values: dict[str, Any] = {}
     for key, raw in metadata.items():
         if not key.startswith(_GGUF_PREFIX):
             continue
