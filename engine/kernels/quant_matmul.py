@@ -229,8 +229,8 @@ def unpack_q6_k(f, blk, c):
     hi = _v(f, "and", _v(f, "lshr", qh, 2 * k), 3)
     u = _vor(f, lo, _v(f, "shl", hi, 4))
     d = f.half_to_float(f.gep(blk, 208))
-    s = tuple(_fmul(f, d, _s8_to_float(f, _byte(f, blk, 192 + 8 * n + 2 * k + h))) for h in (0, 1))
-    return Chunk(u, s, None, offset=32)
+    s = [_fmul(f, d, _s8_to_float(f, _byte(f, blk, 192 + 8 * n + 2 * k + h))) for h in (0, 1)]
+    return Chunk(u, (s[0], s[1]), None, offset=32)
 
 
 def unpack_q2_k(f, blk, c):
@@ -244,7 +244,7 @@ def unpack_q2_k(f, blk, c):
         sb = _byte(f, blk, 8 * n + 2 * j + h)
         s.append(_fmul(f, d, _u8_to_float(f, f.op(f"and i8 {sb}, 15"))))
         b.append(_fneg(f, _fmul(f, dmin, _u8_to_float(f, f.op(f"lshr i8 {sb}, 4")))))
-    return Chunk(u, tuple(s), tuple(b))
+    return Chunk(u, (s[0], s[1]), (b[0], b[1]))
 
 
 def unpack_q3_k(f, blk, c):
@@ -267,7 +267,7 @@ def unpack_q3_k(f, blk, c):
         sc6 = _sor(f, low4, _s(f, "shl", high2, 4))
         sc = f.op(f"sub i8 {sc6}, 32")
         s.append(_fmul(f, d, _s8_to_float(f, sc)))
-    return Chunk(u, tuple(s), None, offset=4)
+    return Chunk(u, (s[0], s[1]), None, offset=4)
 
 
 UNPACK = {

@@ -285,10 +285,13 @@ class TransformerModel:
             poll()
             ops.linear(layer.attn_k, h, out=k)
             ops.linear(layer.attn_v, h, out=v)
-            if layer.attn_q_bias is not None:
-                q += layer.attn_q_bias
-                k += layer.attn_k_bias
-                v += layer.attn_v_bias
+            for qkv, bias in (
+                (q, layer.attn_q_bias),
+                (k, layer.attn_k_bias),
+                (v, layer.attn_v_bias),
+            ):
+                if bias is not None:  # Qwen2 has all three; each is optional in the file
+                    qkv += bias
             if layer.attn_q_norm is not None:
                 qr = q.reshape(n * cfg.n_head, cfg.head_dim)
                 kr = k.reshape(n * cfg.n_kv_head, cfg.head_dim)
