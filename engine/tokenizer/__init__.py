@@ -171,7 +171,8 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, not {type(text).__name__}")
         ids: list[int] = []
-        if add_special and self.add_bos:
+        # read_vocabulary refuses add_bos/add_eos without the token id; the None checks narrow it
+        if add_special and self.add_bos and self.bos_id is not None:
             ids.append(self.bos_id)
         # One encode call per piece, not encode_batch: batch mode starts HF's thread pool, which
         # competes with the engine's own threads and warns/deadlocks if the process forks later.
@@ -182,7 +183,7 @@ class Tokenizer:
                 ids.extend(self._encode_fragment(fragment))
             else:
                 ids.append(fragment)
-        if add_special and self.add_eos:
+        if add_special and self.add_eos and self.eos_id is not None:
             ids.append(self.eos_id)
         return ids
 
@@ -318,6 +319,7 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
             v.add_eos,
         )  # fmt: skip
     else:
+        assert v.pre is not None  # read_vocabulary resolves (or refuses) every gpt2 pre-tokenizer
         hf = hf_build.bpe_tokenizer(
             v.tokens, v.text_to_id, v.attrs, v.merges, v.pre, v.bos_id, v.eos_id, v.add_bos,
             v.add_eos,
