@@ -111,7 +111,9 @@ class _WeightCall:
         self.args_ptr = args.ctypes.data
         self.quantized = quantized
         self.rows, self.cols = weight.rows, weight.cols
-        self.bufs = None  # the activation buffers the AQ..SUMS slots currently point at
+        self.bufs: _ActivationBuffers | None = (
+            None  # the activation buffers the AQ..SUMS slots currently point at
+        )
 
 
 class _ActivationBuffers:
@@ -326,9 +328,19 @@ class JitBackend(ReferenceBackend):
         theta: float,
         neox: bool,
         freq_scale: float = 1.0,
+        freq_factors: np.ndarray | None = None,
     ) -> np.ndarray:
-        if x.ndim != 3 or not self._usable(x) or x.shape[-1] % 2:
-            return super().rope(x, positions, theta=theta, neox=neox, freq_scale=freq_scale)
+        # Per-pair frequency factors (Llama 3.1+ rope_freqs) run the numpy rope, as they did when
+        # the model chose the reference rope itself for a backend without this parameter.
+        if freq_factors is not None or x.ndim != 3 or not self._usable(x) or x.shape[-1] % 2:
+            return super().rope(
+                x,
+                positions,
+                theta=theta,
+                neox=neox,
+                freq_scale=freq_scale,
+                freq_factors=freq_factors,
+            )
         tokens, heads, head_dim = x.shape
         key = (float(theta), head_dim, float(freq_scale))
         inv_freq = self._inv_freq.get(key)

@@ -46,6 +46,7 @@ def _silu(g: np.ndarray) -> np.ndarray:
 
 class ReferenceBackend:
     name = "numpy"
+    fallback_reason: str | None = None  # set when get_backend chose numpy because the JIT failed
 
     def linear(self, w: QTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         n_out, n_in = w.rows, w.cols
