@@ -62,7 +62,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -162,7 +162,8 @@ def build_prompt_ids(
         if request.prompt is not None:
             text = request.prompt
             ids = list(lm.tokenizer.encode(text, add_special=True))
-        else:  # message text is tokenized with control tokens not parsed (no role spoofing)
+        elif request.messages is not None:  # always, here: exactly one of the three is given
+            # message text is tokenized with control tokens not parsed (no role spoofing)
             ids, text = chat_prompt_ids(lm.chat_template, lm.tokenizer, request.messages, cancel)
         bos = getattr(lm.tokenizer, "bos_id", None)
         # a template that writes the BOS text itself plus the tokenizer adding one -> one BOS
@@ -342,7 +343,7 @@ def _prefill(
 
 def _decode_steps(
     lm: LanguageModel, plan: _Plan, cancel: CancelToken, progress: _Progress
-) -> Iterator[_Step]:
+) -> Generator[_Step, None, None]:
     """Prefill, then choose tokens one by one until the caller stops asking, the budget is spent
     or the cancel token is set. Yields each chosen token; the caller decides whether it ends the
     request. The cache always holds progress.fed_tokens, except transiently during a draft."""
@@ -471,14 +472,14 @@ def _events(
                 reasons.add(FINISH_GRAMMAR_COMPLETE)
             if progress.cancelled:
                 reasons.add(FINISH_CANCELLED)
-            if not reasons:
-                reasons.add(FINISH_LENGTH)
-            reason = decide_finish_reason(reasons)
+            reason = decide_finish_reason(reasons) or FINISH_LENGTH
         if reason != FINISH_STOP_SEQUENCE:
             # the end came from elsewhere: release what the detokenizer and the matcher held
             tail, matched = stops.push(detokenizer.flush())
             if matched:
-                reason = decide_finish_reason({reason, FINISH_STOP_SEQUENCE})
+                reason = (
+                    decide_finish_reason({reason, FINISH_STOP_SEQUENCE}) or FINISH_STOP_SEQUENCE
+                )
             else:
                 tail += stops.flush()
             yield from release(tail)
@@ -547,7 +548,7 @@ def _usage(
     prefill_ms = (prefill_end - (progress.prompt_started or started)) * 1000.0
     n_prompt = len(plan.prompt_ids)
     prefilled = n_prompt - (progress.cached_tokens or 0)
-    if progress.first_token is not None:
+    if progress.first_token is not None and progress.last_token is not None:  # set together
         ttft_ms = (progress.first_token - started) * 1000.0
         decode_ms = (progress.last_token - progress.first_token) * 1000.0
     else:

@@ -22,6 +22,8 @@ observed between steps, so a cancel that raced with a natural end reports the na
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from engine.events import (
     FINISH_CANCELLED,
     FINISH_ERROR,
@@ -30,6 +32,7 @@ from engine.events import (
     FINISH_STOP,
     FINISH_STOP_SEQUENCE,
 )
+from engine.types import FinishReason
 
 FINISH_PRECEDENCE = (
     FINISH_ERROR,
@@ -41,7 +44,7 @@ FINISH_PRECEDENCE = (
 )
 
 
-def decide_finish_reason(reasons) -> str | None:
+def decide_finish_reason(reasons: Iterable[str]) -> FinishReason | None:
     """The highest-precedence reason among those that hold on one step (None if none)."""
     present = set(reasons)
     unknown = present.difference(FINISH_PRECEDENCE)
