@@ -19,6 +19,7 @@ import sys
 import warnings
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -311,6 +312,7 @@ def cmd_generate(args) -> int:
                 done = event
     finally:
         signal.signal(signal.SIGINT, previous_handler)
+    assert done is not None  # generate() ends every request it accepted with one Finished event
     if args.json:
         record = finished_record(done)
         if args.top_logprobs:
@@ -384,7 +386,9 @@ def score_positions(lm: LanguageModel, ids: list[int], top: int) -> dict:
         )
     cache = lm.model.new_cache(len(ids))
     chunk = max(1, min(256, SCORE_LOGITS_BUDGET // max(1, int(lm.config.n_vocab))))
-    positions = [{"token_id": int(i), "logprob": None, "top": []} for i in ids]
+    positions: list[dict[str, Any]] = [
+        {"token_id": int(i), "logprob": None, "top": []} for i in ids
+    ]
     next_top: list[dict] = []
     for start in range(0, len(ids), chunk):
         rows = lm.model.forward(ids[start : start + chunk], cache, all_logits=True)
