@@ -247,7 +247,7 @@ def _check_tojson(value: Any, ensure_ascii: Any = False, indent: Any = None, *_:
         )
 
 
-_FILTER_CHECKS = {
+_FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "center": _check_center,
     "indent": _check_indent,
     "wordwrap": _check_wordwrap,
@@ -260,7 +260,7 @@ _FILTER_CHECKS = {
 }
 
 # str methods a template can call; same hazards as the filters.
-_STR_METHOD_CHECKS = {
+_STR_METHOD_CHECKS: dict[str, Callable[..., None]] = {
     "center": _check_center,
     "ljust": _check_center,
     "rjust": _check_center,
@@ -484,7 +484,7 @@ class ChatTemplate:
         # A broken template does not stop the model from loading (raw prompts still work): the
         # error is kept in `.error` (for `info` and the app to show) and raised by render().
         self.error: ChatTemplateError | None = None
-        self._template = None
+        self._template: jinja2.Template | None = None
         try:
             # Compiling runs template code too (jinja folds constant expressions such as
             # `'x'|center(10**9)` while compiling), so it gets the same limits and deadline.
@@ -514,7 +514,9 @@ class ChatTemplate:
     def from_metadata(cls, metadata: Mapping[str, Any], tokenizer) -> ChatTemplate:
         bos = _token_text(tokenizer, tokenizer.bos_id)
         eos = _token_text(tokenizer, tokenizer.eos_id)
-        common = dict(bos_token=bos, eos_token=eos, strip_leading_bos=bool(tokenizer.add_bos))
+        common: dict[str, Any] = dict(
+            bos_token=bos, eos_token=eos, strip_leading_bos=bool(tokenizer.add_bos)
+        )
         source = metadata.get("tokenizer.chat_template")
         if isinstance(source, str) and source.strip():
             return cls(source, name=_guess_name(source), **common)
@@ -539,6 +541,8 @@ class ChatTemplate:
         CancelToken) is set while rendering. Never blocks the caller longer than `timeout`."""
         if self.error is not None:
             raise self.error
+        template = self._template
+        assert template is not None  # compiled whenever self.error is None
         _check_messages(messages)
         variables = {
             "bos_token": self.bos_token,
@@ -549,7 +553,9 @@ class ChatTemplate:
             "add_generation_prompt": bool(add_generation_prompt),
         }
         try:
-            text = _run_abandonable(lambda: self._render_bounded(variables), timeout, cancel)
+            text = _run_abandonable(
+                lambda: self._render_bounded(template, variables), timeout, cancel
+            )
         except TemplateCancelled:
             raise
         except _TemplateRaised as exc:
@@ -582,9 +588,9 @@ class ChatTemplate:
             text = text[len(self.bos_token) :]
         return text
 
-    def _render_bounded(self, variables: dict[str, Any]) -> str:
+    def _render_bounded(self, template: jinja2.Template, variables: dict[str, Any]) -> str:
         parts, size = [], 0
-        for chunk in self._template.generate(**variables):
+        for chunk in template.generate(**variables):
             size += len(chunk)
             if size > MAX_OUTPUT_CHARS:
                 raise _LimitExceeded(
