@@ -50,7 +50,7 @@ def data_dir_problem(data_dir: Path | None) -> str | None:
     if data_dir.exists() and not data_dir.is_dir():
         return f"--data-dir {data_dir}: is a file, not a directory"
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # chats are private
     except OSError as exc:
         return f"--data-dir {data_dir}: cannot create the directory ({exc.strerror})"
     return None

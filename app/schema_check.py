@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 
-from engine.constrained import validate_schema
 from engine.errors import ConstraintError
 from engine.schema_structure import MAX_SCHEMA_DEPTH
 
 
 def check_schema(text: str) -> tuple[dict | None, str | None]:
     """Returns (schema, None) when usable, else (None, a message for the user)."""
+    # Imported here: engine.constrained loads numpy and llguidance, which the window must not
+    # wait for at start-up (tests/test_types.py).
+    from engine.constrained import validate_schema
+
     try:
         try:
             schema = json.loads(text)

@@ -46,6 +46,7 @@ def test_killed_instance_never_blocks_the_next(tmp_path):
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+        holder.stdout.close()
     lock = InstanceLock(tmp_path)
     assert lock.acquire()
     lock.release()

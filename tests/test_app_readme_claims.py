@@ -2,8 +2,8 @@
 a reply streams, the Ctrl+O / Ctrl+E shortcuts, opening the built-in model when none is chosen,
 and the preset panel over the engine's real preset resolution (not the fake's copy of it)."""
 
+import dataclasses
 import json
-from types import SimpleNamespace
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
@@ -116,16 +116,17 @@ class RealPresetEngine(FakeEngine):
         super().__init__()
         self.model_dir, self.metadata = model_dir, metadata
 
-    def load(self, path, *, n_ctx, n_threads, progress):
-        model = super().load(path, n_ctx=n_ctx, n_threads=n_threads, progress=progress)
-        return SimpleNamespace(
-            path=model.path, n_ctx=model.n_ctx, gguf=SimpleNamespace(metadata=self.metadata)
-        )
+    def describe(self, lm):
+        # The GUI resolves presets from the ModelInfo the worker hands over (never the model).
+        from engine.presets import sampling_metadata
 
-    def resolve_preset(self, lm, saved, overrides):
+        info = super().describe(lm)
+        return dataclasses.replace(info, sampling_metadata=sampling_metadata(self.metadata))
+
+    def resolve_preset(self, model, saved, overrides):
         from app.engine_bridge import RealEngine
 
-        return RealEngine().resolve_preset(lm, saved, overrides)
+        return RealEngine().resolve_preset(model, saved, overrides)
 
 
 def test_preset_panel_over_the_real_preset_resolution(qtbot, tmp_path):

@@ -59,7 +59,10 @@ def test_a_model_info_resolves_the_same_preset_as_the_model(tmp_path):
 
     class Loaded:
         path = tmp_path / "m.gguf"
-        gguf = type("G", (), {"metadata": metadata, "arch": "llama"})()
+        gguf = type(
+            "G", (), {"metadata": metadata, "arch": "llama", "quant_mix": lambda self: {"Q8_0": 1}}
+        )()
+        backend = type("B", (), {"isa": "avx2", "n_threads": 2})()
         chat_template = type("T", (), {"name": "chatml", "is_fallback": False})()
         n_ctx = 512
 

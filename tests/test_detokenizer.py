@@ -237,9 +237,3 @@ def test_token_sequences_stream_exactly_what_a_one_shot_clean_up_gives():
         raw = b"".join(CLEANUP_PIECES[i] for i in ids)
         assert streamed == clean_spaces(raw).decode("utf-8", errors="replace"), ids
         assert detok.pending_bytes == b""
-
-
-def test_a_tokenizer_without_the_clean_spaces_flag_streams_raw_text():
-    tok = PieceTokenizer(CLEANUP_PIECES)  # no clean_spaces attribute at all
-    detok = StreamingDetokenizer(tok)
-    assert detok.add_many([4, 8, 5, 0, 2]) + detok.flush() == "a , ' s"
