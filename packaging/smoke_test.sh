@@ -126,7 +126,8 @@ run_smoke() {  # $1 = label; prints the reply, sets last_seconds
 run_smoke cold
 cold_seconds=$last_seconds
 cold_startup=$last_startup
-jit_objects=$(find "$work/cache" -path '*LocalChat*' -name '*.o' | wc -l)
+# Signed cache entries (engine/kernels/compiler.py): <module>-<key>.jit, HMAC-checked before loading.
+jit_objects=$(find "$work/cache" -path '*LocalChat*' -name '*.jit' | wc -l)
 [ "$jit_objects" -gt 0 ] || fail "no JIT objects under XDG_CACHE_HOME after the cold run"
 run_smoke warm
 warm_seconds=$last_seconds
