@@ -21,7 +21,6 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from app.engine_bridge import ContextTrimmed, EngineBridge
 from engine.cancel import CancelToken
-from engine.errors import TemplateCancelled
 from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Usage
 from engine.types import GenerationRequest
 
@@ -150,8 +149,7 @@ class EngineWorker(QObject):
                 if close is not None:
                     close()
         except BaseException as exc:
-            # Stop pressed while the template rendered: say "cancelled", not a template error.
-            if not finished and not (cancel.cancelled and isinstance(exc, TemplateCancelled)):
+            if not finished:
                 finished = True
                 self._put(request_id, RequestFailed(_user_message(exc)))
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):

@@ -74,6 +74,7 @@ from engine.errors import (
     ContextOverflowError,
     EngineError,
     MemoryBudgetError,
+    TemplateCancelled,
 )
 from engine.events import (
     FINISH_CANCELLED,
@@ -276,8 +277,29 @@ def generate(
     saved_preset and overrides), so a send resolves it once; None resolves it here."""
     started = time.perf_counter()
     cancel = cancel or CancelToken()
-    plan = plan_request(lm, request, preset, cancel)
+    try:
+        plan = plan_request(lm, request, preset, cancel)
+    except TemplateCancelled:
+        # Stop while the chat template rendered ends the request like any other cancel, with a
+        # Finished event (nothing was tokenized or run), so every caller sees the same thing.
+        return iter([_cancelled_before_the_prompt(lm)])
     return _events(lm, plan, cancel, started)
+
+
+def _cancelled_before_the_prompt(lm: LanguageModel) -> Finished:
+    nothing = Usage(
+        prompt_tokens=0,
+        completion_tokens=0,
+        cached_tokens=None,
+        prefill_ms=0.0,
+        decode_ms=0.0,
+        ttft_ms=0.0,
+        prompt_tok_s=0.0,
+        decode_tok_s=0.0,
+        context_used=0,
+        context_limit=lm.n_ctx,
+    )
+    return Finished(finish_reason=FINISH_CANCELLED, usage=nothing, text="")
 
 
 # --- the running request -------------------------------------------------------------------------

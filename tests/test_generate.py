@@ -165,16 +165,14 @@ def test_cancel_stops_a_slow_chat_template_render():
     import threading
 
     from engine.chat_template import ChatTemplate
-    from engine.errors import TemplateCancelled
 
     endless = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
     lm = fake_lm(script_tokens(N_PROMPT, ids("Hello")))
     lm.chat_template = ChatTemplate(endless, name="endless")
     cancel = CancelToken()
     threading.Timer(0.2, cancel.cancel).start()
-    with pytest.raises(TemplateCancelled):
-        run(lm, cancel, prompt=None, messages=[{"role": "user", "content": "hi"}])
-    assert lm.model.calls == []
+    done = finished(run(lm, cancel, prompt=None, messages=[{"role": "user", "content": "hi"}]))
+    assert (done.finish_reason, done.text, lm.model.calls) == ("cancelled", "", [])
 
 
 def test_cancel_is_checked_between_prefill_chunks():
