@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_PYTHON = """#!/usr/bin/env bash
-echo "$*" >> "$BOOTSTRAP_LOG"
+echo "$* CMAKE_ARGS=${CMAKE_ARGS:-}" >> "$BOOTSTRAP_LOG"
 if [ "${1:-}" = -m ] && [ "${2:-}" = pip ] && [ "${PIP_INDEX_URL:-}" = http://127.0.0.1:9/ ]; then
   echo "ERROR: Could not find a version that satisfies the requirement (network)" >&2
   exit 1
@@ -78,3 +78,13 @@ def test_changed_pyproject_or_new_extras_install_again(checkout):
         f.write("\n# a new dependency\n")
     _, calls = bootstrap(checkout)
     assert any("pip install -q -e ." in call for call in calls)
+
+
+def test_the_peer_extra_builds_llama_cpp_with_chosen_flags_never_native(checkout):
+    # A native llama.cpp build on a CPU that reports AMX segfaults on these VMs; the app's own
+    # set-up (no extras) must not build llama.cpp at all.
+    _, calls = bootstrap(checkout)
+    assert not any("-DGGML" in call for call in calls)
+    _, calls = bootstrap(checkout, "test,peer")
+    install = next(call for call in calls if "-e .[test,peer]" in call)
+    assert "-DGGML_NATIVE=OFF" in install and "-DGGML_AMX_TILE=OFF" in install

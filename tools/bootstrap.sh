@@ -17,6 +17,22 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
+case ",$extras," in
+  *,peer,*)
+    # The `peer` extra builds llama.cpp (llama-cpp-python) from source: the tests' real
+    # OpenAI-compatible server, the quantizer for the requantized test files, and the benchmarks'
+    # side-by-side peer. pip caches the built wheel, so this costs ~10 minutes once per machine.
+    # Flags are chosen, never -DGGML_NATIVE: a native build on a CPU that reports AMX segfaults
+    # in ggml's AMX kernels on these virtual machines; AVX-512 only where the CPU has it.
+    if grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null; then
+      isa="-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"
+    else
+      isa=""
+    fi
+    export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON $isa -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF}"
+    export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+    ;;
+esac
 if [ -n "$extras" ]; then
   .venv/bin/python -m pip install -q -e ".[$extras]"
 else

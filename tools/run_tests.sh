@@ -3,7 +3,7 @@
 # suite offscreen. Arguments go to pytest (e.g. -m "not slow" for the fast tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/bootstrap.sh test
+bash tools/bootstrap.sh test,peer
 # Lint and types first: a finding fails the run before the (minutes-long) suite starts.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
