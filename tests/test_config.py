@@ -84,8 +84,36 @@ def test_per_arch_switches_on_tiny_files(arch, neox, qk_norm, bias):
     assert (cfg.rope_neox, cfg.qk_norm, cfg.qkv_bias) == (neox, qk_norm, bias)
 
 
+def test_issue10_arch_switches_on_tiny_files():
+    def cfg(name):
+        return ModelConfig.from_gguf(open_gguf(FIXTURES / f"tiny_{name}.gguf"))
+
+    phi3 = cfg("phi3")
+    assert phi3.fused_gate_up and phi3.rope_neox and phi3.rope_scaling == "longrope"
+    assert (phi3.rope_orig_context, round(phi3.rope_attn_factor, 4)) == (16, 1.2247)
+    gemma2 = cfg("gemma2")
+    assert gemma2.layer_uses_window == (True, False, True, False)
+    assert (gemma2.attn_logit_softcap, gemma2.final_logit_softcap) == (2.0, 3.0)
+    granite = cfg("granite")
+    assert not granite.rope_neox
+    assert (granite.embed_scale, granite.residual_scale, granite.attn_scale) == (3.0, 0.5, 0.25)
+    assert granite.logit_scale == 2.5
+    olmo2 = cfg("olmo2")
+    assert not olmo2.pre_norms and olmo2.qk_norm_full and olmo2.sandwich_norms
+    assert cfg("smollm3").layer_uses_rope == (True, True, True, False)
+    mistral3 = cfg("mistral3")
+    assert (mistral3.rope_scaling, mistral3.rope_attn_factor) == ("yarn", 1.0)
+    assert (mistral3.attn_temp_scale, mistral3.attn_temp_length) == (pytest.approx(0.3), 16)
+    yarn = cfg("qwen3_yarn")
+    assert yarn.rope_attn_factor == pytest.approx(0.1 * math.log(4.0) + 1.0)
+
+
 def test_unsupported_arch_names_it_and_the_supported_ones():
-    with pytest.raises(UnsupportedModelError, match=r"'mamba'.*llama, qwen2, qwen3, gemma3"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"architecture 'mamba' is not supported; supported: llama, mistral3, qwen2, qwen3, "
+        r"gemma2, gemma3, phi3, granite, olmo2, smollm3$",
+    ):
         ModelConfig.from_gguf(_fake("mamba"))
 
 
@@ -131,8 +159,13 @@ def test_gemma3_explicit_window_pattern_and_linear_rope_scaling():
 
 
 def test_unknown_rope_scaling_is_refused():
-    with pytest.raises(UnsupportedModelError, match="yarn"):
-        ModelConfig.from_gguf(_fake("llama", **{"llama.rope.scaling.type": "yarn"}))
+    with pytest.raises(UnsupportedModelError, match="'dynamic' is not supported.*yarn"):
+        ModelConfig.from_gguf(_fake("llama", **{"llama.rope.scaling.type": "dynamic"}))
+
+
+def test_yarn_without_its_original_context_is_refused_by_name():
+    with pytest.raises(ModelFileError, match="rope.scaling.original_context_length"):
+        ModelConfig.from_gguf(_fake("qwen3", **{"qwen3.rope.scaling.type": "yarn"}))
 
 
 def test_mixture_of_experts_is_refused():

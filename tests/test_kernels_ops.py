@@ -56,6 +56,35 @@ def test_rope(jit, neox, tokens, heads, hd, p0):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("tokens,heads,hd,p0", [(1, 4, 128, 70000), (5, 2, 8, 3)])
+def test_rope_with_freq_factors_runs_the_jit_kernel_and_matches(
+    jit, monkeypatch, neox, tokens, heads, hd, p0
+):
+    """Llama 3.1 rope_freqs / YaRN / LongRoPE divisors are folded into the JIT frequency table,
+    not handed to the numpy rope (which this test makes unusable)."""
+    rng = np.random.default_rng(hd + 1)
+    x = rng.standard_normal((tokens, heads, hd)).astype(np.float32)
+    pos = np.arange(p0, p0 + tokens, dtype=np.int32)
+    factors = rng.uniform(1.0, 40.0, hd // 2).astype(np.float32)
+    args = dict(theta=500000.0, neox=neox, freq_scale=0.25, freq_factors=factors)
+    expected = REF.rope(x.copy(), pos, **args)
+
+    def refused(*a, **k):
+        raise AssertionError("the JIT backend fell back to the numpy rope")
+
+    monkeypatch.setattr(ReferenceBackend, "rope", refused)
+    got = jit.rope(x.copy(), pos, **args)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    other = np.ones(hd // 2, np.float32)  # a second table is not confused with the first
+    np.testing.assert_allclose(
+        jit.rope(x.copy(), pos, **{**args, "freq_factors": other}),
+        jit.rope(x.copy(), pos, theta=500000.0, neox=neox, freq_scale=0.25),
+        rtol=0,
+        atol=0,
+    )
+
+
 @pytest.mark.parametrize(
     "tokens,p0,n_head,n_kv,hd,window,softcap",
     [

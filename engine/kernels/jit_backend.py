@@ -164,7 +164,7 @@ class JitBackend(ReferenceBackend):
         }
         self._op_args_ptr = {name: a.ctypes.data for name, a in self._op_args.items()}
         self._positions = np.zeros(256, np.int64)
-        self._inv_freq: dict[tuple[float, int, float], np.ndarray] = {}
+        self._inv_freq: dict[tuple[float, int, float, int], tuple[object, np.ndarray]] = {}
         self._scratch = np.zeros(0, np.float32)
         self._acts: dict[int, _ActivationBuffers] = {}
         self._weights: dict[int, _WeightCall] = {}  # by id(weight); the entry keeps it alive
@@ -330,9 +330,7 @@ class JitBackend(ReferenceBackend):
         freq_scale: float = 1.0,
         freq_factors: np.ndarray | None = None,
     ) -> np.ndarray:
-        # Per-pair frequency factors (Llama 3.1+ rope_freqs) run the numpy rope, as they did when
-        # the model chose the reference rope itself for a backend without this parameter.
-        if freq_factors is not None or x.ndim != 3 or not self._usable(x) or x.shape[-1] % 2:
+        if x.ndim != 3 or not self._usable(x) or x.shape[-1] % 2:
             return super().rope(
                 x,
                 positions,
@@ -342,12 +340,23 @@ class JitBackend(ReferenceBackend):
                 freq_factors=freq_factors,
             )
         tokens, heads, head_dim = x.shape
-        key = (float(theta), head_dim, float(freq_scale))
-        inv_freq = self._inv_freq.get(key)
-        if inv_freq is None:
+        # The kernel reads one frequency per pair, so per-pair divisors (Llama 3.1+ rope_freqs,
+        # YaRN, LongRoPE) are folded into the table: same kernel, same IR. A model passes the
+        # same factors array every call, so it is cached by identity (the entry keeps it alive).
+        key = (float(theta), head_dim, float(freq_scale), id(freq_factors))
+        hit = self._inv_freq.get(key)
+        if hit is not None and hit[0] is freq_factors:
+            inv_freq = hit[1]
+        else:
             half = head_dim // 2
             inv_freq = freq_scale * theta ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)
-            self._inv_freq[key] = inv_freq = np.ascontiguousarray(inv_freq)
+            if freq_factors is not None:
+                factors = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
+                if factors.shape != (half,):
+                    raise ValueError(f"freq_factors has {factors.size} values, expected {half}")
+                inv_freq = inv_freq / factors
+            inv_freq = np.ascontiguousarray(inv_freq)
+            self._inv_freq[key] = (freq_factors, inv_freq)
         if self._positions.size < tokens:
             self._positions = np.zeros(2 * tokens, np.int64)
         self._positions[:tokens] = positions
