@@ -150,7 +150,7 @@ class ModelConfig:
         arch = str(gguf_file.arch)
         if arch not in SUPPORTED_ARCHS:
             raise UnsupportedModelError(
-                f"Model architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}"
+                f"architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}"
             )
         md = _Metadata(gguf_file.metadata, arch)
         experts = md.nonneg_int("expert_count", default=0)
