@@ -106,6 +106,12 @@ class ModelConfig:
     # length)) after RoPE; scale 0 = off.
     attn_temp_scale: float = 0.0
     attn_temp_length: int = 1
+    rope_dims: int = 0  # leading dims of each head that RoPE rotates; 0 = all (head_dim)
+
+    @property
+    def rope_rot(self) -> int:
+        """How many dims of each head rotate (Phi-4-mini: 96 of 128)."""
+        return self.rope_dims or self.head_dim
 
     @property
     def q_dim(self) -> int:
@@ -129,10 +135,16 @@ class ModelConfig:
 
     def layer_attn_scale(self, layer: int) -> float:
         """The q.k multiplier of `layer`: the architecture's scale, times the square of the RoPE
-        attention factor on layers whose RoPE is scaled (cos and sin both carry it)."""
+        attention factor on layers whose whole-head RoPE is scaled (cos and sin both carry it)."""
+        return self.attn_scale * (1.0 if self.rope_dims else self.layer_rope_gain(layer))
+
+    def layer_rope_gain(self, layer: int) -> float:
+        """The square of the RoPE attention factor where it applies (1.0 elsewhere). It scales
+        only the rotated dims' share of q.k: a whole-head RoPE folds it into the attention scale,
+        a partial one multiplies the rotated dims of q by it."""
         if self.layer_uses_window[layer] or not self.layer_rope(layer):
-            return self.attn_scale
-        return self.attn_scale * self.rope_attn_factor * self.rope_attn_factor
+            return 1.0
+        return self.rope_attn_factor * self.rope_attn_factor
 
     @classmethod
     def from_gguf(cls, gguf_file) -> ModelConfig:
@@ -182,9 +194,10 @@ class ModelConfig:
         if head_dim % 2:
             raise ModelFileError(f"attention head size {head_dim} must be even for RoPE")
         rope_dims = md.positive_int("rope.dimension_count", default=head_dim)
-        if rope_dims != head_dim:
-            raise UnsupportedModelError(
-                f"{arch}.rope.dimension_count={rope_dims}: only full-head RoPE ({head_dim}) is supported"
+        if rope_dims > head_dim or rope_dims % 2:
+            raise ModelFileError(
+                f"metadata {arch}.rope.dimension_count={rope_dims} must be even and at most the "
+                f"attention head size {head_dim}"
             )
         n_layers = md.positive_int("block_count", maximum=MAX_BLOCK_COUNT)
 
@@ -292,6 +305,7 @@ class ModelConfig:
             rope_attn_factor=scaling.attn_factor,
             attn_temp_scale=attn_temp_scale,
             attn_temp_length=attn_temp_length,
+            rope_dims=0 if rope_dims == head_dim else rope_dims,
         )
 
 

@@ -34,6 +34,7 @@ def expected_shapes(
         "output_norm.weight": (d,),
     }
     q_norm, k_norm = ((q_dim,), (kv_dim,)) if cfg.qk_norm_full else ((head,), (head,))
+    rot = cfg.rope_dims or head
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
         if tensors is not None and p + "attn_qkv.weight" in tensors:
@@ -64,9 +65,9 @@ def expected_shapes(
             required[p + "post_ffw_norm.weight"] = (d,)
     optional = {
         "output.weight": (cfg.n_vocab, d),  # absent: tied to token_embd
-        "rope_freqs.weight": (head // 2,),  # Llama 3.1+ per-frequency RoPE divisors
-        "rope_factors_long.weight": (head // 2,),  # Phi-3 LongRoPE, past the original context
-        "rope_factors_short.weight": (head // 2,),  # Phi-3 LongRoPE, within it
+        "rope_freqs.weight": (rot // 2,),  # Llama 3.1+ per-frequency RoPE divisors
+        "rope_factors_long.weight": (rot // 2,),  # Phi-3 LongRoPE, past the original context
+        "rope_factors_short.weight": (rot // 2,),  # Phi-3 LongRoPE, within it
     }
     return required, optional
 

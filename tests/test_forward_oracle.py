@@ -10,7 +10,8 @@ The issue-10 fixtures (TINY_HF, written from transformers' own models by tools/t
 measure max |error| 0.0007 (granite) to 0.006 (phi3, qwen3_yarn), mean <= 0.0007; each of their
 features, dropped, fails the test (SmolLM3's no-RoPE layers, YaRN's ramp and attention factor,
 Ministral 3's temperature and cancelled mscale, LongRoPE's factor choice and attention factor,
-Granite's four multipliers, Gemma 2's window and both soft-caps, Llama 3.1's rope_freqs).
+Phi-4-mini's partial RoPE and its attention factor on the rotated dims only, Granite's four
+multipliers, Gemma 2's window and both soft-caps, Llama 3.1's rope_freqs).
 
 Runs on the numpy reference backend: it computes in float32 like the oracle, whereas the JIT
 kernels quantize activations to 8 bits (tested against the reference in test_kernels_*).
@@ -35,6 +36,7 @@ TINY_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 # long-context RoPE variants (Llama 3.1 rope_freqs, Qwen YaRN).
 TINY_HF = (
     "phi3",
+    "phi4_mini",
     "gemma2",
     "granite",
     "olmo2",

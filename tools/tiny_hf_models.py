@@ -46,6 +46,24 @@ SPECS: dict[str, dict[str, Any]] = {
             ),
         ),
     ),
+    # Phi-4-mini: partial RoPE (half of each head rotates), LongRoPE on the rotated pairs
+    "phi4_mini": dict(
+        hf="phi3",
+        arch="phi3",
+        qtype=Q.Q8_0,
+        config=dict(
+            max_position_embeddings=64,
+            original_max_position_embeddings=16,
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=10000.0,
+                partial_rotary_factor=0.5,
+                short_factor=[1.0, 1.7],
+                long_factor=[1.4, 9.0],
+            ),
+        ),
+    ),
     # soft-caps, alternating sliding window (8), post-norms, GeGLU, 1 + w norms
     "gemma2": dict(
         hf="gemma2",
@@ -281,7 +299,8 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
     put("attention.head_count_kv", N_KV, U32)
     put("attention.key_length", HEAD_DIM, U32)
     put("attention.value_length", HEAD_DIM, U32)
-    put("rope.dimension_count", HEAD_DIM, U32)
+    rot = int(HEAD_DIM * rope.get("partial_rotary_factor", 1.0))
+    put("rope.dimension_count", rot, U32)
     put("attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps), F32)
     put("rope.freq_base", float(rope["rope_theta"]), F32)
     put("vocab_size", VOCAB, U32)
@@ -342,7 +361,7 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
             back = _unpermute(back, heads)
         loaded[hf_name] = torch.from_numpy(np.ascontiguousarray(back))
     if rope.get("rope_type") == "llama3":
-        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, HEAD_DIM))
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, rot))
     if rope.get("rope_type") == "longrope":
         writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))

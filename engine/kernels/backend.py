@@ -66,8 +66,11 @@ class Backend(Protocol):
         neox: bool,
         freq_scale: float = 1.0,
         freq_factors: np.ndarray | None = None,
+        n_rot: int = 0,
     ) -> np.ndarray:
         """Rotary position embedding, IN PLACE on x: (T, n_heads, head_dim) float32; returns x.
+        n_rot: 0 = the whole head; else only its leading n_rot dims rotate (the formulas below
+        with head_dim = n_rot), the rest pass through (partial RoPE, Phi-4-mini).
 
         positions: (T,) int absolute positions. For pair index i in [0, head_dim/2):
           freq_i = freq_scale * positions[t] * theta ** (-2 i / head_dim) / freq_factors[i]

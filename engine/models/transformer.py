@@ -81,6 +81,7 @@ class _LayerAttention:
     scale: float  # multiplies q.k
     rope: bool  # False: no RoPE on this layer (SmolLM3's every fourth)
     scaled: bool  # the long-context RoPE factors apply (global layers)
+    q_gain: float  # multiplies the rotated dims of q after a partial RoPE (attention factor^2)
 
 
 class _RunState:
@@ -127,6 +128,7 @@ class TransformerModel:
                 scale=config.layer_attn_scale(i),
                 rope=config.layer_rope(i),
                 scaled=not config.layer_uses_window[i],
+                q_gain=config.layer_rope_gain(i) if config.rope_dims else 1.0,
             )
             for i in range(config.n_layers)
         ]
@@ -338,10 +340,14 @@ class TransformerModel:
                 ops.rmsnorm(kr, layer.attn_k_norm, cfg.norm_eps, out=kr)
             if la.rope:
                 rope_args: dict = dict(theta=la.theta, neox=cfg.rope_neox, freq_scale=la.freq_scale)
+                if cfg.rope_dims:
+                    rope_args["n_rot"] = cfg.rope_dims
                 if la.scaled and factors is not None:
                     rope_args["freq_factors"] = factors
                 ops.rope(q_heads, positions, **rope_args)
                 ops.rope(k_heads, positions, **rope_args)
+                if la.q_gain != 1.0:
+                    q_heads[..., : cfg.rope_dims] *= np.float32(la.q_gain)
             if temperature is not None:
                 q *= temperature
             k_cache, v_cache = cache.layer(li)
@@ -424,7 +430,7 @@ def rope_factors(
     """(factors, long_factors): per-frequency divisors of the global layers' RoPE frequencies.
     Llama 3.1+ stores them (rope_freqs.weight); YaRN's are computed from the metadata; Phi-3's
     LongRoPE stores a short and a long table (the long one is returned second)."""
-    half = cfg.head_dim // 2
+    half = cfg.rope_rot // 2
 
     def table(name: str) -> np.ndarray | None:
         tensor = tensors.get(name)
@@ -452,7 +458,7 @@ def yarn_freq_factors(cfg: ModelConfig) -> np.ndarray:
     """YaRN as transformers computes it (_compute_yarn_parameters, truncate=True): frequencies
     below the correction range are interpolated (divided by the factor), those above kept, and a
     linear ramp blends them in between. Returned as divisors of the plain RoPE frequencies."""
-    dim, base, factor = cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor
+    dim, base, factor = cfg.rope_rot, cfg.rope_theta, cfg.rope_scaling_factor
     orig = cfg.rope_orig_context
 
     def correction_dim(rotations: float) -> float:
