@@ -48,6 +48,10 @@ GEMMA2_27B_LAYERS = 46
 # SmolLM3 drops RoPE on every fourth layer (3, 7, 11, ...): transformers' no_rope_layer_interval
 # default and llama.cpp's n_no_rope_layer_step, neither stored in the GGUF.
 SMOLLM3_NO_ROPE_PERIOD = 4
+# Multipliers and RoPE scaling factors read from the file: released models use 0.01..~64, so
+# these bounds only keep a hostile value from overflowing float32 activations into inf/NaN.
+MAX_MULTIPLIER = 1e4
+MAX_ROPE_SCALING_FACTOR = 1e6
 # YaRN correction range defaults (transformers' beta_fast / beta_slow, llama.cpp's yarn_beta_*).
 YARN_BETA_FAST = 32.0
 YARN_BETA_SLOW = 1.0
@@ -239,7 +243,9 @@ class ModelConfig:
                 d_model / n_head if n_layers == GEMMA2_27B_LAYERS else head_dim
             )
         elif arch == "granite":
-            attn_scale = md.positive_float("attention.scale", default=attn_scale)
+            attn_scale = md.positive_float(
+                "attention.scale", default=attn_scale, maximum=MAX_MULTIPLIER
+            )
         elif arch == "smollm3":
             layer_uses_rope = tuple(
                 (layer + 1) % SMOLLM3_NO_ROPE_PERIOD != 0 for layer in range(n_layers)
@@ -247,6 +253,11 @@ class ModelConfig:
         attn_temp_scale, attn_temp_length = 0.0, 1
         if arch == "mistral3":
             attn_temp_scale = md.nonneg_float("attention.temperature_scale", default=0.0)
+            if attn_temp_scale > MAX_MULTIPLIER:
+                raise ModelFileError(
+                    f"metadata {arch}.attention.temperature_scale={attn_temp_scale} must be at "
+                    f"most {MAX_MULTIPLIER:g}"
+                )
             if attn_temp_scale > 0.0:
                 attn_temp_length = md.positive_int(
                     "attention.temperature_length", maximum=MAX_CONTEXT_LENGTH
@@ -279,7 +290,7 @@ class ModelConfig:
             embed_scale=(
                 math.sqrt(d_model)
                 if gemma
-                else md.positive_float("embedding_scale", default=1.0)
+                else md.positive_float("embedding_scale", default=1.0, maximum=MAX_MULTIPLIER)
                 if arch == "granite"
                 else 1.0
             ),
@@ -293,9 +304,13 @@ class ModelConfig:
             qk_norm_full=arch == "olmo2",
             fused_gate_up=arch == "phi3",
             residual_scale=(
-                md.positive_float("residual_scale", default=1.0) if arch == "granite" else 1.0
+                md.positive_float("residual_scale", default=1.0, maximum=MAX_MULTIPLIER)
+                if arch == "granite"
+                else 1.0
             ),
-            logit_scale=md.positive_float("logit_scale", default=1.0) if arch == "granite" else 1.0,
+            logit_scale=md.positive_float("logit_scale", default=1.0, maximum=MAX_MULTIPLIER)
+            if arch == "granite"
+            else 1.0,
             layer_uses_rope=layer_uses_rope,
             rope_scaling=scaling.kind,
             rope_scaling_factor=scaling.factor,
@@ -347,16 +362,21 @@ class _Metadata:
             )
         return value
 
-    def positive_float(self, key: str, default: float | None = None) -> float:
+    def positive_float(
+        self, key: str, default: float | None = None, maximum: float | None = None
+    ) -> float:
         value = self.raw(key, default)
         if (
             isinstance(value, bool)
             or not isinstance(value, (int, float))
             or not value > 0
             or not math.isfinite(value)
+            or (maximum is not None and value > maximum)
         ):
+            bound = f" up to {maximum:g}" if maximum is not None else ""
             raise ModelFileError(
                 f"metadata {self.arch}.{key}={_shown(value)} must be a positive finite number"
+                + bound
             )
         return float(value)
 
@@ -412,16 +432,27 @@ def _rope_scaling(md: _Metadata, arch: str) -> _RopeScaling:
         return _RopeScaling(
             kind="longrope",
             orig_context=md.nonneg_int("rope.scaling.original_context_length", default=0),
-            attn_factor=md.positive_float("rope.scaling.attn_factor", default=1.0),
+            attn_factor=md.positive_float(
+                "rope.scaling.attn_factor", default=1.0, maximum=MAX_MULTIPLIER
+            ),
         )
     if kind == "linear":
-        factor = md.positive_float("rope.scaling.factor", default=1.0)
+        factor = md.positive_float(
+            "rope.scaling.factor", default=1.0, maximum=MAX_ROPE_SCALING_FACTOR
+        )
         return _RopeScaling(kind=kind, freq_scale=1.0 / factor, factor=factor)
     if kind == "yarn":
-        factor = md.positive_float("rope.scaling.factor", default=1.0)
+        factor = md.positive_float(
+            "rope.scaling.factor", default=1.0, maximum=MAX_ROPE_SCALING_FACTOR
+        )
         orig = md.positive_int("rope.scaling.original_context_length", maximum=MAX_CONTEXT_LENGTH)
         beta_fast = md.positive_float("rope.scaling.yarn_beta_fast", default=YARN_BETA_FAST)
         beta_slow = md.positive_float("rope.scaling.yarn_beta_slow", default=YARN_BETA_SLOW)
+        if not md.positive_float("rope.freq_base", default=10000.0) > 1.0:
+            raise ModelFileError(
+                f"metadata {arch}.rope.freq_base must be above 1 for YaRN (its correction range "
+                "divides by log(base))"
+            )
         # transformers' get_mscale(factor) when no attention_factor is given; a file may store
         # its own (rope.scaling.attn_factor, as llama.cpp's converters do for some models).
         default_af = 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
@@ -431,7 +462,9 @@ def _rope_scaling(md: _Metadata, arch: str) -> _RopeScaling:
             orig_context=orig,
             beta_fast=beta_fast,
             beta_slow=beta_slow,
-            attn_factor=md.positive_float("rope.scaling.attn_factor", default=default_af),
+            attn_factor=md.positive_float(
+                "rope.scaling.attn_factor", default=default_af, maximum=MAX_MULTIPLIER
+            ),
         )
     return _RopeScaling(kind=kind)
 

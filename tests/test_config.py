@@ -184,3 +184,58 @@ def test_gemma3_27b_scales_queries_by_model_width_per_head():
         },
     )
     assert ModelConfig.from_gguf(fake).attn_scale == pytest.approx(1 / math.sqrt(168))
+
+
+# --- issue 10: the new architectures' keys and tensors, refused by name before any allocation --
+@pytest.mark.parametrize(
+    "arch,key,value,message",
+    [
+        ("granite", "granite.logit_scale", 1e30, r"granite\.logit_scale=1e\+30 .* up to 10000"),
+        ("granite", "granite.embedding_scale", -2.0, r"granite\.embedding_scale=-2\.0"),
+        ("granite", "granite.residual_scale", float("nan"), r"granite\.residual_scale=nan"),
+        ("phi3", "phi3.rope.scaling.attn_factor", 1e9, r"attn_factor=1000000000\.0"),
+        ("llama", "llama.rope.dimension_count", 7, r"dimension_count=7 must be even"),
+        ("llama", "llama.rope.dimension_count", 32, r"at most the attention head size 16"),
+        ("mistral3", "mistral3.attention.temperature_scale", 0.1, r"temperature_length"),
+    ],
+)
+def test_hostile_issue10_metadata_is_refused_by_name(arch, key, value, message):
+    with pytest.raises(ModelFileError, match=message):
+        ModelConfig.from_gguf(_fake(arch, **{key: value}))
+
+
+def test_yarn_with_a_base_of_one_is_refused_not_divided_by_zero():
+    yarn = {
+        "qwen3.rope.scaling.type": "yarn",
+        "qwen3.rope.scaling.factor": 4.0,
+        "qwen3.rope.scaling.original_context_length": 4096,
+        "qwen3.rope.freq_base": 1.0,
+    }
+    with pytest.raises(ModelFileError, match="freq_base must be above 1 for YaRN"):
+        ModelConfig.from_gguf(_fake("qwen3", **yarn))
+
+
+def test_a_misshapen_fused_qkv_is_refused_before_the_model_is_built():
+    fake = _fake("phi3")
+    for name in ("attn_q", "attn_k", "attn_v"):
+        del fake.tensors[f"blk.0.{name}.weight"]
+    fake.tensors["blk.0.attn_qkv.weight"] = SimpleNamespace(shape=(64 + 64 + 63, 64))
+    with pytest.raises(ModelFileError, match=r"'blk\.0\.attn_qkv\.weight' has shape \(191, 64\)"):
+        ModelConfig.from_gguf(fake)
+
+
+def test_phi3_needs_its_fused_gate_up_of_twice_the_ffn_rows():
+    fake = _fake("phi3")
+    assert fake.tensors["blk.1.ffn_up.weight"].shape == (256, 64) and not any(
+        "ffn_gate" in n for n in fake.tensors
+    )
+    fake.tensors["blk.1.ffn_up.weight"] = SimpleNamespace(shape=(128, 64))
+    with pytest.raises(ModelFileError, match=r"'blk\.1\.ffn_up\.weight' has shape \(128, 64\)"):
+        ModelConfig.from_gguf(fake)
+
+
+def test_olmo2_has_no_pre_norms_and_full_width_qk_norms():
+    required, _ = expected_shapes(ModelConfig.from_metadata(_fake("olmo2")))
+    assert "blk.0.attn_norm.weight" not in required and "blk.0.ffn_norm.weight" not in required
+    assert required["blk.0.attn_q_norm.weight"] == (64,)
+    assert required["blk.0.post_ffw_norm.weight"] == (64,)
