@@ -27,7 +27,13 @@ SUPPORTED_ARCHS = (
     "granite",
     "olmo2",
     "smollm3",
+    "qwen3moe",
 )
+# Mixture-of-experts architectures (every layer's FFN is a routed set of experts).
+_MOE_ARCHS = ("qwen3moe",)
+# Released MoE models have up to 512 experts; the bound keeps a hostile count from building
+# millions of per-expert views before the tensors are checked.
+MAX_EXPERTS = 4096
 # Architectures whose converters permute q/k into GPT-J (interleaved) RoPE pairs; the others use
 # NeoX pairing (first half / second half). llama.cpp's llama_model_rope_type: LLAMA_ROPE_TYPE_NORM.
 _INTERLEAVED_ROPE_ARCHS = ("llama", "mistral3", "granite", "smollm3")
@@ -111,6 +117,11 @@ class ModelConfig:
     attn_temp_scale: float = 0.0
     attn_temp_length: int = 1
     rope_dims: int = 0  # leading dims of each head that RoPE rotates; 0 = all (head_dim)
+    # Mixture of experts (qwen3moe): n_expert experts of n_ff_exp rows per layer, the top
+    # n_expert_used by softmax router probability run per token, weights renormalised to sum 1.
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
 
     @property
     def rope_rot(self) -> int:
@@ -170,11 +181,17 @@ class ModelConfig:
             )
         md = _Metadata(gguf_file.metadata, arch)
         experts = md.nonneg_int("expert_count", default=0)
-        if experts > 0:
+        if arch in _MOE_ARCHS:
+            experts = md.positive_int("expert_count", maximum=MAX_EXPERTS)
+            experts_used = md.positive_int("expert_used_count", maximum=experts)
+            n_ff_exp = md.positive_int("expert_feed_forward_length")
+        elif experts > 0:
             raise UnsupportedModelError(
                 f"{arch}.expert_count={experts}: mixture-of-experts models are not supported; "
-                f"supported: dense {', '.join(SUPPORTED_ARCHS)}"
+                f"supported: dense {', '.join(SUPPORTED_ARCHS)} and {', '.join(_MOE_ARCHS)}"
             )
+        else:
+            experts = experts_used = n_ff_exp = 0
 
         d_model = md.positive_int("embedding_length")
         n_head = md.positive_int("attention.head_count")
@@ -273,7 +290,7 @@ class ModelConfig:
             arch=arch,
             n_layers=n_layers,
             d_model=d_model,
-            n_ff=md.positive_int("feed_forward_length"),
+            n_ff=md.positive_int("feed_forward_length", default=n_ff_exp or None),
             n_head=n_head,
             n_kv_head=n_kv_head,
             head_dim=head_dim,
@@ -295,7 +312,7 @@ class ModelConfig:
                 else 1.0
             ),
             activation="gelu_tanh" if gemma else "silu",
-            qk_norm=arch in ("qwen3", "gemma3", "olmo2"),
+            qk_norm=arch in ("qwen3", "qwen3moe", "gemma3", "olmo2"),
             qkv_bias=arch == "qwen2",
             sandwich_norms=arch in ("gemma2", "gemma3", "olmo2"),
             final_logit_softcap=md.nonneg_float("final_logit_softcapping", default=0.0),
@@ -321,6 +338,9 @@ class ModelConfig:
             attn_temp_scale=attn_temp_scale,
             attn_temp_length=attn_temp_length,
             rope_dims=0 if rope_dims == head_dim else rope_dims,
+            n_expert=experts,
+            n_expert_used=experts_used,
+            n_ff_exp=n_ff_exp,
         )
 
 

@@ -47,12 +47,19 @@ def expected_shapes(
         if cfg.pre_norms:
             required[p + "attn_norm.weight"] = (d,)
             required[p + "ffn_norm.weight"] = (d,)
-        if cfg.fused_gate_up:
+        if cfg.n_expert:
+            e, ff_exp = cfg.n_expert, cfg.n_ff_exp
+            required[p + "ffn_gate_inp.weight"] = (e, d)  # the router
+            required[p + "ffn_gate_exps.weight"] = (e, ff_exp, d)
+            required[p + "ffn_up_exps.weight"] = (e, ff_exp, d)
+            required[p + "ffn_down_exps.weight"] = (e, d, ff_exp)
+        elif cfg.fused_gate_up:
             required[p + "ffn_up.weight"] = (2 * n_ff, d)
+            required[p + "ffn_down.weight"] = (d, n_ff)
         else:
             required[p + "ffn_gate.weight"] = (n_ff, d)
             required[p + "ffn_up.weight"] = (n_ff, d)
-        required[p + "ffn_down.weight"] = (d, n_ff)
+            required[p + "ffn_down.weight"] = (d, n_ff)
         if cfg.qkv_bias:
             required[p + "attn_q.bias"] = (q_dim,)
             required[p + "attn_k.bias"] = (kv_dim,)
@@ -91,6 +98,7 @@ def check_tensors(cfg, tensors: Mapping[str, Any]) -> None:
     sizes = (
         f"embedding_length={cfg.d_model}, heads={cfg.n_head}x{cfg.head_dim}, "
         f"kv_heads={cfg.n_kv_head}, feed_forward_length={cfg.n_ff}"
+        + (f", experts={cfg.n_expert}x{cfg.n_ff_exp}" if cfg.n_expert else "")
     )
     for name, shape in required.items():
         tensor = tensors.get(name)

@@ -11,7 +11,7 @@ measure max |error| 0.0007 (granite) to 0.006 (phi3, qwen3_yarn), mean <= 0.0007
 features, dropped, fails the test (SmolLM3's no-RoPE layers, YaRN's ramp and attention factor,
 Ministral 3's temperature and cancelled mscale, LongRoPE's factor choice and attention factor,
 Phi-4-mini's partial RoPE and its attention factor on the rotated dims only, Granite's four
-multipliers, Gemma 2's window and both soft-caps, Llama 3.1's rope_freqs).
+multipliers, qwen3moe's top-k routing and weight renormalisation, Gemma 2's window and both soft-caps, Llama 3.1's rope_freqs).
 
 Runs on the numpy reference backend: it computes in float32 like the oracle, whereas the JIT
 kernels quantize activations to 8 bits (tested against the reference in test_kernels_*).
@@ -44,6 +44,7 @@ TINY_HF = (
     "mistral3",
     "llama3_rope",
     "qwen3_yarn",
+    "qwen3moe",
 )
 CLEAR_MARGIN = 0.1  # greedy steps with a smaller top1-top2 logit gap are near-ties: not compared
 

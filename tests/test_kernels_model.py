@@ -81,7 +81,17 @@ def test_tiny_model_prefill_and_decode_match_reference(jit, arch):
 
 @pytest.mark.parametrize(
     "name",
-    ["phi3", "gemma2", "granite", "olmo2", "smollm3", "mistral3", "llama3_rope", "qwen3_yarn"],
+    [
+        "phi3",
+        "gemma2",
+        "granite",
+        "olmo2",
+        "smollm3",
+        "mistral3",
+        "llama3_rope",
+        "qwen3_yarn",
+        "qwen3moe",
+    ],
 )
 def test_tiny_hf_model_on_jit_ops_matches_reference(jit, monkeypatch, name):
     """The issue-10 architectures and RoPE scalings on the JIT kernels, prefill then decode.

@@ -129,6 +129,22 @@ SPECS: dict[str, dict[str, Any]] = {
             ),
         ),
     ),
+    # Mixture of experts: 8 experts, top 2 per token, weights renormalised (norm_topk_prob)
+    "qwen3moe": dict(
+        hf="qwen3_moe",
+        arch="qwen3moe",
+        qtype=Q.Q8_0,
+        config=dict(
+            head_dim=HEAD_DIM,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+    ),
     # Llama 3.1 rope scaling: the converter's rope_freqs.weight vs transformers' llama3 RoPE
     "llama3_rope": dict(
         hf="llama",
@@ -193,10 +209,14 @@ def build_hf_model(name: str, seed: int = 7):
     )
     gemma = spec["arch"] == "gemma2"
     with torch.no_grad():
-        for param in model.parameters():
+        for pname, param in model.named_parameters():
             if param.ndim == 1:  # norms: around 1 (Gemma stores the offset from 1)
                 base = 0.0 if gemma else 1.0
                 param.copy_(base + 0.1 * torch.randn_like(param))
+            elif pname.endswith("mlp.gate.weight"):
+                # A decisive router: near-ties between the k-th and k+1-th expert would let
+                # float rounding pick different experts on the two sides.
+                param.copy_(2.0 * torch.randn_like(param))
             else:
                 param.copy_(WEIGHT_STD * torch.randn_like(param))
     model.eval()
@@ -250,6 +270,8 @@ def _gguf_name(arch: str, hf_name: str) -> str | None:
         "mlp.up_proj.weight": "ffn_up",
         "mlp.gate_up_proj.weight": "ffn_up",
         "mlp.down_proj.weight": "ffn_down",
+        "mlp.gate.weight": "ffn_gate_inp",
+        "mlp.experts.down_proj": "ffn_down_exps",
     }
     if rest not in table:
         raise ValueError(f"unmapped parameter {hf_name}")
@@ -273,6 +295,21 @@ def llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
             smooth = (old / wavelen - low) / (high - low)
             factors.append(1 / ((1 - smooth) / factor + smooth))
     return np.array(factors, np.float32)
+
+
+def _store(writer: GGUFWriter, name: str, values: np.ndarray, wtype: GGMLQuantizationType):
+    """Add `values` as `wtype`; return what the GGUF holds, dequantized (float32)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if wtype == Q.F32:
+        writer.add_tensor(name, values)
+        return values
+    if wtype == Q.F16:
+        data = values.astype(np.float16)
+        writer.add_tensor(name, data)
+        return data.astype(np.float32)
+    data = gguf_quants.quantize(values, wtype)
+    writer.add_tensor(name, data, raw_dtype=wtype)
+    return gguf_quants.dequantize(data, wtype).reshape(values.shape).astype(np.float32)
 
 
 def write_gguf(model, spec: dict, path: Path) -> Path:
@@ -329,6 +366,10 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
         )
         put("rope.scaling.yarn_beta_fast", float(rope.get("beta_fast", 32.0)), F32)
         put("rope.scaling.yarn_beta_slow", float(rope.get("beta_slow", 1.0)), F32)
+    if cfg.model_type == "qwen3_moe":
+        put("expert_count", int(cfg.num_experts), U32)
+        put("expert_used_count", int(cfg.num_experts_per_tok), U32)
+        put("expert_feed_forward_length", int(cfg.moe_intermediate_size), U32)
     if arch == "mistral3":
         # convert_hf_to_gguf Mistral3Model: llama_4_scaling_beta / original_max_position_embeddings
         put("attention.temperature_scale", float(rope["llama_4_scaling_beta"]), F32)
@@ -338,8 +379,20 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
     for hf_name, tensor in state.items():
         if hf_name == "lm_head.weight" and tied:
             continue
-        name = _gguf_name(arch, hf_name)
         values = tensor.detach().numpy().astype(np.float32)
+        if hf_name.endswith("mlp.experts.gate_up_proj"):
+            # (n_expert, 2 * ff, d): the converter splits it into gate and up stacks
+            half = values.shape[1] // 2
+            prefix = f"blk.{hf_name.split('.')[2]}."
+            parts = []
+            for part, stored in (
+                ("ffn_gate_exps", values[:, :half]),
+                ("ffn_up_exps", values[:, half:]),
+            ):
+                parts.append(_store(writer, prefix + part + ".weight", stored, qtype))
+            loaded[hf_name] = torch.from_numpy(np.concatenate(parts, axis=1))
+            continue
+        name = _gguf_name(arch, hf_name)
         if values.ndim == 1:
             stored = values + 1.0 if arch == "gemma2" else values  # Gemma's converter adds 1
             writer.add_tensor(name, stored.astype(np.float32))
@@ -349,14 +402,9 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
         if permute:
             values = _permute(values, heads)
         wtype = Q.Q8_0 if name == "token_embd.weight" and qtype == Q.F16 else qtype
-        if wtype == Q.F16:
-            data = values.astype(np.float16)
-            back = data.astype(np.float32)
-            writer.add_tensor(name, data)
-        else:
-            data = gguf_quants.quantize(values, wtype)
-            back = gguf_quants.dequantize(data, wtype).reshape(values.shape).astype(np.float32)
-            writer.add_tensor(name, data, raw_dtype=wtype)
+        if name.endswith("ffn_gate_inp.weight"):
+            wtype = Q.F32  # the router stays float, as llama.cpp's converter keeps it
+        back = _store(writer, name, values, wtype)
         if permute:
             back = _unpermute(back, heads)
         loaded[hf_name] = torch.from_numpy(np.ascontiguousarray(back))
@@ -372,7 +420,7 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
     if tied:
         loaded["lm_head.weight"] = loaded["model.embed_tokens.weight"]
     missing, unexpected = model.load_state_dict(loaded, strict=False)
-    weights_missing = [m for m in missing if m.endswith("proj.weight") or "embed" in m]
+    weights_missing = [m for m in missing if m.endswith(("proj.weight", "_proj")) or "embed" in m]
     if weights_missing or unexpected:
         raise RuntimeError(
             f"state dict mismatch: missing {weights_missing}, unexpected {unexpected}"

@@ -58,9 +58,9 @@ class Layer:
     attn_v: QTensor  # (kv_dim, d_model)
     attn_output: QTensor  # (d_model, q_dim)
     ffn_norm: np.ndarray | None  # (d_model,) f32; None without pre-norms
-    ffn_gate: QTensor  # (n_ff, d_model)
-    ffn_up: QTensor  # (n_ff, d_model)
-    ffn_down: QTensor  # (d_model, n_ff)
+    ffn_gate: QTensor | None  # (n_ff, d_model); None in a mixture-of-experts layer
+    ffn_up: QTensor | None  # (n_ff, d_model)
+    ffn_down: QTensor | None  # (d_model, n_ff)
     attn_q_bias: np.ndarray | None = None  # (q_dim,) qwen2
     attn_k_bias: np.ndarray | None = None  # (kv_dim,)
     attn_v_bias: np.ndarray | None = None  # (kv_dim,)
@@ -69,6 +69,10 @@ class Layer:
     attn_k_norm: np.ndarray | None = None
     post_attention_norm: np.ndarray | None = None  # (d_model,) gemma2/3, olmo2
     post_ffw_norm: np.ndarray | None = None  # (d_model,)
+    ffn_gate_inp: QTensor | None = None  # (n_expert, d_model) the MoE router
+    # Per expert (gate, up, down): zero-copy row views of the stacked *_exps tensors, so a
+    # token reads only the weights of the experts it is routed to.
+    experts: list[tuple[QTensor, QTensor, QTensor]] | None = None
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,12 @@ class TransformerModel:
             )
         else:
             attn_q, attn_k, attn_v = need("attn_q"), need("attn_k"), need("attn_v")
-        if cfg.fused_gate_up:
+        ffn_gate: QTensor | None
+        ffn_up: QTensor | None
+        ffn_down: QTensor | None
+        if cfg.n_expert:
+            ffn_gate = ffn_up = ffn_down = None
+        elif cfg.fused_gate_up:
             # Phi-3: gate rows first, then up (transformers' gate_up_proj.chunk(2)).
             gate_up = need("ffn_up")
             _check_shape(gate_up, (2 * cfg.n_ff, cfg.d_model))
@@ -165,6 +174,8 @@ class TransformerModel:
             ffn_up = _rows(gate_up, cfg.n_ff, 2 * cfg.n_ff, p + "ffn_up.weight")
         else:
             ffn_gate, ffn_up = need("ffn_gate"), need("ffn_up")
+        if not cfg.n_expert:
+            ffn_down = need("ffn_down")
         layer = Layer(
             attn_norm=vector("attn_norm") if cfg.pre_norms else None,
             attn_q=attn_q,
@@ -174,7 +185,7 @@ class TransformerModel:
             ffn_norm=vector("ffn_norm") if cfg.pre_norms else None,
             ffn_gate=ffn_gate,
             ffn_up=ffn_up,
-            ffn_down=need("ffn_down"),
+            ffn_down=ffn_down,
         )
         if cfg.qkv_bias:
             layer.attn_q_bias = vector("attn_q", ".bias")
@@ -196,6 +207,27 @@ class TransformerModel:
         _check_shape(layer.attn_k, (cfg.kv_dim, cfg.d_model))
         _check_shape(layer.attn_v, (cfg.kv_dim, cfg.d_model))
         _check_shape(layer.attn_output, (cfg.d_model, cfg.q_dim))
+        if cfg.n_expert:
+            e, ff, d = cfg.n_expert, cfg.n_ff_exp, cfg.d_model
+            layer.ffn_gate_inp = need("ffn_gate_inp")
+            _check_shape(layer.ffn_gate_inp, (e, d))
+            stacks = [need("ffn_gate_exps"), need("ffn_up_exps"), need("ffn_down_exps")]
+            for stack, shape in zip(stacks, ((e, ff, d), (e, ff, d), (e, d, ff)), strict=True):
+                if tuple(stack.shape) != shape:
+                    raise ModelFileError(
+                        f"tensor '{stack.name}' has shape {tuple(stack.shape)}, expected {shape}"
+                    )
+            layer.experts = [
+                (
+                    _expert(stacks[0], j, ff, f"{p}ffn_gate.{j}.weight"),
+                    _expert(stacks[1], j, ff, f"{p}ffn_up.{j}.weight"),
+                    _expert(stacks[2], j, d, f"{p}ffn_down.{j}.weight"),
+                )
+                for j in range(e)
+            ]
+            return layer
+        assert layer.ffn_gate is not None and layer.ffn_up is not None
+        assert layer.ffn_down is not None
         _check_shape(layer.ffn_gate, (cfg.n_ff, cfg.d_model))
         _check_shape(layer.ffn_up, (cfg.n_ff, cfg.d_model))
         _check_shape(layer.ffn_down, (cfg.d_model, cfg.n_ff))
@@ -378,15 +410,18 @@ class TransformerModel:
                 ops.rmsnorm(x, layer.ffn_norm, cfg.norm_eps, out=h)
             else:
                 h[...] = x
-            ops.linear(layer.ffn_gate, h, out=gate)
-            poll()
-            ops.linear(layer.ffn_up, h, out=up)
-            if cfg.activation == "gelu_tanh":
-                ops.geglu(gate, up, out=gate)
+            if layer.experts is not None:
+                self._moe_ffn(layer, h, proj, poll)
             else:
-                ops.swiglu(gate, up, out=gate)
-            poll()
-            ops.linear(layer.ffn_down, gate, out=proj)
+                ops.linear(layer.ffn_gate, h, out=gate)
+                poll()
+                ops.linear(layer.ffn_up, h, out=up)
+                if cfg.activation == "gelu_tanh":
+                    ops.geglu(gate, up, out=gate)
+                else:
+                    ops.swiglu(gate, up, out=gate)
+                poll()
+                ops.linear(layer.ffn_down, gate, out=proj)
             if layer.post_ffw_norm is not None:
                 ops.rmsnorm(proj, layer.post_ffw_norm, cfg.norm_eps, out=proj)
             if cfg.residual_scale != 1.0:
@@ -413,6 +448,33 @@ class TransformerModel:
             cap = np.float32(cfg.final_logit_softcap)
             logits = cap * np.tanh(logits / cap)
         return logits
+
+    def _moe_ffn(self, layer: Layer, h: np.ndarray, out: np.ndarray, poll) -> None:
+        """Mixture of experts (transformers' Qwen3MoeSparseMoeBlock, llama.cpp's build_moe_ffn
+        with softmax gating and normalised weights): softmax over the router logits, the top
+        n_expert_used experts per token, their weights renormalised to sum to 1; each chosen
+        expert runs its SwiGLU FFN on just the tokens routed to it. A decode step reads the
+        weights of n_expert_used experts, not all of them."""
+        ops, k = self.backend, self.config.n_expert_used
+        assert layer.ffn_gate_inp is not None and layer.experts is not None
+        logits = ops.linear(layer.ffn_gate_inp, h).astype(np.float64)  # (n, n_expert)
+        logits -= logits.max(axis=1, keepdims=True)
+        probs = np.exp(logits)
+        probs /= probs.sum(axis=1, keepdims=True)
+        chosen = np.argsort(-probs, axis=1, kind="stable")[:, :k]  # (n, k), ties: lower id
+        weights = np.take_along_axis(probs, chosen, axis=1)
+        weights /= weights.sum(axis=1, keepdims=True)
+        out[...] = 0.0
+        for expert in np.unique(chosen):
+            poll()
+            rows, slots = np.nonzero(chosen == expert)
+            gate_w, up_w, down_w = layer.experts[int(expert)]
+            xe = np.ascontiguousarray(h[rows])
+            gate = ops.linear(gate_w, xe)
+            up = ops.linear(up_w, xe)
+            ops.swiglu(gate, up, out=gate)
+            down = ops.linear(down_w, gate)
+            out[rows] += down * weights[rows, slots].astype(np.float32)[:, None]
 
     def _factors_for(self, cache: KVCache) -> np.ndarray | None:
         """The per-frequency RoPE divisors for a sequence in `cache`: LongRoPE's long factors
@@ -475,6 +537,12 @@ def yarn_freq_factors(cfg: ModelConfig) -> np.ndarray:
     inv_inter = 1.0 / (factor * pos_freqs)
     inv = inv_inter * (1 - extrapolation) + inv_extra * extrapolation
     return np.ascontiguousarray(inv_extra / inv, dtype=np.float64)
+
+
+def _expert(stack: QTensor, index: int, rows: int, name: str) -> QTensor:
+    """Expert `index` of a stacked (n_expert, rows, cols) weight as a zero-copy 2-D QTensor."""
+    data = stack.data.reshape(stack.rows, -1)[index * rows : (index + 1) * rows]
+    return QTensor(name, stack.qtype, (rows, stack.cols), data)
 
 
 def _rows(t: QTensor, start: int, stop: int, name: str) -> QTensor:
