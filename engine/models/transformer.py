@@ -106,6 +106,17 @@ class _RunState:
         self.logits = np.zeros((1, cfg.n_vocab), f32)
 
 
+class _MoeBuffers:
+    """One-token buffers of the MoE decode path, allocated once (shared like _RunState)."""
+
+    def __init__(self, cfg: ModelConfig):
+        f32 = np.float32
+        self.router1 = np.zeros((1, cfg.n_expert), f32)
+        self.gate1 = np.zeros((1, cfg.n_ff_exp), f32)
+        self.up1 = np.zeros((1, cfg.n_ff_exp), f32)
+        self.down1 = np.zeros((1, cfg.d_model), f32)
+
+
 class TransformerModel:
     def __init__(
         self,
@@ -137,6 +148,7 @@ class TransformerModel:
             for i in range(config.n_layers)
         ]
         self._rope_factors, self._rope_factors_long = rope_factors(config, tensors)
+        self._moe = _MoeBuffers(config) if config.n_expert else None
         self._state = _RunState(config, max_batch)
         # Guards _state and the backend's shared buffers; held for one chunk at a time.
         self.forward_lock = threading.Lock()
@@ -451,24 +463,38 @@ class TransformerModel:
 
     def _moe_ffn(self, layer: Layer, h: np.ndarray, out: np.ndarray, poll) -> None:
         """Mixture of experts (transformers' Qwen3MoeSparseMoeBlock, llama.cpp's build_moe_ffn
-        with softmax gating and normalised weights): softmax over the router logits, the top
-        n_expert_used experts per token, their weights renormalised to sum to 1; each chosen
-        expert runs its SwiGLU FFN on just the tokens routed to it. A decode step reads the
-        weights of n_expert_used experts, not all of them."""
-        ops, k = self.backend, self.config.n_expert_used
-        assert layer.ffn_gate_inp is not None and layer.experts is not None
+        with softmax gating and normalised weights): the top n_expert_used experts per token by
+        router logit, weighted by the softmax over the chosen logits (the same as softmax over
+        all, then the chosen probabilities renormalised to sum 1); each chosen expert runs its
+        SwiGLU FFN on just the tokens routed to it. A decode step reads the weights of
+        n_expert_used experts, not all of them."""
+        ops, k, moe = self.backend, self.config.n_expert_used, self._moe
+        assert layer.ffn_gate_inp is not None and layer.experts is not None and moe is not None
+        n = h.shape[0]
+        if n == 1:  # decode: fixed buffers (the backend's pointer caches keep hitting)
+            router = ops.linear(layer.ffn_gate_inp, h, out=moe.router1)[0]
+            chosen = np.sort(np.argpartition(router, -k)[-k:])
+            weights = np.exp(router[chosen] - router[chosen].max())
+            weights /= weights.sum()
+            out[...] = 0.0
+            for expert, weight in zip(chosen.tolist(), weights.tolist(), strict=True):
+                gate_w, up_w, down_w = layer.experts[expert]
+                ops.linear(gate_w, h, out=moe.gate1)
+                ops.linear(up_w, h, out=moe.up1)
+                ops.swiglu(moe.gate1, moe.up1, out=moe.gate1)
+                ops.linear(down_w, moe.gate1, out=moe.down1)
+                out += np.float32(weight) * moe.down1
+            return
         logits = ops.linear(layer.ffn_gate_inp, h).astype(np.float64)  # (n, n_expert)
-        logits -= logits.max(axis=1, keepdims=True)
-        probs = np.exp(logits)
-        probs /= probs.sum(axis=1, keepdims=True)
-        chosen = np.argsort(-probs, axis=1, kind="stable")[:, :k]  # (n, k), ties: lower id
-        weights = np.take_along_axis(probs, chosen, axis=1)
+        order = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # (n, k), ties: lower id
+        picked = np.take_along_axis(logits, order, axis=1)
+        weights = np.exp(picked - picked.max(axis=1, keepdims=True))
         weights /= weights.sum(axis=1, keepdims=True)
         out[...] = 0.0
-        for expert in np.unique(chosen):
+        for expert in np.unique(order).tolist():
             poll()
-            rows, slots = np.nonzero(chosen == expert)
-            gate_w, up_w, down_w = layer.experts[int(expert)]
+            rows, slots = np.nonzero(order == expert)
+            gate_w, up_w, down_w = layer.experts[expert]
             xe = np.ascontiguousarray(h[rows])
             gate = ops.linear(gate_w, xe)
             up = ops.linear(up_w, xe)
