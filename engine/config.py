@@ -276,13 +276,23 @@ class ModelConfig:
                     f"most {MAX_MULTIPLIER:g}"
                 )
             if attn_temp_scale > 0.0:
+                # llama.cpp takes the floor length from the YaRN original context (transformers:
+                # original_max_position_embeddings); an explicit temperature_length wins.
                 attn_temp_length = md.positive_int(
-                    "attention.temperature_length", maximum=MAX_CONTEXT_LENGTH
+                    "attention.temperature_length",
+                    default=scaling.orig_context or None,
+                    maximum=MAX_CONTEXT_LENGTH,
                 )
             if scaling.kind == "yarn":
-                # llama.cpp's mistral3 graph cancels YaRN's mscale (attn_factor = 1 / mscale);
-                # transformers gets 1 from mscale == mscale_all_dim in the model's config.
-                scaling = dataclasses.replace(scaling, attn_factor=1.0)
+                # Ministral 3 has mscale == mscale_all_dim, so transformers' attention factor is
+                # 1; llama.cpp computes mscale(f, 1) / mscale(f, yarn_log_multiplier) when the
+                # file gives the multiplier, else cancels YaRN's mscale outright.
+                log_mul = md.positive_float(
+                    "rope.scaling.yarn_log_multiplier", default=1.0, maximum=MAX_MULTIPLIER
+                )
+                f = scaling.factor
+                mscale = (lambda m: 0.1 * m * math.log(f) + 1.0) if f > 1.0 else (lambda m: 1.0)
+                scaling = dataclasses.replace(scaling, attn_factor=mscale(1.0) / mscale(log_mul))
         # Phi-3 files may carry attention.sliding_window, but llama.cpp runs them without one
         # (its converters wrote a window the models were not trained with), and so do we.
 

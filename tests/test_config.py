@@ -112,7 +112,7 @@ def test_unsupported_arch_names_it_and_the_supported_ones():
     with pytest.raises(
         UnsupportedModelError,
         match=r"architecture 'mamba' is not supported; supported: llama, mistral3, qwen2, qwen3, "
-        r"gemma2, gemma3, phi3, granite, olmo2, smollm3$",
+        r"gemma2, gemma3, phi3, granite, olmo2, smollm3, qwen3moe$",
     ):
         ModelConfig.from_gguf(_fake("mamba"))
 
@@ -197,6 +197,7 @@ def test_gemma3_27b_scales_queries_by_model_width_per_head():
         ("llama", "llama.rope.dimension_count", 7, r"dimension_count=7 must be even"),
         ("llama", "llama.rope.dimension_count", 32, r"at most the attention head size 16"),
         ("mistral3", "mistral3.attention.temperature_scale", 0.1, r"temperature_length"),
+        ("mistral3", "mistral3.attention.temperature_scale", 1e5, r"at most 10000"),
     ],
 )
 def test_hostile_issue10_metadata_is_refused_by_name(arch, key, value, message):
@@ -239,3 +240,19 @@ def test_olmo2_has_no_pre_norms_and_full_width_qk_norms():
     assert "blk.0.attn_norm.weight" not in required and "blk.0.ffn_norm.weight" not in required
     assert required["blk.0.attn_q_norm.weight"] == (64,)
     assert required["blk.0.post_ffw_norm.weight"] == (64,)
+
+
+def test_ministral3_temperature_length_falls_back_to_the_yarn_original_context():
+    yarn = {
+        "mistral3.rope.scaling.type": "yarn",
+        "mistral3.rope.scaling.factor": 16.0,
+        "mistral3.rope.scaling.original_context_length": 16384,
+        "mistral3.attention.temperature_scale": 0.1,
+    }
+    cfg = ModelConfig.from_gguf(_fake("mistral3", **yarn))
+    assert (cfg.attn_temp_length, cfg.rope_attn_factor) == (16384, 1.0)
+    with_mul = ModelConfig.from_gguf(
+        _fake("mistral3", **yarn, **{"mistral3.rope.scaling.yarn_log_multiplier": 0.5})
+    )
+    expected = (0.1 * math.log(16.0) + 1) / (0.05 * math.log(16.0) + 1)
+    assert with_mul.rope_attn_factor == pytest.approx(expected)
