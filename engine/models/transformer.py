@@ -3,8 +3,9 @@
 The architectures differ only in switches that ModelConfig carries (RoPE pairing and scaling,
 per-layer RoPE on/off, q/k norms per head or over the whole projection, q/k/v biases, pre- and
 post-norms, Gemma's GeGLU / scaled embeddings / sliding window / soft-caps, Granite's
-multipliers), so one forward pass serves all of them. Fused tensors (Phi-3's attn_qkv and
-gate+up ffn_up) are split into row views at load, so the pass never sees them. Attribute names match the GGUF tensor names (`blk.N.attn_q`
+multipliers, qwen3moe's routed experts), so one forward pass serves all of them. Fused tensors
+(Phi-3's attn_qkv and gate+up ffn_up) and stacked experts are split into zero-copy row views at
+load, so the pass never sees them. Attribute names match the GGUF tensor names (`blk.N.attn_q`
 -> `layers[N].attn_q`). Prefill (T tokens) and decode (T = 1) run through the same code; all
 activation buffers are allocated once for `max_batch` tokens and longer prompts go in chunks.
 
@@ -348,7 +349,7 @@ class TransformerModel:
             if cancel is not None and cancel.cancelled:
                 raise ForwardCancelled()
 
-        factors = self._factors_for(cache)
+        factors = self._factors_for(p0 + n)
         temperature = None
         if cfg.attn_temp_scale > 0.0:  # (n, 1) per-position query multiplier
             temperature = (
@@ -502,12 +503,12 @@ class TransformerModel:
             down = ops.linear(down_w, gate)
             out[rows] += down * weights[rows, slots].astype(np.float32)[:, None]
 
-    def _factors_for(self, cache: KVCache) -> np.ndarray | None:
-        """The per-frequency RoPE divisors for a sequence in `cache`: LongRoPE's long factors
-        when the context window is longer than the original training context (llama.cpp's
-        choice: one table for the whole sequence, so cached keys stay consistent), else the
-        short / only table."""
-        if self._rope_factors_long is not None and cache.capacity > self.config.rope_orig_context:
+    def _factors_for(self, seq_len: int) -> np.ndarray | None:
+        """The per-frequency RoPE divisors for a chunk whose last position is seq_len - 1:
+        LongRoPE's long factors once the sequence is longer than the original training context
+        (transformers' longrope_frequency_update on max(position_ids) + 1, and llama.cpp's
+        choice by the batch's largest position), else the short / only table."""
+        if self._rope_factors_long is not None and seq_len > self.config.rope_orig_context:
             return self._rope_factors_long
         return self._rope_factors
 
