@@ -155,6 +155,11 @@ def model_info(path: Path) -> dict:
         "head_dim": config.head_dim if config else None,
         "sliding_window": config.sliding_window if config else None,
         "rope_scaling": config.rope_scaling if config else None,
+        "experts": (
+            f"{config.n_expert} ({config.n_expert_used} per token)"
+            if config and config.n_expert
+            else None
+        ),
         "vocab_size": tokenizer.vocab_size if tokenizer else None,
         "tokenizer": None
         if tokenizer is None
