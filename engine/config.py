@@ -236,6 +236,11 @@ class ModelConfig:
 
         rope_theta = md.positive_float("rope.freq_base", default=10000.0)
         scaling = _rope_scaling(md, arch)
+        context_length = md.positive_int("context_length", maximum=MAX_CONTEXT_LENGTH)
+        if scaling.kind == "longrope" and not scaling.orig_context:
+            # llama.cpp's n_ctx_orig_yarn defaults to the training context: short factors
+            # throughout unless the file says where the original context ended.
+            scaling = dataclasses.replace(scaling, orig_context=context_length)
         gemma = arch in _GEMMA_ARCHS
         layer_uses_rope: tuple[bool, ...] = ()
         attn_scale = 1.0 / math.sqrt(head_dim)
@@ -305,7 +310,7 @@ class ModelConfig:
             n_kv_head=n_kv_head,
             head_dim=head_dim,
             n_vocab=n_vocab,
-            context_length=md.positive_int("context_length", maximum=MAX_CONTEXT_LENGTH),
+            context_length=context_length,
             norm_eps=md.positive_float("attention.layer_norm_rms_epsilon", default=1e-6),
             rope_theta=rope_theta,
             rope_theta_local=rope_theta_local,
