@@ -117,3 +117,18 @@ def test_tiny_hf_model_on_jit_ops_matches_reference(jit, monkeypatch, name):
     got = [ops_only.forward(tokens[:12], oc)] + [ops_only.forward([t], oc) for t in tokens[12:]]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama3_rope", "qwen3_yarn", "phi3", "phi4_mini", "mistral3"])
+def test_long_context_rope_runs_on_the_jit_kernel_not_numpy(jit, monkeypatch, name):
+    """Llama 3.1 rope_freqs, YaRN, LongRoPE (whole-head and partial) in a JIT model: a forward
+    that reached the numpy rope would raise here."""
+    model = build_model(open_gguf(FIXTURES / f"tiny_{name}.gguf"), backend=jit)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the numpy rope ran inside a JIT model")
+
+    monkeypatch.setattr(ReferenceBackend, "rope", refused)
+    cache = model.new_cache(40)
+    model.forward(list(range(1, 30)), cache)
+    model.forward([7], cache)
