@@ -98,44 +98,72 @@ def _load(args):
 
 # --- info ----------------------------------------------------------------------------------------
 def model_info(path: Path) -> dict:
-    """Everything `info` reports, without compiling kernels or touching the weights."""
+    """Everything `info` reports, without compiling kernels or touching the weights. A file the
+    engine cannot run (architecture, tensor type, RoPE scaling, ...) is still described, with
+    `supported` false and the refusal the loader would give in `unsupported_reason`."""
     from types import SimpleNamespace
 
     from engine.chat_template import ChatTemplate
     from engine.config import ModelConfig
+    from engine.errors import EngineError, UnsupportedModelError
     from engine.gguf import open_gguf
     from engine.loader import DEFAULT_MAX_CONTEXT
     from engine.presets import resolve_preset
     from engine.tokenizer import Tokenizer
 
-    gguf_file = open_gguf(path)
-    config = ModelConfig.from_gguf(gguf_file)
-    tokenizer = Tokenizer.from_gguf(gguf_file)
-    template = ChatTemplate.from_gguf(gguf_file, tokenizer)
-    preset = resolve_preset(SimpleNamespace(path=path, gguf=gguf_file))
+    reason: str | None = None
+    try:
+        gguf_file = open_gguf(path)
+    except UnsupportedModelError as exc:
+        reason = _without_path(exc, path)
+        gguf_file = open_gguf(path, skip_unsupported_types=True)
+    config = None
+    if reason is None:
+        try:
+            config = ModelConfig.from_gguf(gguf_file)
+        except UnsupportedModelError as exc:
+            reason = _without_path(exc, path)
+    tokenizer = template = preset = None
+    try:
+        tokenizer = Tokenizer.from_gguf(gguf_file)
+        template = ChatTemplate.from_gguf(gguf_file, tokenizer)
+        preset = resolve_preset(SimpleNamespace(path=path, gguf=gguf_file))
+    except EngineError:
+        if reason is None:  # a supported model with a broken vocabulary: the load would fail
+            raise
     metadata = gguf_file.metadata
+    quant_mix = {name: {"tensors": n, "bytes": b} for name, (n, b) in gguf_file.quant_mix().items()}
     return {
         "path": str(path),
         "name": metadata.get("general.name"),
+        "supported": reason is None,
+        "unsupported_reason": reason,
         "file_size": gguf_file.file_size,
         "gguf_version": gguf_file.version,
         "architecture": gguf_file.arch,
         "parameters": gguf_file.parameter_count(),
-        "quant_mix": {
-            name: {"tensors": n, "bytes": b} for name, (n, b) in gguf_file.quant_mix().items()
-        },
+        "quant_mix": quant_mix,
+        "unsupported_tensors": dict(gguf_file.unsupported_tensors),
         "file_type": metadata.get("general.file_type"),
-        "context_length": config.context_length,
-        "default_n_ctx": min(config.context_length, DEFAULT_MAX_CONTEXT),
-        "layers": config.n_layers,
-        "d_model": config.d_model,
-        "n_ff": config.n_ff,
-        "heads": config.n_head,
-        "kv_heads": config.n_kv_head,
-        "head_dim": config.head_dim,
-        "sliding_window": config.sliding_window,
-        "vocab_size": tokenizer.vocab_size,
-        "tokenizer": {
+        "context_length": config.context_length if config else None,
+        "default_n_ctx": min(config.context_length, DEFAULT_MAX_CONTEXT) if config else None,
+        "layers": config.n_layers if config else None,
+        "d_model": config.d_model if config else None,
+        "n_ff": config.n_ff if config else None,
+        "heads": config.n_head if config else None,
+        "kv_heads": config.n_kv_head if config else None,
+        "head_dim": config.head_dim if config else None,
+        "sliding_window": config.sliding_window if config else None,
+        "rope_scaling": config.rope_scaling if config else None,
+        "experts": (
+            f"{config.n_expert} ({config.n_expert_used} per token)"
+            if config and config.n_expert
+            else None
+        ),
+        "vocab_size": tokenizer.vocab_size if tokenizer else None,
+        "tokenizer": None
+        if tokenizer is None
+        else {
             "model": tokenizer.model,
             "pre": tokenizer.pre,
             "bos_id": tokenizer.bos_id,
@@ -145,9 +173,19 @@ def model_info(path: Path) -> dict:
             "add_bos": tokenizer.add_bos,
             "add_eos": tokenizer.add_eos,
         },
-        "chat_template": {"name": template.name, "is_fallback": template.is_fallback},
-        "preset": preset.to_dict(),
+        "chat_template": None
+        if template is None
+        else {"name": template.name, "is_fallback": template.is_fallback},
+        "preset": preset.to_dict() if preset else None,
     }
+
+
+def _without_path(exc: Exception, path: Path) -> str:
+    """An error message without the file's path in front (info prints the path itself)."""
+    text = str(exc)
+    for prefix in (f"{path}: ", f"{Path(path).expanduser()}: "):
+        text = text.removeprefix(prefix)
+    return text
 
 
 def template_label(name: str, is_fallback: bool) -> str:
@@ -163,8 +201,12 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0
+    hidden = {"quant_mix", "tokenizer", "chat_template", "preset", "supported"}
+    hidden |= {"unsupported_reason", "unsupported_tensors"}
+    supported = "yes" if info["supported"] else f"no ({info['unsupported_reason']})"
+    print(f"{'supported':16} {supported}")
     for key, value in info.items():
-        if key in ("quant_mix", "tokenizer", "chat_template", "preset"):
+        if key in hidden or value is None:
             continue
         print(f"{key:16} {value}")
     print(
@@ -174,19 +216,27 @@ def cmd_info(args) -> int:
             for k, v in info["quant_mix"].items()
         ),
     )
+    if info["unsupported_tensors"]:
+        names = list(info["unsupported_tensors"])
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        print(f"{'not runnable':16} {len(names)} tensors: {shown}")
     tok = info["tokenizer"]
-    print(
-        f"tokenizer        {tok['model']} (pre {tok['pre']}), bos {tok['bos_id']}, eos {tok['eos_id']}, "
-        f"end-of-generation {list(zip(tok['eog_ids'], tok['eog_pieces'], strict=True))}"
-    )
+    if tok is not None:
+        print(
+            f"tokenizer        {tok['model']} (pre {tok['pre']}), bos {tok['bos_id']}, "
+            f"eos {tok['eos_id']}, "
+            f"end-of-generation {list(zip(tok['eog_ids'], tok['eog_pieces'], strict=True))}"
+        )
     template = info["chat_template"]
-    print(f"chat template    {template_label(template['name'], template['is_fallback'])}")
-    print("preset:")
+    if template is not None:
+        print(f"chat template    {template_label(template['name'], template['is_fallback'])}")
     preset = info["preset"]
-    for name, value in preset["values"].items():
-        print(f"  {name:20} {value!r:14} ({preset['sources'][name]})")
-    for note in preset["notes"]:
-        print(f"  note: {note}")
+    if preset is not None:
+        print("preset:")
+        for name, value in preset["values"].items():
+            print(f"  {name:20} {value!r:14} ({preset['sources'][name]})")
+        for note in preset["notes"]:
+            print(f"  note: {note}")
     return 0
 
 

@@ -8,6 +8,7 @@ the reason next to them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,29 @@ from typing import Any
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.tensor_checks import check_tensors
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = (
+    "llama",
+    "mistral3",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "granite",
+    "olmo2",
+    "smollm3",
+    "qwen3moe",
+)
+# Mixture-of-experts architectures (every layer's FFN is a routed set of experts).
+_MOE_ARCHS = ("qwen3moe",)
+# Released MoE models have up to 512 experts; the bound keeps a hostile count from building
+# millions of per-expert views before the tensors are checked.
+MAX_EXPERTS = 4096
+# Architectures whose converters permute q/k into GPT-J (interleaved) RoPE pairs; the others use
+# NeoX pairing (first half / second half). llama.cpp's llama_model_rope_type: LLAMA_ROPE_TYPE_NORM.
+_INTERLEAVED_ROPE_ARCHS = ("llama", "mistral3", "granite", "smollm3")
+# Gemma's norm weights are stored as 1 + w (the converter adds the offset), GeGLU, sqrt(d) embeds.
+_GEMMA_ARCHS = ("gemma2", "gemma3")
 
 # Gemma 3: local (sliding-window) layers use RoPE base 10000; the GGUF stores only the global
 # base (1e6). Matches transformers' `rope_local_base_freq` and llama.cpp's hard-coded value.
@@ -24,6 +47,20 @@ GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # file carries no explicit pattern.
 GEMMA3_SWA_PERIOD = 6
 GEMMA3_27B_LAYERS = 62
+# Gemma 2: even layers are local (sliding window), odd layers global (transformers' layer_types,
+# llama.cpp's set_swa_pattern(2)); both use the file's single RoPE base.
+GEMMA2_SWA_PERIOD = 2
+GEMMA2_27B_LAYERS = 46
+# SmolLM3 drops RoPE on every fourth layer (3, 7, 11, ...): transformers' no_rope_layer_interval
+# default and llama.cpp's n_no_rope_layer_step, neither stored in the GGUF.
+SMOLLM3_NO_ROPE_PERIOD = 4
+# Multipliers and RoPE scaling factors read from the file: released models use 0.01..~64, so
+# these bounds only keep a hostile value from overflowing float32 activations into inf/NaN.
+MAX_MULTIPLIER = 1e4
+MAX_ROPE_SCALING_FACTOR = 1e6
+# YaRN correction range defaults (transformers' beta_fast / beta_slow, llama.cpp's yarn_beta_*).
+YARN_BETA_FAST = 32.0
+YARN_BETA_SLOW = 1.0
 # Token positions are int32 in the kernels; a longer training context is not a real model.
 MAX_CONTEXT_LENGTH = (1 << 31) - 1
 # Per-layer settings are built from block_count before the tensors are checked against it; the
@@ -57,6 +94,39 @@ class ModelConfig:
     sandwich_norms: bool  # extra RMSNorm after attention and after FFN (gemma3)
     final_logit_softcap: float = 0.0
     attn_logit_softcap: float = 0.0
+    # pre_norms: RMSNorm before attention and FFN (attn_norm, ffn_norm); False for OLMo 2, which
+    # only normalises the sub-block outputs (post_attention_norm, post_ffw_norm = sandwich_norms).
+    pre_norms: bool = True
+    qk_norm_full: bool = False  # q/k RMSNorm over the whole projection, not per head (OLMo 2)
+    fused_gate_up: bool = False  # one ffn_up of 2*n_ff rows: gate then up (Phi-3)
+    residual_scale: float = 1.0  # multiplies each sub-block output before the residual add
+    logit_scale: float = 1.0  # logits are divided by it (Granite's logits_scaling)
+    layer_uses_rope: tuple[bool, ...] = ()  # per layer; () = every layer (SmolLM3: not every 4th)
+    # Long-context RoPE on the global layers: "none", "linear", "yarn", "longrope" or "llama3"
+    # (llama3 and longrope carry their per-frequency factors as tensors in the file).
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 1.0
+    rope_orig_context: int = 0  # the context the RoPE was trained at before scaling
+    yarn_beta_fast: float = YARN_BETA_FAST
+    yarn_beta_slow: float = YARN_BETA_SLOW
+    # Multiplies cos and sin of the scaled RoPE (YaRN's mscale, LongRoPE's attention factor), so
+    # q.k by its square: applied as part of the attention scale of the global layers.
+    rope_attn_factor: float = 1.0
+    # Llama 4 style attention temperature (Ministral 3): q *= 1 + scale * ln(1 + floor(pos /
+    # length)) after RoPE; scale 0 = off.
+    attn_temp_scale: float = 0.0
+    attn_temp_length: int = 1
+    rope_dims: int = 0  # leading dims of each head that RoPE rotates; 0 = all (head_dim)
+    # Mixture of experts (qwen3moe): n_expert experts of n_ff_exp rows per layer, the top
+    # n_expert_used by softmax router probability run per token, weights renormalised to sum 1.
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+
+    @property
+    def rope_rot(self) -> int:
+        """How many dims of each head rotate (Phi-4-mini: 96 of 128)."""
+        return self.rope_dims or self.head_dim
 
     @property
     def q_dim(self) -> int:
@@ -75,6 +145,22 @@ class ModelConfig:
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.layer_uses_window[layer] else 0
 
+    def layer_rope(self, layer: int) -> bool:
+        return not self.layer_uses_rope or self.layer_uses_rope[layer]
+
+    def layer_attn_scale(self, layer: int) -> float:
+        """The q.k multiplier of `layer`: the architecture's scale, times the square of the RoPE
+        attention factor on layers whose whole-head RoPE is scaled (cos and sin both carry it)."""
+        return self.attn_scale * (1.0 if self.rope_dims else self.layer_rope_gain(layer))
+
+    def layer_rope_gain(self, layer: int) -> float:
+        """The square of the RoPE attention factor where it applies (1.0 elsewhere). It scales
+        only the rotated dims' share of q.k: a whole-head RoPE folds it into the attention scale,
+        a partial one multiplies the rotated dims of q by it."""
+        if self.layer_uses_window[layer] or not self.layer_rope(layer):
+            return 1.0
+        return self.rope_attn_factor * self.rope_attn_factor
+
     @classmethod
     def from_gguf(cls, gguf_file) -> ModelConfig:
         """Build from an opened GGUF (`.arch`, `.metadata`, `.tensors`) and check every tensor
@@ -91,15 +177,21 @@ class ModelConfig:
         arch = str(gguf_file.arch)
         if arch not in SUPPORTED_ARCHS:
             raise UnsupportedModelError(
-                f"Model architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}"
+                f"architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}"
             )
         md = _Metadata(gguf_file.metadata, arch)
         experts = md.nonneg_int("expert_count", default=0)
-        if experts > 0:
+        if arch in _MOE_ARCHS:
+            experts = md.positive_int("expert_count", maximum=MAX_EXPERTS)
+            experts_used = md.positive_int("expert_used_count", maximum=experts)
+            n_ff_exp = md.positive_int("expert_feed_forward_length")
+        elif experts > 0:
             raise UnsupportedModelError(
                 f"{arch}.expert_count={experts}: mixture-of-experts models are not supported; "
-                "supported: dense llama, qwen2, qwen3, gemma3"
+                f"supported: dense {', '.join(SUPPORTED_ARCHS)} and {', '.join(_MOE_ARCHS)}"
             )
+        else:
+            experts = experts_used = n_ff_exp = 0
 
         d_model = md.positive_int("embedding_length")
         n_head = md.positive_int("attention.head_count")
@@ -123,9 +215,10 @@ class ModelConfig:
         if head_dim % 2:
             raise ModelFileError(f"attention head size {head_dim} must be even for RoPE")
         rope_dims = md.positive_int("rope.dimension_count", default=head_dim)
-        if rope_dims != head_dim:
-            raise UnsupportedModelError(
-                f"{arch}.rope.dimension_count={rope_dims}: only full-head RoPE ({head_dim}) is supported"
+        if rope_dims > head_dim or rope_dims % 2:
+            raise ModelFileError(
+                f"metadata {arch}.rope.dimension_count={rope_dims} must be even and at most the "
+                f"attention head size {head_dim}"
             )
         n_layers = md.positive_int("block_count", maximum=MAX_BLOCK_COUNT)
 
@@ -142,48 +235,127 @@ class ModelConfig:
             )
 
         rope_theta = md.positive_float("rope.freq_base", default=10000.0)
-        rope_freq_scale = _rope_freq_scale(md, arch)
-        gemma = arch == "gemma3"
-        if gemma:
+        scaling = _rope_scaling(md, arch)
+        context_length = md.positive_int("context_length", maximum=MAX_CONTEXT_LENGTH)
+        if scaling.kind == "longrope" and not scaling.orig_context:
+            # llama.cpp's n_ctx_orig_yarn defaults to the training context: short factors
+            # throughout unless the file says where the original context ended.
+            scaling = dataclasses.replace(scaling, orig_context=context_length)
+        gemma = arch in _GEMMA_ARCHS
+        layer_uses_rope: tuple[bool, ...] = ()
+        attn_scale = 1.0 / math.sqrt(head_dim)
+        sliding_window = 0
+        layer_uses_window = (False,) * n_layers
+        rope_theta_local = rope_theta
+        if arch == "gemma3":
             sliding_window = md.positive_int("attention.sliding_window", default=512)
-            layer_uses_window = _gemma3_window_layers(md, n_layers)
+            layer_uses_window = _window_layers(md, n_layers, GEMMA3_SWA_PERIOD)
             rope_theta_local = GEMMA3_LOCAL_ROPE_BASE
             # transformers' query_pre_attn_scalar: head_dim for 270m..12B, d_model / n_head for
             # 27B (the only 62-layer Gemma 3); llama.cpp keys the same choice on the layer count.
             attn_scale = 1.0 / math.sqrt(
                 d_model / n_head if n_layers == GEMMA3_27B_LAYERS else head_dim
             )
-        else:
-            sliding_window = 0
-            layer_uses_window = (False,) * n_layers
-            rope_theta_local = rope_theta
-            attn_scale = 1.0 / math.sqrt(head_dim)
+        elif arch == "gemma2":
+            sliding_window = md.positive_int("attention.sliding_window", default=4096)
+            layer_uses_window = _window_layers(md, n_layers, GEMMA2_SWA_PERIOD)
+            # query_pre_attn_scalar: 144 = d_model / n_head for the 46-layer 27B, else head_dim
+            # (llama.cpp's LLM_TYPE_27B switch).
+            attn_scale = 1.0 / math.sqrt(
+                d_model / n_head if n_layers == GEMMA2_27B_LAYERS else head_dim
+            )
+        elif arch == "granite":
+            attn_scale = md.positive_float(
+                "attention.scale", default=attn_scale, maximum=MAX_MULTIPLIER
+            )
+        elif arch == "smollm3":
+            layer_uses_rope = tuple(
+                (layer + 1) % SMOLLM3_NO_ROPE_PERIOD != 0 for layer in range(n_layers)
+            )
+        attn_temp_scale, attn_temp_length = 0.0, 1
+        if arch == "mistral3":
+            attn_temp_scale = md.nonneg_float("attention.temperature_scale", default=0.0)
+            if attn_temp_scale > MAX_MULTIPLIER:
+                raise ModelFileError(
+                    f"metadata {arch}.attention.temperature_scale={attn_temp_scale} must be at "
+                    f"most {MAX_MULTIPLIER:g}"
+                )
+            if attn_temp_scale > 0.0:
+                # llama.cpp takes the floor length from the YaRN original context (transformers:
+                # original_max_position_embeddings); an explicit temperature_length wins.
+                attn_temp_length = md.positive_int(
+                    "attention.temperature_length",
+                    default=scaling.orig_context or None,
+                    maximum=MAX_CONTEXT_LENGTH,
+                )
+            if scaling.kind == "yarn":
+                # Ministral 3 has mscale == mscale_all_dim, so transformers' attention factor is
+                # 1; llama.cpp computes mscale(f, 1) / mscale(f, yarn_log_multiplier) when the
+                # file gives the multiplier, else cancels YaRN's mscale outright.
+                log_mul = md.positive_float(
+                    "rope.scaling.yarn_log_multiplier", default=1.0, maximum=MAX_MULTIPLIER
+                )
+                f = scaling.factor
+                mscale = (lambda m: 0.1 * m * math.log(f) + 1.0) if f > 1.0 else (lambda m: 1.0)
+                scaling = dataclasses.replace(scaling, attn_factor=mscale(1.0) / mscale(log_mul))
+        # Phi-3 files may carry attention.sliding_window, but llama.cpp runs them without one
+        # (its converters wrote a window the models were not trained with), and so do we.
 
         return cls(
             arch=arch,
             n_layers=n_layers,
             d_model=d_model,
-            n_ff=md.positive_int("feed_forward_length"),
+            n_ff=md.positive_int("feed_forward_length", default=n_ff_exp or None),
             n_head=n_head,
             n_kv_head=n_kv_head,
             head_dim=head_dim,
             n_vocab=n_vocab,
-            context_length=md.positive_int("context_length", maximum=MAX_CONTEXT_LENGTH),
+            context_length=context_length,
             norm_eps=md.positive_float("attention.layer_norm_rms_epsilon", default=1e-6),
             rope_theta=rope_theta,
             rope_theta_local=rope_theta_local,
-            rope_neox=arch != "llama",  # llama.cpp LLAMA_ROPE_TYPE_NORM only for llama here
-            rope_freq_scale=rope_freq_scale,
+            rope_neox=arch not in _INTERLEAVED_ROPE_ARCHS,
+            rope_freq_scale=scaling.freq_scale,
             sliding_window=sliding_window,
             layer_uses_window=layer_uses_window,
             attn_scale=attn_scale,
-            embed_scale=math.sqrt(d_model) if gemma else 1.0,
+            embed_scale=(
+                math.sqrt(d_model)
+                if gemma
+                else md.positive_float("embedding_scale", default=1.0, maximum=MAX_MULTIPLIER)
+                if arch == "granite"
+                else 1.0
+            ),
             activation="gelu_tanh" if gemma else "silu",
-            qk_norm=arch in ("qwen3", "gemma3"),
+            qk_norm=arch in ("qwen3", "qwen3moe", "gemma3", "olmo2"),
             qkv_bias=arch == "qwen2",
-            sandwich_norms=gemma,
+            sandwich_norms=arch in ("gemma2", "gemma3", "olmo2"),
             final_logit_softcap=md.nonneg_float("final_logit_softcapping", default=0.0),
             attn_logit_softcap=md.nonneg_float("attn_logit_softcapping", default=0.0),
+            pre_norms=arch != "olmo2",
+            qk_norm_full=arch == "olmo2",
+            fused_gate_up=arch == "phi3",
+            residual_scale=(
+                md.positive_float("residual_scale", default=1.0, maximum=MAX_MULTIPLIER)
+                if arch == "granite"
+                else 1.0
+            ),
+            logit_scale=md.positive_float("logit_scale", default=1.0, maximum=MAX_MULTIPLIER)
+            if arch == "granite"
+            else 1.0,
+            layer_uses_rope=layer_uses_rope,
+            rope_scaling=scaling.kind,
+            rope_scaling_factor=scaling.factor,
+            rope_orig_context=scaling.orig_context,
+            yarn_beta_fast=scaling.beta_fast,
+            yarn_beta_slow=scaling.beta_slow,
+            rope_attn_factor=scaling.attn_factor,
+            attn_temp_scale=attn_temp_scale,
+            attn_temp_length=attn_temp_length,
+            rope_dims=0 if rope_dims == head_dim else rope_dims,
+            n_expert=experts,
+            n_expert_used=experts_used,
+            n_ff_exp=n_ff_exp,
         )
 
 
@@ -225,16 +397,21 @@ class _Metadata:
             )
         return value
 
-    def positive_float(self, key: str, default: float | None = None) -> float:
+    def positive_float(
+        self, key: str, default: float | None = None, maximum: float | None = None
+    ) -> float:
         value = self.raw(key, default)
         if (
             isinstance(value, bool)
             or not isinstance(value, (int, float))
             or not value > 0
             or not math.isfinite(value)
+            or (maximum is not None and value > maximum)
         ):
+            bound = f" up to {maximum:g}" if maximum is not None else ""
             raise ModelFileError(
                 f"metadata {self.arch}.{key}={_shown(value)} must be a positive finite number"
+                + bound
             )
         return float(value)
 
@@ -258,22 +435,79 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _rope_freq_scale(md: _Metadata, arch: str) -> float:
+@dataclass(frozen=True)
+class _RopeScaling:
+    kind: str = "none"
+    freq_scale: float = 1.0
+    factor: float = 1.0
+    orig_context: int = 0
+    beta_fast: float = YARN_BETA_FAST
+    beta_slow: float = YARN_BETA_SLOW
+    attn_factor: float = 1.0
+
+
+_ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope", "llama3")
+
+
+def _rope_scaling(md: _Metadata, arch: str) -> _RopeScaling:
+    """The file's rope.scaling.* keys (llama.cpp names). Llama 3.1+ files say nothing here: their
+    scaling is baked into rope_freqs.weight. Phi-3 LongRoPE files carry rope_factors_long/short
+    and may leave the type out, like llama.cpp's converter."""
     kind = md.metadata.get(f"{arch}.rope.scaling.type", "none")
     if not isinstance(kind, str):
         raise ModelFileError(f"metadata {arch}.rope.scaling.type={_shown(kind)} must be a string")
-    if kind == "none":
-        return 1.0
+    if kind not in _ROPE_SCALING_TYPES:
+        raise UnsupportedModelError(
+            f"{arch}.rope.scaling.type={_shown(kind)} is not supported; supported: "
+            + ", ".join(_ROPE_SCALING_TYPES)
+        )
+    if arch == "phi3":
+        # LongRoPE: the factor tensors decide; attn_factor is what the converter computed as
+        # sqrt(1 + ln(scale) / ln(original context)) (1 for the 4k models).
+        return _RopeScaling(
+            kind="longrope",
+            orig_context=md.nonneg_int("rope.scaling.original_context_length", default=0),
+            attn_factor=md.positive_float(
+                "rope.scaling.attn_factor", default=1.0, maximum=MAX_MULTIPLIER
+            ),
+        )
     if kind == "linear":
-        return 1.0 / md.positive_float("rope.scaling.factor", default=1.0)
-    raise UnsupportedModelError(
-        f"{arch}.rope.scaling.type={_shown(kind)} is not supported; supported: none, linear"
-    )
+        factor = md.positive_float(
+            "rope.scaling.factor", default=1.0, maximum=MAX_ROPE_SCALING_FACTOR
+        )
+        return _RopeScaling(kind=kind, freq_scale=1.0 / factor, factor=factor)
+    if kind == "yarn":
+        factor = md.positive_float(
+            "rope.scaling.factor", default=1.0, maximum=MAX_ROPE_SCALING_FACTOR
+        )
+        orig = md.positive_int("rope.scaling.original_context_length", maximum=MAX_CONTEXT_LENGTH)
+        beta_fast = md.positive_float("rope.scaling.yarn_beta_fast", default=YARN_BETA_FAST)
+        beta_slow = md.positive_float("rope.scaling.yarn_beta_slow", default=YARN_BETA_SLOW)
+        if not md.positive_float("rope.freq_base", default=10000.0) > 1.0:
+            raise ModelFileError(
+                f"metadata {arch}.rope.freq_base must be above 1 for YaRN (its correction range "
+                "divides by log(base))"
+            )
+        # transformers' get_mscale(factor) when no attention_factor is given; a file may store
+        # its own (rope.scaling.attn_factor, as llama.cpp's converters do for some models).
+        default_af = 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+        return _RopeScaling(
+            kind=kind,
+            factor=factor,
+            orig_context=orig,
+            beta_fast=beta_fast,
+            beta_slow=beta_slow,
+            attn_factor=md.positive_float(
+                "rope.scaling.attn_factor", default=default_af, maximum=MAX_MULTIPLIER
+            ),
+        )
+    return _RopeScaling(kind=kind)
 
 
-def _gemma3_window_layers(md: _Metadata, n_layers: int) -> tuple[bool, ...]:
+def _window_layers(md: _Metadata, n_layers: int, default_period: int) -> tuple[bool, ...]:
     """Which layers use the sliding window. Newer converters store a per-layer bool array or a
-    period under attention.sliding_window_pattern; otherwise the Gemma 3 period of 6."""
+    period under attention.sliding_window_pattern; otherwise the architecture's period (the
+    last layer of each period is global)."""
     key = f"{md.arch}.attention.sliding_window_pattern"
     pattern = md.metadata.get(key)
     if isinstance(pattern, list):
@@ -282,5 +516,5 @@ def _gemma3_window_layers(md: _Metadata, n_layers: int) -> tuple[bool, ...]:
         if not all(isinstance(v, bool) or v in (0, 1) for v in pattern):
             raise ModelFileError(f"{key}={_shown(pattern)} must hold one bool per layer")
         return tuple(bool(v) for v in pattern)
-    period = md.positive_int("attention.sliding_window_pattern", default=GEMMA3_SWA_PERIOD)
+    period = md.positive_int("attention.sliding_window_pattern", default=default_period)
     return tuple((layer % period) < period - 1 for layer in range(n_layers))

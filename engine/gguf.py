@@ -108,6 +108,9 @@ class GGUFFile:
     alignment: int
     data_offset: int  # where tensor data starts (tensor offsets are relative to it)
     tensor_offsets: dict[str, int] = field(default_factory=dict)  # absolute file offsets
+    # open_gguf(..., skip_unsupported_types=True) only: tensors left out because the engine
+    # cannot run their type (name -> the refusal), so `info` can still describe the file.
+    unsupported_tensors: dict[str, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # the default would print the whole vocabulary
         return (
@@ -140,12 +143,16 @@ class GGUFFile:
         return sum(t.nbytes for t in self.tensors.values())
 
 
-def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    """Open and validate a GGUF file; tensors are read-only views of a memory map."""
+def open_gguf(path: str | os.PathLike[str], *, skip_unsupported_types: bool = False) -> GGUFFile:
+    """Open and validate a GGUF file; tensors are read-only views of a memory map.
+
+    A tensor type the engine cannot run raises UnsupportedModelError naming the tensor and the
+    type, unless skip_unsupported_types: then such tensors are left out and listed in
+    `unsupported_tensors` (for describing a file, never for loading it)."""
     path = Path(path).expanduser()
     buf = _map_file(path)
     try:
-        return _HeaderParser(path, buf).parse()
+        return _HeaderParser(path, buf, skip_unsupported_types).parse()
     except ModelFileError:
         raise
     except (struct.error, ValueError, OverflowError, IndexError, KeyError, MemoryError) as exc:
@@ -180,9 +187,11 @@ def _map_file(path: Path) -> mmap.mmap:
 
 
 class _HeaderParser:
-    def __init__(self, path: Path, buf: mmap.mmap):
+    def __init__(self, path: Path, buf: mmap.mmap, skip_unsupported_types: bool = False):
         self.path = path
         self.buf = buf
+        self.skip_unsupported_types = skip_unsupported_types
+        self.unsupported: dict[str, str] = {}
         self.size = len(buf)
         self.pos = 0
         self.metadata_elements = 0  # array elements read so far, against MAX_METADATA_ELEMENTS
@@ -275,6 +284,7 @@ class _HeaderParser:
             alignment=alignment,
             data_offset=data_offset,
             tensor_offsets=offsets,
+            unsupported_tensors=self.unsupported,
         )
 
     def _read_metadata(self, count: int) -> tuple[dict[str, Any], dict[str, ValueType]]:
@@ -419,7 +429,13 @@ class _HeaderParser:
         for name, ne, raw_type, rel_offset in infos:
             if name in tensors:
                 raise self._fail(f"tensor {name!r} appears twice")
-            qtype = self._tensor_type(name, raw_type)
+            try:
+                qtype = self._tensor_type(name, raw_type)
+            except UnsupportedModelError as exc:
+                if not self.skip_unsupported_types:
+                    raise
+                self.unsupported[name] = str(exc).removeprefix(f"{self.path}: ")
+                continue
             if any(d == 0 for d in ne):
                 raise self._fail(
                     f"tensor {name!r} has a zero dimension {list(ne)} (dimensions must be positive)"

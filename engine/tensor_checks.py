@@ -15,47 +15,66 @@ from typing import Any
 
 from engine.errors import ModelFileError
 
-# Each layer holds at least this many tensors (attn norm, q, k, v, output, ffn norm, gate, up,
-# down), which bounds block_count by the file's tensor count before any per-layer work.
-MIN_TENSORS_PER_LAYER = 9
+# Each layer holds at least this many tensors (Phi-3's attn norm, fused qkv, output, ffn norm,
+# fused gate-up, down), which bounds block_count by the file's tensor count before any per-layer
+# work.
+MIN_TENSORS_PER_LAYER = 6
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.")
 
 
-def expected_shapes(cfg) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    """(required, optional) tensor name -> numpy shape for a model of `cfg`."""
+def expected_shapes(
+    cfg, tensors: Mapping[str, Any] | None = None
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """(required, optional) tensor name -> numpy shape for a model of `cfg`. With `tensors`, a
+    layer that stores a fused `attn_qkv` (llama.cpp accepts one for any architecture) is expected
+    to have that instead of separate q/k/v."""
     d, q_dim, kv_dim, n_ff, head = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.n_ff, cfg.head_dim
     required: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (cfg.n_vocab, d),
         "output_norm.weight": (d,),
     }
+    q_norm, k_norm = ((q_dim,), (kv_dim,)) if cfg.qk_norm_full else ((head,), (head,))
+    rot = cfg.rope_dims or head
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        required.update(
-            {
-                p + "attn_norm.weight": (d,),
-                p + "attn_q.weight": (q_dim, d),
-                p + "attn_k.weight": (kv_dim, d),
-                p + "attn_v.weight": (kv_dim, d),
-                p + "attn_output.weight": (d, q_dim),
-                p + "ffn_norm.weight": (d,),
-                p + "ffn_gate.weight": (n_ff, d),
-                p + "ffn_up.weight": (n_ff, d),
-                p + "ffn_down.weight": (d, n_ff),
-            }
-        )
+        if tensors is not None and p + "attn_qkv.weight" in tensors:
+            required[p + "attn_qkv.weight"] = (q_dim + 2 * kv_dim, d)
+        else:
+            required[p + "attn_q.weight"] = (q_dim, d)
+            required[p + "attn_k.weight"] = (kv_dim, d)
+            required[p + "attn_v.weight"] = (kv_dim, d)
+        required[p + "attn_output.weight"] = (d, q_dim)
+        if cfg.pre_norms:
+            required[p + "attn_norm.weight"] = (d,)
+            required[p + "ffn_norm.weight"] = (d,)
+        if cfg.n_expert:
+            e, ff_exp = cfg.n_expert, cfg.n_ff_exp
+            required[p + "ffn_gate_inp.weight"] = (e, d)  # the router
+            required[p + "ffn_gate_exps.weight"] = (e, ff_exp, d)
+            required[p + "ffn_up_exps.weight"] = (e, ff_exp, d)
+            required[p + "ffn_down_exps.weight"] = (e, d, ff_exp)
+        elif cfg.fused_gate_up:
+            required[p + "ffn_up.weight"] = (2 * n_ff, d)
+            required[p + "ffn_down.weight"] = (d, n_ff)
+        else:
+            required[p + "ffn_gate.weight"] = (n_ff, d)
+            required[p + "ffn_up.weight"] = (n_ff, d)
+            required[p + "ffn_down.weight"] = (d, n_ff)
         if cfg.qkv_bias:
             required[p + "attn_q.bias"] = (q_dim,)
             required[p + "attn_k.bias"] = (kv_dim,)
             required[p + "attn_v.bias"] = (kv_dim,)
         if cfg.qk_norm:
-            required[p + "attn_q_norm.weight"] = (head,)
-            required[p + "attn_k_norm.weight"] = (head,)
+            required[p + "attn_q_norm.weight"] = q_norm
+            required[p + "attn_k_norm.weight"] = k_norm
         if cfg.sandwich_norms:
             required[p + "post_attention_norm.weight"] = (d,)
             required[p + "post_ffw_norm.weight"] = (d,)
     optional = {
         "output.weight": (cfg.n_vocab, d),  # absent: tied to token_embd
-        "rope_freqs.weight": (head // 2,),  # Llama 3.1+ per-frequency RoPE divisors
+        "rope_freqs.weight": (rot // 2,),  # Llama 3.1+ per-frequency RoPE divisors
+        "rope_factors_long.weight": (rot // 2,),  # Phi-3 LongRoPE, past the original context
+        "rope_factors_short.weight": (rot // 2,),  # Phi-3 LongRoPE, within it
     }
     return required, optional
 
@@ -75,10 +94,11 @@ def check_tensors(cfg, tensors: Mapping[str, Any]) -> None:
     """Raise ModelFileError naming the first tensor that is missing, misshapen or belongs to a
     layer the metadata does not have."""
     check_layer_count(cfg.arch, cfg.n_layers, tensors)
-    required, optional = expected_shapes(cfg)
+    required, optional = expected_shapes(cfg, tensors)
     sizes = (
         f"embedding_length={cfg.d_model}, heads={cfg.n_head}x{cfg.head_dim}, "
         f"kv_heads={cfg.n_kv_head}, feed_forward_length={cfg.n_ff}"
+        + (f", experts={cfg.n_expert}x{cfg.n_ff_exp}" if cfg.n_expert else "")
     )
     for name, shape in required.items():
         tensor = tensors.get(name)

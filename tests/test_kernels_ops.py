@@ -56,6 +56,52 @@ def test_rope(jit, neox, tokens, heads, hd, p0):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("tokens,heads,hd,p0", [(1, 4, 128, 70000), (5, 2, 8, 3)])
+def test_rope_with_freq_factors_runs_the_jit_kernel_and_matches(
+    jit, monkeypatch, neox, tokens, heads, hd, p0
+):
+    """Llama 3.1 rope_freqs / YaRN / LongRoPE divisors are folded into the JIT frequency table,
+    not handed to the numpy rope (which this test makes unusable)."""
+    rng = np.random.default_rng(hd + 1)
+    x = rng.standard_normal((tokens, heads, hd)).astype(np.float32)
+    pos = np.arange(p0, p0 + tokens, dtype=np.int32)
+    factors = rng.uniform(1.0, 40.0, hd // 2).astype(np.float32)
+    args = dict(theta=500000.0, neox=neox, freq_scale=0.25, freq_factors=factors)
+    expected = REF.rope(x.copy(), pos, **args)
+
+    def refused(*a, **k):
+        raise AssertionError("the JIT backend fell back to the numpy rope")
+
+    monkeypatch.setattr(ReferenceBackend, "rope", refused)
+    got = jit.rope(x.copy(), pos, **args)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    other = np.ones(hd // 2, np.float32)  # a second table is not confused with the first
+    np.testing.assert_allclose(
+        jit.rope(x.copy(), pos, **{**args, "freq_factors": other}),
+        jit.rope(x.copy(), pos, theta=500000.0, neox=neox, freq_scale=0.25),
+        rtol=0,
+        atol=0,
+    )
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("hd,n_rot", [(128, 96), (8, 4), (64, 2)])
+def test_partial_rope_rotates_only_the_leading_dims(jit, neox, hd, n_rot):
+    """Phi-4-mini rotates 96 of 128 dims per head: the rest pass through unchanged, and the
+    rotated part is a whole-head RoPE of size n_rot (frequencies theta^(-2i/n_rot))."""
+    rng = np.random.default_rng(n_rot)
+    x = rng.standard_normal((6, 3, hd)).astype(np.float32)
+    pos = np.arange(40, 46, dtype=np.int32)
+    factors = rng.uniform(1.0, 8.0, n_rot // 2).astype(np.float32)
+    args = dict(theta=10000.0, neox=neox, freq_scale=1.0, freq_factors=factors)
+    whole = REF.rope(np.ascontiguousarray(x[..., :n_rot]), pos, **args)
+    for backend in (REF, jit):
+        got = backend.rope(x.copy(), pos, n_rot=n_rot, **args)
+        np.testing.assert_allclose(got[..., :n_rot], whole, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[..., n_rot:], x[..., n_rot:])
+
+
 @pytest.mark.parametrize(
     "tokens,p0,n_head,n_kv,hd,window,softcap",
     [

@@ -27,7 +27,19 @@ from engine.gguf import open_gguf
 from engine.model_files import default_model_path, gemma3_270m_path
 
 Q = GGMLQuantizationType
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "gemma2",
+    "phi3",
+    "granite",
+    "olmo2",
+    "smollm3",
+    "mistral3",
+    "qwen3moe",
+)
 QUANTIZABLE = (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)
 K_QUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 ALL_QTYPES = (Q.F32, *QUANTIZABLE, *K_QUANTS)
@@ -41,7 +53,23 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3": dict(
         rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=True, n_layers=6, sliding_window=8
     ),
+    # Gemma 2: layers alternate local / global; soft-capped attention and logits.
+    "gemma2": dict(
+        rope_freq_base=10000.0, rms_eps=1e-6, tie_embeddings=True, n_layers=2, sliding_window=8
+    ),
+    "phi3": dict(rope_freq_base=10000.0, rms_eps=1e-5, tie_embeddings=False),
+    "granite": dict(rope_freq_base=10000000.0, rms_eps=1e-5, tie_embeddings=True),
+    "olmo2": dict(rope_freq_base=500000.0, rms_eps=1e-6, tie_embeddings=False),
+    "smollm3": dict(rope_freq_base=5000000.0, rms_eps=1e-6, tie_embeddings=True, n_layers=4),
+    "mistral3": dict(rope_freq_base=1000000.0, rms_eps=1e-5, tie_embeddings=False),
+    "qwen3moe": dict(rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=False),
 }
+# What the file layout of each architecture is (llama.cpp's converters), for the writer below;
+# tools/tiny_hf_models.py writes the same layouts from transformers' models for the oracle.
+_FUSED = ("phi3",)  # attn_qkv and a gate+up ffn_up of 2 * d_ff rows
+_HEAD_QK_NORMS = ("qwen3", "qwen3moe", "gemma3")  # per-head q/k norms (head_dim)
+_SANDWICH = ("gemma2", "gemma3", "olmo2")  # post_attention_norm / post_ffw_norm
+_SWA_KEY = ("gemma2", "gemma3")
 
 _FILE_TYPES = {
     Q.F32: LlamaFileType.ALL_F32,
@@ -108,6 +136,9 @@ def write_tiny_model(
     extra_metadata: dict[str, tuple[Any, GGUFValueType]] | None = None,
     omit_keys: tuple[str, ...] = (),
     omit_tensors: tuple[str, ...] = (),
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    d_ff_exp: int | None = None,
 ) -> Path:
     """Write a tiny random-weight model of `arch` to `path` and return the path.
 
@@ -115,7 +146,8 @@ def write_tiny_model(
     overrides it for token_embd. `omit_keys` / `omit_tensors` drop entries by exact name, and
     `extra_metadata` adds or replaces keys ({key: (value, GGUFValueType)}), for bad-file tests.
     tokenizer=None writes no tokenizer metadata and a `vocab_size`-row embedding: the fastest
-    file to write and parse, for tests that only need weights.
+    file to write and parse, for tests that only need weights. qwen3moe layers hold `n_expert`
+    experts of `d_ff_exp` rows (default d_ff), `n_expert_used` routed per token.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch={arch!r} is not one of {ARCHS}")
@@ -164,8 +196,20 @@ def write_tiny_model(
     if arch == "llama":
         put("llama.rope.dimension_count", head_dim, U32)
         put("llama.vocab_size", vocab_size, U32)
-    if arch == "gemma3":
-        put("gemma3.attention.sliding_window", sliding_window, U32)
+    if arch in _SWA_KEY:
+        put(f"{arch}.attention.sliding_window", sliding_window, U32)
+    if arch == "gemma2":
+        put("gemma2.attn_logit_softcapping", 50.0, F32)
+        put("gemma2.final_logit_softcapping", 30.0, F32)
+    if arch == "qwen3moe":
+        put("qwen3moe.expert_count", n_expert, U32)
+        put("qwen3moe.expert_used_count", n_expert_used, U32)
+        put("qwen3moe.expert_feed_forward_length", d_ff_exp or d_ff, U32)
+    if arch == "granite":  # granite-3.x-2b's multipliers
+        put("granite.embedding_scale", 12.0, F32)
+        put("granite.residual_scale", 0.22, F32)
+        put("granite.attention.scale", 0.015625, F32)
+        put("granite.logit_scale", 8.0, F32)
     for key, value, vtype, sub in tok:
         put(key, value, vtype, sub)
     for key, (value, vtype) in (extra_metadata or {}).items():
@@ -183,31 +227,54 @@ def write_tiny_model(
     def weight(name: str, rows: int, cols: int, wtype: GGMLQuantizationType = qtype) -> None:
         tensors.append((name, _random_weight(rng, rows, cols, wtype, weight_scale, name), wtype))
 
+    def experts(name: str, rows: int, cols: int) -> None:
+        """A stacked (n_expert, rows, cols) weight, as llama.cpp's *_exps tensors."""
+        flat = _random_weight(rng, n_expert * rows, cols, qtype, weight_scale, name)
+        tensors.append((name, flat.reshape(n_expert, rows, -1), qtype))
+
     def vector(name: str, values: np.ndarray) -> None:
         tensors.append((name, values, Q.F32))
 
     weight("token_embd.weight", vocab_size, d_model, embedding_qtype)
     for i in range(n_layers):
         p = f"blk.{i}."
-        vector(p + "attn_norm.weight", norm(d_model))
-        weight(p + "attn_q.weight", q_dim, d_model)
-        weight(p + "attn_k.weight", kv_dim, d_model)
-        weight(p + "attn_v.weight", kv_dim, d_model)
+        if arch != "olmo2":  # OLMo 2 normalises only the sub-block outputs
+            vector(p + "attn_norm.weight", norm(d_model))
+        if arch in _FUSED:
+            weight(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d_model)
+        else:
+            weight(p + "attn_q.weight", q_dim, d_model)
+            weight(p + "attn_k.weight", kv_dim, d_model)
+            weight(p + "attn_v.weight", kv_dim, d_model)
         weight(p + "attn_output.weight", d_model, q_dim)
         if arch == "qwen2":
             vector(p + "attn_q.bias", bias(q_dim))
             vector(p + "attn_k.bias", bias(kv_dim))
             vector(p + "attn_v.bias", bias(kv_dim))
-        if arch in ("qwen3", "gemma3"):
+        if arch in _HEAD_QK_NORMS:
             vector(p + "attn_q_norm.weight", norm(head_dim))
             vector(p + "attn_k_norm.weight", norm(head_dim))
-        if arch == "gemma3":
+        if arch == "olmo2":  # over the whole projection
+            vector(p + "attn_q_norm.weight", norm(q_dim))
+            vector(p + "attn_k_norm.weight", norm(kv_dim))
+        if arch in _SANDWICH:
             vector(p + "post_attention_norm.weight", norm(d_model))
-        vector(p + "ffn_norm.weight", norm(d_model))
-        weight(p + "ffn_gate.weight", d_ff, d_model)
-        weight(p + "ffn_up.weight", d_ff, d_model)
-        weight(p + "ffn_down.weight", d_model, d_ff)
-        if arch == "gemma3":
+        if arch != "olmo2":
+            vector(p + "ffn_norm.weight", norm(d_model))
+        if arch == "qwen3moe":
+            ff = d_ff_exp or d_ff
+            weight(p + "ffn_gate_inp.weight", n_expert, d_model, Q.F32)
+            experts(p + "ffn_gate_exps.weight", ff, d_model)
+            experts(p + "ffn_up_exps.weight", ff, d_model)
+            experts(p + "ffn_down_exps.weight", d_model, ff)
+        elif arch in _FUSED:
+            weight(p + "ffn_up.weight", 2 * d_ff, d_model)
+            weight(p + "ffn_down.weight", d_model, d_ff)
+        else:
+            weight(p + "ffn_gate.weight", d_ff, d_model)
+            weight(p + "ffn_up.weight", d_ff, d_model)
+            weight(p + "ffn_down.weight", d_model, d_ff)
+        if arch in _SANDWICH:
             vector(p + "post_ffw_norm.weight", norm(d_model))
     vector("output_norm.weight", norm(d_model))
     if not tie_embeddings:

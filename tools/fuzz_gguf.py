@@ -494,12 +494,14 @@ def write_mutant(rng: np.random.Generator, base: Base, path: Path) -> list[str]:
 
 
 def mini_vocab_bases(directory: Path) -> list[Base]:
-    """Tiny models of all four architectures with the mini vocabulary: the whole pipeline runs
-    on them in a fraction of a second."""
+    """Tiny models of the architectures with the mini vocabulary: the whole pipeline runs on them
+    in a fraction of a second (phi3's fused tensors, olmo2's post-norm layout, gemma2's soft-caps
+    and granite's multipliers among them)."""
     from tests.tiny_models import write_tiny_model
 
     bases = []
-    for arch, qtype in (("qwen3", 8), ("llama", 2), ("gemma3", 0), ("qwen2", 12)):
+    archs = (("qwen3", 8), ("llama", 2), ("gemma3", 0), ("qwen2", 12), ("phi3", 8), ("olmo2", 2))
+    for arch, qtype in archs + (("gemma2", 0), ("granite", 8)):
         path = directory / f"tiny-{arch}-{qtype}-mini-vocab.gguf"
         if not path.exists():
             wide = qtype == 12  # K-quants need rows that are multiples of 256

@@ -9,7 +9,7 @@ Not a test dependency: needs torch (the local CPU wheel, `pip install torch==2.1
 transformers, accelerate, sentencepiece and protobuf in .venv. Run once after a change to what
 is recorded (each real-model load takes ~1 min and ~2.6 GB):
 
-    .venv/bin/python tools/make_oracle_fixtures.py [smollm2 gemma3 tiny]
+    .venv/bin/python tools/make_oracle_fixtures.py [smollm2 gemma3 tiny tiny_hf]
 
 Recorded per prompt (token ids given explicitly, so no tokenizer is under test):
   * at chosen positions: the top-k token ids and logits, and the logits of fixed "probe" ids
@@ -267,8 +267,44 @@ def make_tiny() -> None:
         )
 
 
+def make_tiny_hf(names: list[str] | None = None) -> None:
+    """The architectures transformers cannot load from GGUF (and the RoPE scaling variants):
+    a random HF checkpoint from the arch's own config class is the source, written to GGUF by
+    tools/tiny_hf_models.py, and transformers' logits on the dequantized weights the reference."""
+    from tools.tiny_hf_models import SPECS, build_hf_model, write_gguf
+
+    for name in names or list(SPECS):
+        model, spec = build_hf_model(name)
+        path = write_gguf(model, spec, FIXTURES / f"tiny_{name}.gguf")
+        vocab = model.config.vocab_size
+        probes = _probe_ids(vocab, seed=3)
+        rng = np.random.default_rng(11)
+        ids = [int(i) for i in rng.integers(0, vocab, 24)]
+        cases = [_record_case(model, "random_ids", ids, list(range(len(ids))), GREEDY_TINY, probes)]
+        if spec["arch"] == "phi3":
+            # Within the original context (8 + 8 positions <= 16): LongRoPE's short factors.
+            short = [int(i) for i in rng.integers(0, vocab, 8)]
+            cases.append(_record_case(model, "short_context", short, list(range(8)), 8, probes))
+        _write(
+            f"tiny_{name}",
+            dict(
+                model=f"tiny random {name} ({spec['hf']} config class, {spec['qtype'].name})",
+                file=path.name,
+                file_size=path.stat().st_size,
+                source=_versions() + ", weights from the HF model, dequantized GGUF values",
+                probe_ids=probes,
+                cases=cases,
+            ),
+        )
+
+
 def main(argv: list[str]) -> None:
-    jobs = {"tiny": make_tiny, "smollm2": make_smollm2, "gemma3": make_gemma3}
+    jobs = {
+        "tiny": make_tiny,
+        "tiny_hf": make_tiny_hf,
+        "smollm2": make_smollm2,
+        "gemma3": make_gemma3,
+    }
     for name in argv or list(jobs):
         jobs[name]()
 

@@ -66,17 +66,20 @@ class Backend(Protocol):
         neox: bool,
         freq_scale: float = 1.0,
         freq_factors: np.ndarray | None = None,
+        n_rot: int = 0,
     ) -> np.ndarray:
         """Rotary position embedding, IN PLACE on x: (T, n_heads, head_dim) float32; returns x.
+        n_rot: 0 = the whole head; else only its leading n_rot dims rotate (the formulas below
+        with head_dim = n_rot), the rest pass through (partial RoPE, Phi-4-mini).
 
         positions: (T,) int absolute positions. For pair index i in [0, head_dim/2):
           freq_i = freq_scale * positions[t] * theta ** (-2 i / head_dim) / freq_factors[i]
-        freq_factors: optional (head_dim/2,) float32 (GGUF `rope_freqs.weight`, Llama 3.1+ long
-        context scaling). OPTIONAL for a backend: the model passes it only to backends whose
-        rope() has this parameter and otherwise uses the numpy reference rope for those models.
+        freq_factors: optional (head_dim/2,) per-pair divisors of the frequencies: Llama 3.1+
+        `rope_freqs.weight`, Phi-3's LongRoPE tables, YaRN's ramp (engine.models.transformer).
+        Every backend takes it; the JIT folds it into its frequency table.
           neox=False (llama.cpp "NORM", GGUF llama: the converter permuted q/k rows):
               pair = (x[..., 2i], x[..., 2i+1])
-          neox=True  (qwen2, qwen3, gemma3; HF rotate_half):
+          neox=True  (qwen2, qwen3, gemma2/3, phi3, olmo2; HF rotate_half):
               pair = (x[..., i], x[..., i + head_dim/2])
           (a, b) -> (a cos f - b sin f, a sin f + b cos f).
         """

@@ -30,10 +30,11 @@ class RmsnormSlots:
 
 
 class RopeSlots:
-    """x (T, H, hd) rotated in place, positions (i64 [T]), T, H, hd, inv_freq (f64 [hd/2],
-    freq_scale folded in), neox (0/1); SIZE: block length."""
+    """x (T, H, hd) rotated in place, positions (i64 [T]), T, H, hd, inv_freq (f64 [n_rot/2],
+    freq_scale and per-pair divisors folded in), neox (0/1), n_rot (the leading dims of each
+    head that rotate, even, <= hd; Phi-4-mini's partial RoPE); SIZE: block length."""
 
-    X, POSITIONS, N_TOKENS, HEADS, HEAD_DIM, INV_FREQ, NEOX, SIZE = range(8)
+    X, POSITIONS, N_TOKENS, HEADS, HEAD_DIM, INV_FREQ, NEOX, N_ROT, SIZE = range(9)
 
 
 class GluSlots:
@@ -149,7 +150,7 @@ def rope_ir() -> str:
     hd = f.arg("%args", s.HEAD_DIM)
     invf = f.arg("%args", s.INV_FREQ, "ptr")
     neox = f.op(f"icmp ne i64 {f.arg('%args', s.NEOX)}, 0")
-    half = f.op(f"lshr i64 {hd}, 1")
+    half = f.op(f"lshr i64 {f.arg('%args', s.N_ROT)}, 1")
     t0, t1 = thread_range(f, ntok, "%tid", "%nth")
     f("br label %th")
     f.put_label("th")

@@ -164,7 +164,7 @@ class JitBackend(ReferenceBackend):
         }
         self._op_args_ptr = {name: a.ctypes.data for name, a in self._op_args.items()}
         self._positions = np.zeros(256, np.int64)
-        self._inv_freq: dict[tuple[float, int, float], np.ndarray] = {}
+        self._inv_freq: dict[tuple[float, int, float, int], tuple[object, np.ndarray]] = {}
         self._scratch = np.zeros(0, np.float32)
         self._acts: dict[int, _ActivationBuffers] = {}
         self._weights: dict[int, _WeightCall] = {}  # by id(weight); the entry keeps it alive
@@ -329,10 +329,10 @@ class JitBackend(ReferenceBackend):
         neox: bool,
         freq_scale: float = 1.0,
         freq_factors: np.ndarray | None = None,
+        n_rot: int = 0,
     ) -> np.ndarray:
-        # Per-pair frequency factors (Llama 3.1+ rope_freqs) run the numpy rope, as they did when
-        # the model chose the reference rope itself for a backend without this parameter.
-        if freq_factors is not None or x.ndim != 3 or not self._usable(x) or x.shape[-1] % 2:
+        rot = n_rot if 0 < n_rot < x.shape[-1] else x.shape[-1]
+        if x.ndim != 3 or not self._usable(x) or rot % 2:
             return super().rope(
                 x,
                 positions,
@@ -340,14 +340,26 @@ class JitBackend(ReferenceBackend):
                 neox=neox,
                 freq_scale=freq_scale,
                 freq_factors=freq_factors,
+                n_rot=n_rot,
             )
         tokens, heads, head_dim = x.shape
-        key = (float(theta), head_dim, float(freq_scale))
-        inv_freq = self._inv_freq.get(key)
-        if inv_freq is None:
-            half = head_dim // 2
-            inv_freq = freq_scale * theta ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)
-            self._inv_freq[key] = inv_freq = np.ascontiguousarray(inv_freq)
+        # The kernel reads one frequency per pair, so per-pair divisors (Llama 3.1+ rope_freqs,
+        # YaRN, LongRoPE) are folded into the table: same kernel, same IR. A model passes the
+        # same factors array every call, so it is cached by identity (the entry keeps it alive).
+        key = (float(theta), rot, float(freq_scale), id(freq_factors))
+        hit = self._inv_freq.get(key)
+        if hit is not None and hit[0] is freq_factors:
+            inv_freq = hit[1]
+        else:
+            half = rot // 2
+            inv_freq = freq_scale * theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rot)
+            if freq_factors is not None:
+                factors = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
+                if factors.shape != (half,):
+                    raise ValueError(f"freq_factors has {factors.size} values, expected {half}")
+                inv_freq = inv_freq / factors
+            inv_freq = np.ascontiguousarray(inv_freq)
+            self._inv_freq[key] = (freq_factors, inv_freq)
         if self._positions.size < tokens:
             self._positions = np.zeros(2 * tokens, np.int64)
         self._positions[:tokens] = positions
@@ -357,6 +369,7 @@ class JitBackend(ReferenceBackend):
         a[s.N_TOKENS], a[s.HEADS], a[s.HEAD_DIM] = tokens, heads, head_dim
         a[s.INV_FREQ] = self._ptr(inv_freq)
         a[s.NEOX] = 1 if neox else 0
+        a[s.N_ROT] = rot
         self._run_small("rope", x.size)
         return x
 

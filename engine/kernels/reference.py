@@ -89,7 +89,18 @@ class ReferenceBackend:
         neox: bool,
         freq_scale: float = 1.0,
         freq_factors: np.ndarray | None = None,
+        n_rot: int = 0,
     ) -> np.ndarray:
+        if 0 < n_rot < x.shape[-1]:  # partial RoPE: the leading n_rot dims of each head
+            self.rope(
+                x[..., :n_rot],
+                positions,
+                theta=theta,
+                neox=neox,
+                freq_scale=freq_scale,
+                freq_factors=freq_factors,
+            )
+            return x
         head_dim = x.shape[-1]
         half = head_dim // 2
         inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)

@@ -1,8 +1,11 @@
-"""The decoder-only transformer shared by llama, qwen2, qwen3 and gemma3.
+"""The decoder-only transformer shared by every supported architecture (engine.config).
 
-The architectures differ only in switches that ModelConfig carries (RoPE pairing, q/k norms,
-q/k/v biases, Gemma's sandwich norms / GeGLU / scaled embeddings / sliding window), so one
-forward pass serves all four. Attribute names match the GGUF tensor names (`blk.N.attn_q`
+The architectures differ only in switches that ModelConfig carries (RoPE pairing and scaling,
+per-layer RoPE on/off, q/k norms per head or over the whole projection, q/k/v biases, pre- and
+post-norms, Gemma's GeGLU / scaled embeddings / sliding window / soft-caps, Granite's
+multipliers, qwen3moe's routed experts), so one forward pass serves all of them. Fused tensors
+(Phi-3's attn_qkv and gate+up ffn_up) and stacked experts are split into zero-copy row views at
+load, so the pass never sees them. Attribute names match the GGUF tensor names (`blk.N.attn_q`
 -> `layers[N].attn_q`). Prefill (T tokens) and decode (T = 1) run through the same code; all
 activation buffers are allocated once for `max_batch` tokens and longer prompts go in chunks.
 
@@ -26,7 +29,7 @@ cancelled chunk is not committed to the KV cache (`engine.cancel.ForwardCancelle
 
 from __future__ import annotations
 
-import inspect
+import math
 import threading
 from dataclasses import dataclass
 
@@ -35,7 +38,7 @@ import numpy as np
 from engine.cancel import ForwardCancelled
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
-from engine.kernels.reference import ReferenceBackend, dequantize_full
+from engine.kernels.reference import dequantize_full
 from engine.kv_cache import KVCache
 from engine.qtensor import QTensor
 
@@ -50,22 +53,40 @@ _LOCK_POLL_SECONDS = 0.01
 
 @dataclass
 class Layer:
-    attn_norm: np.ndarray  # (d_model,) f32
+    attn_norm: np.ndarray | None  # (d_model,) f32; None without pre-norms (olmo2)
     attn_q: QTensor  # (q_dim, d_model)
     attn_k: QTensor  # (kv_dim, d_model)
     attn_v: QTensor  # (kv_dim, d_model)
     attn_output: QTensor  # (d_model, q_dim)
-    ffn_norm: np.ndarray  # (d_model,) f32
-    ffn_gate: QTensor  # (n_ff, d_model)
-    ffn_up: QTensor  # (n_ff, d_model)
-    ffn_down: QTensor  # (d_model, n_ff)
+    ffn_norm: np.ndarray | None  # (d_model,) f32; None without pre-norms
+    ffn_gate: QTensor | None  # (n_ff, d_model); None in a mixture-of-experts layer
+    ffn_up: QTensor | None  # (n_ff, d_model)
+    ffn_down: QTensor | None  # (d_model, n_ff)
     attn_q_bias: np.ndarray | None = None  # (q_dim,) qwen2
     attn_k_bias: np.ndarray | None = None  # (kv_dim,)
     attn_v_bias: np.ndarray | None = None  # (kv_dim,)
-    attn_q_norm: np.ndarray | None = None  # (head_dim,) qwen3, gemma3
-    attn_k_norm: np.ndarray | None = None  # (head_dim,)
-    post_attention_norm: np.ndarray | None = None  # (d_model,) gemma3
-    post_ffw_norm: np.ndarray | None = None  # (d_model,) gemma3
+    # (head_dim,) per head (qwen3, gemma3) or (q_dim,) / (kv_dim,) over the projection (olmo2)
+    attn_q_norm: np.ndarray | None = None
+    attn_k_norm: np.ndarray | None = None
+    post_attention_norm: np.ndarray | None = None  # (d_model,) gemma2/3, olmo2
+    post_ffw_norm: np.ndarray | None = None  # (d_model,)
+    ffn_gate_inp: QTensor | None = None  # (n_expert, d_model) the MoE router
+    # Per expert (gate, up, down): zero-copy row views of the stacked *_exps tensors, so a
+    # token reads only the weights of the experts it is routed to.
+    experts: list[tuple[QTensor, QTensor, QTensor]] | None = None
+
+
+@dataclass(frozen=True)
+class _LayerAttention:
+    """What attention needs per layer, looked up once at load."""
+
+    theta: float  # RoPE base
+    freq_scale: float  # linear RoPE scaling
+    window: int  # 0 = full attention
+    scale: float  # multiplies q.k
+    rope: bool  # False: no RoPE on this layer (SmolLM3's every fourth)
+    scaled: bool  # the long-context RoPE factors apply (global layers)
+    q_gain: float  # multiplies the rotated dims of q after a partial RoPE (attention factor^2)
 
 
 class _RunState:
@@ -86,6 +107,17 @@ class _RunState:
         self.logits = np.zeros((1, cfg.n_vocab), f32)
 
 
+class _MoeBuffers:
+    """One-token buffers of the MoE decode path, allocated once (shared like _RunState)."""
+
+    def __init__(self, cfg: ModelConfig):
+        f32 = np.float32
+        self.router1 = np.zeros((1, cfg.n_expert), f32)
+        self.gate1 = np.zeros((1, cfg.n_ff_exp), f32)
+        self.up1 = np.zeros((1, cfg.n_ff_exp), f32)
+        self.down1 = np.zeros((1, cfg.d_model), f32)
+
+
 class TransformerModel:
     def __init__(
         self,
@@ -104,33 +136,23 @@ class TransformerModel:
         _check_shape(self.output, (config.n_vocab, config.d_model))
         self.output_norm = _vector(_require(tensors, "output_norm.weight"))
         self.layers = [self._load_layer(tensors, i) for i in range(config.n_layers)]
-        # Per layer: (RoPE base, RoPE frequency scale, attention window), looked up once.
         self._layer_attention = [
-            (config.layer_rope_theta(i), config.layer_rope_freq_scale(i), config.layer_window(i))
+            _LayerAttention(
+                theta=config.layer_rope_theta(i),
+                freq_scale=config.layer_rope_freq_scale(i),
+                window=config.layer_window(i),
+                scale=config.layer_attn_scale(i),
+                rope=config.layer_rope(i),
+                scaled=not config.layer_uses_window[i],
+                q_gain=config.layer_rope_gain(i) if config.rope_dims else 1.0,
+            )
             for i in range(config.n_layers)
         ]
-        self._rope, self._rope_extra = self._choose_rope(tensors)
+        self._rope_factors, self._rope_factors_long = rope_factors(config, tensors)
+        self._moe = _MoeBuffers(config) if config.n_expert else None
         self._state = _RunState(config, max_batch)
         # Guards _state and the backend's shared buffers; held for one chunk at a time.
         self.forward_lock = threading.Lock()
-
-    def _choose_rope(self, tensors: dict[str, QTensor]):
-        """The rope op and extra keyword arguments. Llama 3.1+ files carry per-frequency divisors
-        (`rope_freqs.weight`); a backend whose rope() lacks `freq_factors` gets the numpy rope
-        for such models rather than silently wrong positions."""
-        factors_tensor = tensors.get("rope_freqs.weight")
-        if factors_tensor is None:
-            return self.backend.rope, {}
-        factors = _vector(factors_tensor)
-        if factors.shape != (self.config.head_dim // 2,) or not np.all(factors > 0):
-            raise ModelFileError(
-                f"tensor 'rope_freqs.weight' must hold {self.config.head_dim // 2} "
-                f"positive values; got shape {factors.shape}"
-            )
-        rope = self.backend.rope
-        if "freq_factors" not in inspect.signature(rope).parameters:
-            rope = ReferenceBackend().rope
-        return rope, {"freq_factors": factors}
 
     def _load_layer(self, tensors: dict[str, QTensor], i: int) -> Layer:
         cfg = self.config
@@ -142,16 +164,41 @@ class TransformerModel:
         def vector(name: str, suffix: str = ".weight") -> np.ndarray:
             return _vector(_require(tensors, p + name + suffix))
 
+        if p + "attn_qkv.weight" in tensors:
+            qkv = need("attn_qkv")
+            _check_shape(qkv, (cfg.q_dim + 2 * cfg.kv_dim, cfg.d_model))
+            attn_q = _rows(qkv, 0, cfg.q_dim, p + "attn_q.weight")
+            attn_k = _rows(qkv, cfg.q_dim, cfg.q_dim + cfg.kv_dim, p + "attn_k.weight")
+            attn_v = _rows(
+                qkv, cfg.q_dim + cfg.kv_dim, cfg.q_dim + 2 * cfg.kv_dim, p + "attn_v.weight"
+            )
+        else:
+            attn_q, attn_k, attn_v = need("attn_q"), need("attn_k"), need("attn_v")
+        ffn_gate: QTensor | None
+        ffn_up: QTensor | None
+        ffn_down: QTensor | None
+        if cfg.n_expert:
+            ffn_gate = ffn_up = ffn_down = None
+        elif cfg.fused_gate_up:
+            # Phi-3: gate rows first, then up (transformers' gate_up_proj.chunk(2)).
+            gate_up = need("ffn_up")
+            _check_shape(gate_up, (2 * cfg.n_ff, cfg.d_model))
+            ffn_gate = _rows(gate_up, 0, cfg.n_ff, p + "ffn_gate.weight")
+            ffn_up = _rows(gate_up, cfg.n_ff, 2 * cfg.n_ff, p + "ffn_up.weight")
+        else:
+            ffn_gate, ffn_up = need("ffn_gate"), need("ffn_up")
+        if not cfg.n_expert:
+            ffn_down = need("ffn_down")
         layer = Layer(
-            attn_norm=vector("attn_norm"),
-            attn_q=need("attn_q"),
-            attn_k=need("attn_k"),
-            attn_v=need("attn_v"),
+            attn_norm=vector("attn_norm") if cfg.pre_norms else None,
+            attn_q=attn_q,
+            attn_k=attn_k,
+            attn_v=attn_v,
             attn_output=need("attn_output"),
-            ffn_norm=vector("ffn_norm"),
-            ffn_gate=need("ffn_gate"),
-            ffn_up=need("ffn_up"),
-            ffn_down=need("ffn_down"),
+            ffn_norm=vector("ffn_norm") if cfg.pre_norms else None,
+            ffn_gate=ffn_gate,
+            ffn_up=ffn_up,
+            ffn_down=ffn_down,
         )
         if cfg.qkv_bias:
             layer.attn_q_bias = vector("attn_q", ".bias")
@@ -160,6 +207,12 @@ class TransformerModel:
         if cfg.qk_norm:
             layer.attn_q_norm = vector("attn_q_norm")
             layer.attn_k_norm = vector("attn_k_norm")
+            q_norm, k_norm = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_full else (cfg.head_dim,) * 2
+            if layer.attn_q_norm.shape != (q_norm,) or layer.attn_k_norm.shape != (k_norm,):
+                raise ModelFileError(
+                    f"{p}attn_q_norm/attn_k_norm hold {layer.attn_q_norm.size}/"
+                    f"{layer.attn_k_norm.size} values, expected {q_norm}/{k_norm}"
+                )
         if cfg.sandwich_norms:
             layer.post_attention_norm = vector("post_attention_norm")
             layer.post_ffw_norm = vector("post_ffw_norm")
@@ -167,6 +220,27 @@ class TransformerModel:
         _check_shape(layer.attn_k, (cfg.kv_dim, cfg.d_model))
         _check_shape(layer.attn_v, (cfg.kv_dim, cfg.d_model))
         _check_shape(layer.attn_output, (cfg.d_model, cfg.q_dim))
+        if cfg.n_expert:
+            e, ff, d = cfg.n_expert, cfg.n_ff_exp, cfg.d_model
+            layer.ffn_gate_inp = need("ffn_gate_inp")
+            _check_shape(layer.ffn_gate_inp, (e, d))
+            stacks = [need("ffn_gate_exps"), need("ffn_up_exps"), need("ffn_down_exps")]
+            for stack, shape in zip(stacks, ((e, ff, d), (e, ff, d), (e, d, ff)), strict=True):
+                if tuple(stack.shape) != shape:
+                    raise ModelFileError(
+                        f"tensor '{stack.name}' has shape {tuple(stack.shape)}, expected {shape}"
+                    )
+            layer.experts = [
+                (
+                    _expert(stacks[0], j, ff, f"{p}ffn_gate.{j}.weight"),
+                    _expert(stacks[1], j, ff, f"{p}ffn_up.{j}.weight"),
+                    _expert(stacks[2], j, d, f"{p}ffn_down.{j}.weight"),
+                )
+                for j in range(e)
+            ]
+            return layer
+        assert layer.ffn_gate is not None and layer.ffn_up is not None
+        assert layer.ffn_down is not None
         _check_shape(layer.ffn_gate, (cfg.n_ff, cfg.d_model))
         _check_shape(layer.ffn_up, (cfg.n_ff, cfg.d_model))
         _check_shape(layer.ffn_down, (cfg.d_model, cfg.n_ff))
@@ -275,12 +349,21 @@ class TransformerModel:
             if cancel is not None and cancel.cancelled:
                 raise ForwardCancelled()
 
-        for li, (layer, (theta, fscale, window)) in enumerate(
-            zip(self.layers, self._layer_attention, strict=True)
-        ):
+        factors = self._factors_for(p0 + n)
+        temperature = None
+        if cfg.attn_temp_scale > 0.0:  # (n, 1) per-position query multiplier
+            temperature = (
+                1.0
+                + cfg.attn_temp_scale
+                * np.log1p(np.floor(positions.astype(np.float64) / cfg.attn_temp_length))
+            ).astype(np.float32)[:, None]
+        for li, (layer, la) in enumerate(zip(self.layers, self._layer_attention, strict=True)):
             poll()
             # --- attention ---
-            ops.rmsnorm(x, layer.attn_norm, cfg.norm_eps, out=h)
+            if layer.attn_norm is not None:
+                ops.rmsnorm(x, layer.attn_norm, cfg.norm_eps, out=h)
+            else:  # OLMo 2: the sub-block reads the residual stream itself
+                h[...] = x
             ops.linear(layer.attn_q, h, out=q)
             poll()
             ops.linear(layer.attn_k, h, out=k)
@@ -292,14 +375,26 @@ class TransformerModel:
             ):
                 if bias is not None:  # Qwen2 has all three; each is optional in the file
                     qkv += bias
-            if layer.attn_q_norm is not None:
+            if layer.attn_q_norm is not None and cfg.qk_norm_full:
+                ops.rmsnorm(q, layer.attn_q_norm, cfg.norm_eps, out=q)
+                ops.rmsnorm(k, layer.attn_k_norm, cfg.norm_eps, out=k)
+            elif layer.attn_q_norm is not None:
                 qr = q.reshape(n * cfg.n_head, cfg.head_dim)
                 kr = k.reshape(n * cfg.n_kv_head, cfg.head_dim)
                 ops.rmsnorm(qr, layer.attn_q_norm, cfg.norm_eps, out=qr)
                 ops.rmsnorm(kr, layer.attn_k_norm, cfg.norm_eps, out=kr)
-            rope_args = dict(theta=theta, neox=cfg.rope_neox, freq_scale=fscale, **self._rope_extra)
-            self._rope(q_heads, positions, **rope_args)
-            self._rope(k_heads, positions, **rope_args)
+            if la.rope:
+                rope_args: dict = dict(theta=la.theta, neox=cfg.rope_neox, freq_scale=la.freq_scale)
+                if cfg.rope_dims:
+                    rope_args["n_rot"] = cfg.rope_dims
+                if la.scaled and factors is not None:
+                    rope_args["freq_factors"] = factors
+                ops.rope(q_heads, positions, **rope_args)
+                ops.rope(k_heads, positions, **rope_args)
+                if la.q_gain != 1.0:
+                    q_heads[..., : cfg.rope_dims] *= np.float32(la.q_gain)
+            if temperature is not None:
+                q *= temperature
             k_cache, v_cache = cache.layer(li)
             k_cache[p0 : p0 + n] = k_heads
             v_cache[p0 : p0 + n] = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
@@ -310,8 +405,8 @@ class TransformerModel:
                     k_cache,
                     v_cache,
                     p0=p0 + b0,
-                    scale=cfg.attn_scale,
-                    window=window,
+                    scale=la.scale,
+                    window=la.window,
                     softcap=cfg.attn_logit_softcap,
                     out=att_block,
                 )
@@ -319,21 +414,31 @@ class TransformerModel:
             ops.linear(layer.attn_output, att, out=proj)
             if layer.post_attention_norm is not None:
                 ops.rmsnorm(proj, layer.post_attention_norm, cfg.norm_eps, out=proj)
+            if cfg.residual_scale != 1.0:  # Granite's residual_multiplier
+                proj *= np.float32(cfg.residual_scale)
             x += proj
             # --- feed-forward ---
             poll()
-            ops.rmsnorm(x, layer.ffn_norm, cfg.norm_eps, out=h)
-            ops.linear(layer.ffn_gate, h, out=gate)
-            poll()
-            ops.linear(layer.ffn_up, h, out=up)
-            if cfg.activation == "gelu_tanh":
-                ops.geglu(gate, up, out=gate)
+            if layer.ffn_norm is not None:
+                ops.rmsnorm(x, layer.ffn_norm, cfg.norm_eps, out=h)
             else:
-                ops.swiglu(gate, up, out=gate)
-            poll()
-            ops.linear(layer.ffn_down, gate, out=proj)
+                h[...] = x
+            if layer.experts is not None:
+                self._moe_ffn(layer, h, proj, poll)
+            else:
+                ops.linear(layer.ffn_gate, h, out=gate)
+                poll()
+                ops.linear(layer.ffn_up, h, out=up)
+                if cfg.activation == "gelu_tanh":
+                    ops.geglu(gate, up, out=gate)
+                else:
+                    ops.swiglu(gate, up, out=gate)
+                poll()
+                ops.linear(layer.ffn_down, gate, out=proj)
             if layer.post_ffw_norm is not None:
                 ops.rmsnorm(proj, layer.post_ffw_norm, cfg.norm_eps, out=proj)
+            if cfg.residual_scale != 1.0:
+                proj *= np.float32(cfg.residual_scale)
             x += proj
         cache.commit(ids)
 
@@ -350,10 +455,126 @@ class TransformerModel:
                 np.ascontiguousarray(x[logit_rows]), self.output_norm, cfg.norm_eps
             )
             logits = ops.linear(self.output, normed)
+        if cfg.logit_scale != 1.0:  # Granite divides the logits by logits_scaling
+            logits /= np.float32(cfg.logit_scale)
         if cfg.final_logit_softcap > 0.0:
             cap = np.float32(cfg.final_logit_softcap)
             logits = cap * np.tanh(logits / cap)
         return logits
+
+    def _moe_ffn(self, layer: Layer, h: np.ndarray, out: np.ndarray, poll) -> None:
+        """Mixture of experts (transformers' Qwen3MoeSparseMoeBlock, llama.cpp's build_moe_ffn
+        with softmax gating and normalised weights): the top n_expert_used experts per token by
+        router logit, weighted by the softmax over the chosen logits (the same as softmax over
+        all, then the chosen probabilities renormalised to sum 1); each chosen expert runs its
+        SwiGLU FFN on just the tokens routed to it. A decode step reads the weights of
+        n_expert_used experts, not all of them."""
+        ops, k, moe = self.backend, self.config.n_expert_used, self._moe
+        assert layer.ffn_gate_inp is not None and layer.experts is not None and moe is not None
+        n = h.shape[0]
+        if n == 1:  # decode: fixed buffers (the backend's pointer caches keep hitting)
+            router = ops.linear(layer.ffn_gate_inp, h, out=moe.router1)[0]
+            chosen = np.sort(np.argpartition(router, -k)[-k:])
+            weights = np.exp(router[chosen] - router[chosen].max())
+            weights /= weights.sum()
+            out[...] = 0.0
+            for expert, weight in zip(chosen.tolist(), weights.tolist(), strict=True):
+                gate_w, up_w, down_w = layer.experts[expert]
+                ops.linear(gate_w, h, out=moe.gate1)
+                ops.linear(up_w, h, out=moe.up1)
+                ops.swiglu(moe.gate1, moe.up1, out=moe.gate1)
+                ops.linear(down_w, moe.gate1, out=moe.down1)
+                out += np.float32(weight) * moe.down1
+            return
+        logits = ops.linear(layer.ffn_gate_inp, h).astype(np.float64)  # (n, n_expert)
+        order = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # (n, k), ties: lower id
+        picked = np.take_along_axis(logits, order, axis=1)
+        weights = np.exp(picked - picked.max(axis=1, keepdims=True))
+        weights /= weights.sum(axis=1, keepdims=True)
+        out[...] = 0.0
+        for expert in np.unique(order).tolist():
+            poll()
+            rows, slots = np.nonzero(order == expert)
+            gate_w, up_w, down_w = layer.experts[expert]
+            xe = np.ascontiguousarray(h[rows])
+            gate = ops.linear(gate_w, xe)
+            up = ops.linear(up_w, xe)
+            ops.swiglu(gate, up, out=gate)
+            down = ops.linear(down_w, gate)
+            out[rows] += down * weights[rows, slots].astype(np.float32)[:, None]
+
+    def _factors_for(self, seq_len: int) -> np.ndarray | None:
+        """The per-frequency RoPE divisors for a chunk whose last position is seq_len - 1:
+        LongRoPE's long factors once the sequence is longer than the original training context
+        (transformers' longrope_frequency_update on max(position_ids) + 1, and llama.cpp's
+        choice by the batch's largest position), else the short / only table."""
+        if self._rope_factors_long is not None and seq_len > self.config.rope_orig_context:
+            return self._rope_factors_long
+        return self._rope_factors
+
+
+def rope_factors(
+    cfg: ModelConfig, tensors: dict[str, QTensor]
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(factors, long_factors): per-frequency divisors of the global layers' RoPE frequencies.
+    Llama 3.1+ stores them (rope_freqs.weight); YaRN's are computed from the metadata; Phi-3's
+    LongRoPE stores a short and a long table (the long one is returned second)."""
+    half = cfg.rope_rot // 2
+
+    def table(name: str) -> np.ndarray | None:
+        tensor = tensors.get(name)
+        if tensor is None:
+            return None
+        values = _vector(tensor)
+        if values.shape != (half,) or not np.all(np.isfinite(values)) or not np.all(values > 0):
+            raise ModelFileError(
+                f"tensor '{name}' must hold {half} positive finite values; got shape {values.shape}"
+            )
+        return values
+
+    if cfg.rope_scaling == "longrope":
+        short, long = table("rope_factors_short.weight"), table("rope_factors_long.weight")
+        if (short is None) != (long is None):
+            missing = "rope_factors_short" if short is None else "rope_factors_long"
+            raise ModelFileError(f"tensor '{missing}.weight' is missing (LongRoPE needs both)")
+        return short, long
+    if cfg.rope_scaling == "yarn":
+        return yarn_freq_factors(cfg), None
+    return table("rope_freqs.weight"), None
+
+
+def yarn_freq_factors(cfg: ModelConfig) -> np.ndarray:
+    """YaRN as transformers computes it (_compute_yarn_parameters, truncate=True): frequencies
+    below the correction range are interpolated (divided by the factor), those above kept, and a
+    linear ramp blends them in between. Returned as divisors of the plain RoPE frequencies."""
+    dim, base, factor = cfg.rope_rot, cfg.rope_theta, cfg.rope_scaling_factor
+    orig = cfg.rope_orig_context
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low: float = max(math.floor(correction_dim(cfg.yarn_beta_fast)), 0)
+    high: float = min(math.ceil(correction_dim(cfg.yarn_beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extrapolation = (1 - ramp).astype(np.float64)
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    inv_extra = 1.0 / pos_freqs
+    inv_inter = 1.0 / (factor * pos_freqs)
+    inv = inv_inter * (1 - extrapolation) + inv_extra * extrapolation
+    return np.ascontiguousarray(inv_extra / inv, dtype=np.float64)
+
+
+def _expert(stack: QTensor, index: int, rows: int, name: str) -> QTensor:
+    """Expert `index` of a stacked (n_expert, rows, cols) weight as a zero-copy 2-D QTensor."""
+    data = stack.data.reshape(stack.rows, -1)[index * rows : (index + 1) * rows]
+    return QTensor(name, stack.qtype, (rows, stack.cols), data)
+
+
+def _rows(t: QTensor, start: int, stop: int, name: str) -> QTensor:
+    """Rows start..stop of a 2-D weight as a zero-copy QTensor (rows are whole blocks)."""
+    return QTensor(name, t.qtype, (stop - start, t.cols), t.data[start:stop])
 
 
 def _require(tensors: dict[str, QTensor], name: str) -> QTensor:

@@ -1,0 +1,106 @@
+"""Mixture of experts (qwen3moe): a token reads only the weights of the experts it is routed to,
+and the config refuses hostile expert counts by name. Exactness against transformers is in
+test_forward_oracle (tiny_qwen3moe)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.config import ModelConfig
+from engine.errors import ModelFileError
+from engine.gguf import open_gguf
+from engine.kernels.reference import ReferenceBackend
+from engine.models import build_model
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+class _Recording(ReferenceBackend):
+    """The reference backend, recording the name of every weight a linear reads."""
+
+    def __init__(self):
+        self.read: list[str] = []
+
+    def linear(self, w, x, out=None):
+        self.read.append(w.name)
+        return super().linear(w, x, out=out)
+
+
+def test_a_decode_step_reads_only_the_routed_experts():
+    backend = _Recording()
+    model = build_model(open_gguf(FIXTURES / "tiny_qwen3moe.gguf"), backend=backend)
+    cfg = model.config
+    assert (cfg.n_expert, cfg.n_expert_used) == (8, 2)
+    cache = model.new_cache(16)
+    model.forward([5, 9, 200, 31], cache)
+    backend.read.clear()
+    model.forward([77], cache)
+    for layer in range(cfg.n_layers):
+        experts = {
+            name.split(".")[3]
+            for name in backend.read
+            if name.startswith(f"blk.{layer}.ffn_") and "gate_inp" not in name
+        }
+        assert len(experts) == cfg.n_expert_used, (layer, sorted(experts))
+        for e in experts:  # each chosen expert runs its gate, up and down once
+            for part in ("ffn_gate", "ffn_up", "ffn_down"):
+                assert backend.read.count(f"blk.{layer}.{part}.{e}.weight") == 1
+    # A prefill touches the union of its tokens' experts, each once per layer.
+    backend.read.clear()
+    model.forward(list(range(10, 26)), model.new_cache(16))
+    gate_reads = [n for n in backend.read if n.startswith("blk.0.ffn_gate.")]
+    assert len(gate_reads) == len(set(gate_reads)) <= cfg.n_expert
+
+
+def test_expert_views_share_the_file_memory():
+    g = open_gguf(FIXTURES / "tiny_qwen3moe.gguf")
+    model = build_model(g, backend=ReferenceBackend())
+    gate, up, down = model.layers[1].experts[3]
+    stack = g.tensors["blk.1.ffn_gate_exps.weight"]
+    assert np.shares_memory(gate.data, stack.data) and gate.shape == (32, 32)
+    assert down.shape == (32, 32) and up.name == "blk.1.ffn_up.3.weight"
+
+
+def _moe_fake(**metadata):
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType
+
+    from engine.qtensor import QTensor
+
+    embd = QTensor("token_embd.weight", GGMLQuantizationType.F32, (100, 64), np.zeros((100, 64)))
+    base = {
+        "qwen3moe.embedding_length": 64,
+        "qwen3moe.block_count": 2,
+        "qwen3moe.context_length": 512,
+        "qwen3moe.attention.head_count": 4,
+        "qwen3moe.expert_count": 8,
+        "qwen3moe.expert_used_count": 2,
+        "qwen3moe.expert_feed_forward_length": 32,
+        **metadata,
+    }
+    return SimpleNamespace(arch="qwen3moe", metadata=base, tensors={"token_embd.weight": embd})
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        (
+            "qwen3moe.expert_used_count",
+            9,
+            r"expert_used_count=9 must be a positive integer up to 8",
+        ),
+        ("qwen3moe.expert_used_count", 0, r"expert_used_count=0"),
+        ("qwen3moe.expert_count", 10**9, r"expert_count=1000000000 .* up to 4096"),
+        ("qwen3moe.expert_feed_forward_length", -1, r"expert_feed_forward_length=-1"),
+    ],
+)
+def test_hostile_expert_counts_are_refused_by_name(key, value, message):
+    with pytest.raises(ModelFileError, match=message):
+        ModelConfig.from_metadata(_moe_fake(**{key: value}))
+
+
+def test_moe_config_without_a_dense_ffn_length_uses_the_expert_one():
+    cfg = ModelConfig.from_metadata(_moe_fake())
+    assert (cfg.n_ff, cfg.n_ff_exp, cfg.qk_norm) == (32, 32, True)
