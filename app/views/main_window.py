@@ -224,6 +224,8 @@ class MainWindow(QMainWindow):
         self.chat_view.editRequested.connect(self.edit_message)
         self.chat_view.regenerateRequested.connect(self.session.regenerate_reply)
         self.chat_view.messageSelected.connect(self.select_message)
+        self.chat_view.versionRequested.connect(self.session.select_version)
+        self.chat_view.branchRequested.connect(self.session.branch_from)
 
         self.preset_panel.valueEdited.connect(self._on_preset_edit)
         self.preset_panel.saveRequested.connect(self._on_preset_save)
@@ -460,7 +462,9 @@ class MainWindow(QMainWindow):
         asyncio; without one (some tests) it is written directly."""
         path = str(safe_export_path(Path(path)))
         conv = self.store.conversation(self.session.ensure_conversation())
-        messages = self.store.messages(conv.id)
+        # Markdown holds the visible branch; JSON every version too (render_export picks).
+        messages = self.store.messages(conv.id, with_tokens=False)
+        tree = self.store.tree(conv.id) if Path(path).suffix.lower() == ".json" else None
         # get_running_loop, not get_event_loop: with no loop running the latter creates one that
         # nobody closes (a ResourceWarning when it is collected).
         try:
@@ -468,11 +472,11 @@ class MainWindow(QMainWindow):
         except RuntimeError:
             loop = None
         if loop is not None:
-            task = loop.create_task(write_export(Path(path), conv, messages))
+            task = loop.create_task(write_export(Path(path), conv, messages, tree))
             self._export_tasks.add(task)
             task.add_done_callback(lambda t: self._export_done(t, path))
         else:
-            Path(path).write_text(render_export(Path(path), conv, messages), encoding="utf-8")
+            Path(path).write_text(render_export(Path(path), conv, messages, tree), encoding="utf-8")
             self.state_label.setText(f"Exported to {Path(path).name}")
 
     def _export_done(self, task, path: str) -> None:

@@ -92,6 +92,8 @@ class MessageWidget(QFrame):
     editRequested = Signal(int)  # message id (user messages)
     regenerateRequested = Signal(int)  # message id (assistant messages)
     selected = Signal(int)  # message id: show its usage and tokens in the side panels
+    versionRequested = Signal(int)  # the id of the version of this message to show instead
+    branchRequested = Signal(int)  # message id: copy the chat up to here into a new chat
 
     def __init__(self, message: StoredMessage, parent: QWidget | None = None):
         super().__init__(parent)
@@ -112,9 +114,26 @@ class MessageWidget(QFrame):
         self.status_label = QLabel()
         self.status_label.setObjectName("status")
         header.addWidget(self.role_label)
+        # "< 2/3 >": this message's versions (regenerated replies, edited messages).
+        self.previous_version = self._action(
+            "‹", "Show the previous version of this message", lambda: self._step_version(-1)
+        )
+        self.version_label = QLabel()
+        self.version_label.setObjectName("version_label")
+        self.next_version = self._action(
+            "›", "Show the next version of this message", lambda: self._step_version(1)
+        )
+        for item in (self.previous_version, self.version_label, self.next_version):
+            header.addWidget(item)
         header.addWidget(self.status_label, 1)
         self.copy_button = self._action("Copy", "Copy this message as plain text", self._copy)
         header.addWidget(self.copy_button)
+        self.branch_button = self._action(
+            "Branch",
+            "Branch from here: copy the chat up to this message into a new chat",
+            lambda: self.branchRequested.emit(self.message.id),
+        )
+        header.addWidget(self.branch_button)
         if message.role == Role.USER:
             self.edit_button = self._action(
                 "Edit",
@@ -237,10 +256,26 @@ class MessageWidget(QFrame):
         ):
             if button is not None:
                 button.setVisible(not streaming)
+        self._show_versions(streaming)
         self.status_label.setText(STATUS_NOTES.get(status, ""))
         self.status_label.setProperty("status", status)
         self.usage_label.setText(_usage_line(m.usage) if not streaming else "")
         self.usage_label.setVisible(bool(self.usage_label.text()))
+
+    def _show_versions(self, streaming: bool) -> None:
+        m = self.message
+        many = m.version_count > 1
+        self.version_label.setText(f"{m.version_number}/{m.version_count}" if many else "")
+        for item in (self.previous_version, self.version_label, self.next_version):
+            item.setVisible(many)
+        self.previous_version.setEnabled(many and not streaming and m.version_number > 1)
+        self.next_version.setEnabled(many and not streaming and m.version_number < m.version_count)
+        self.branch_button.setVisible(not streaming)
+
+    def _step_version(self, step: int) -> None:
+        index = self.message.version_number - 1 + step
+        if 0 <= index < len(self.message.version_ids):
+            self.versionRequested.emit(self.message.version_ids[index])
 
     def _toggle_reasoning(self, shown: bool) -> None:
         self.reasoning_toggle.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)
