@@ -28,7 +28,7 @@ def texts(window):
 
 def versions(window):
     return [
-        w.version_label.text() if not w.version_label.isHidden() else ""
+        w.version_label.text() if w.version_label is not None else ""
         for w in window.chat_view.widgets
     ]
 

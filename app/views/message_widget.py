@@ -114,17 +114,13 @@ class MessageWidget(QFrame):
         self.status_label = QLabel()
         self.status_label.setObjectName("status")
         header.addWidget(self.role_label)
-        # "< 2/3 >": this message's versions (regenerated replies, edited messages).
-        self.previous_version = self._action(
-            "‹", "Show the previous version of this message", lambda: self._step_version(-1)
-        )
-        self.version_label = QLabel()
-        self.version_label.setObjectName("version_label")
-        self.next_version = self._action(
-            "›", "Show the next version of this message", lambda: self._step_version(1)
-        )
-        for item in (self.previous_version, self.version_label, self.next_version):
-            header.addWidget(item)
+        # "< 2/3 >": this message's versions (regenerated replies, edited messages). Made only
+        # for a message that has versions: every widget in a header costs a little on each
+        # re-layout of a long chat while a reply streams.
+        self._header = header
+        self.previous_version: QToolButton | None = None
+        self.version_label: QLabel | None = None
+        self.next_version: QToolButton | None = None
         header.addWidget(self.status_label, 1)
         self.copy_button = self._action("Copy", "Copy this message as plain text", self._copy)
         header.addWidget(self.copy_button)
@@ -264,13 +260,25 @@ class MessageWidget(QFrame):
 
     def _show_versions(self, streaming: bool) -> None:
         m = self.message
-        many = m.version_count > 1
-        self.version_label.setText(f"{m.version_number}/{m.version_count}" if many else "")
-        for item in (self.previous_version, self.version_label, self.next_version):
-            item.setVisible(many)
-        self.previous_version.setEnabled(many and not streaming and m.version_number > 1)
-        self.next_version.setEnabled(many and not streaming and m.version_number < m.version_count)
         self.branch_button.setVisible(not streaming)
+        if m.version_count < 2:
+            return
+        if self.version_label is None:
+            self.previous_version = self._action(
+                "‹", "Show the previous version of this message", lambda: self._step_version(-1)
+            )
+            self.version_label = QLabel()
+            self.version_label.setObjectName("version_label")
+            self.next_version = self._action(
+                "›", "Show the next version of this message", lambda: self._step_version(1)
+            )
+            for offset, item in enumerate(
+                (self.previous_version, self.version_label, self.next_version)
+            ):
+                self._header.insertWidget(1 + offset, item)
+        self.version_label.setText(f"{m.version_number}/{m.version_count}")
+        self.previous_version.setEnabled(not streaming and m.version_number > 1)
+        self.next_version.setEnabled(not streaming and m.version_number < m.version_count)
 
     def _step_version(self, step: int) -> None:
         index = self.message.version_number - 1 + step
