@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Protocol
 
 from engine.cancel import CancelToken
-from engine.types import GenerationRequest, ModelInfo, ResolvedPreset
+from engine.events import Finished
+from engine.types import GenerationRequest, ModelInfo, ReplayReport, ResolvedPreset
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,10 @@ class EngineBridge(Protocol):
         self, lm: object, request: GenerationRequest, cancel: CancelToken
     ) -> Iterator[object]: ...
 
+    def replay(
+        self, lm: object, receipt: dict, original_tokens: list, cancel: CancelToken
+    ) -> ReplayReport: ...
+
 
 class RealEngine:
     """The engine packages, imported lazily so the window opens before numpy/llvmlite load.
@@ -67,8 +72,18 @@ class RealEngine:
 
     PREFIX_CACHE_BYTES = 256 * 2**20
 
-    def __init__(self) -> None:
+    def __init__(self, digest_cache: Path | None = None) -> None:
         self._prefix_cache = None
+        self._digests = None
+        self._digest_cache = digest_cache
+
+    def _model_digests(self):
+        """sha256 of model files for receipts, cached on disk (engine/receipt.py)."""
+        if self._digests is None:
+            from engine.receipt import ModelDigests, default_digest_cache
+
+            self._digests = ModelDigests(self._digest_cache or default_digest_cache())
+        return self._digests
 
     def load(self, path, *, n_ctx, n_threads, progress):
         from engine.errors import ConfigValidationError
@@ -86,6 +101,7 @@ class RealEngine:
             # shorter context gets the engine's default window for it instead of a refusal.
             lm = load_model(path, n_ctx=None, n_threads=n_threads or None, progress=progress)
         self._prefix_cache = PrefixCache(self.PREFIX_CACHE_BYTES)  # entries of the old model go
+        self._model_digests().start(lm.path)  # hashed in the background, for receipts
         warm_up(lm)
         return lm
 
@@ -134,5 +150,22 @@ class RealEngine:
                 fit.dropped_turns, len(fit.dropped), fit.prompt_tokens, fit.context_limit
             )
         request = replace(request, prefix_cache=self._prefix_cache)
-        events = generate(lm, request, cancel, preset=preset)
+        events = self._with_receipt(lm, request, generate(lm, request, cancel, preset=preset))
         return itertools.chain([trimmed], events) if trimmed is not None else events
+
+    def _with_receipt(self, lm, request: GenerationRequest, events) -> Iterator[object]:
+        """The events, with the receipt (engine/receipt.py) attached to the Finished event."""
+        from engine.receipt import build_receipt
+
+        for event in events:
+            if isinstance(event, Finished) and event.error is None:
+                digest = self._model_digests().digest(lm.path)
+                event = replace(event, receipt=build_receipt(lm, request, event, digest))
+            yield event
+
+    def replay(self, lm, receipt: dict, original_tokens: list, cancel) -> ReplayReport:
+        """Run a reply again from its receipt and compare (worker thread)."""
+        from engine.receipt import replay
+
+        digest = self._model_digests().digest(lm.path)
+        return replay(lm, receipt, original_tokens, digest, cancel)

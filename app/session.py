@@ -77,6 +77,9 @@ class ChatSession(QObject):
     presetChanged = Signal(object)  # ResolvedPreset
     presetProblem = Signal(str)  # the model's preset could not be resolved (message for the user)
     storageProblem = Signal(str)  # a database write failed (e.g. disk full); "" once saving works
+    replayStarted = Signal(int)  # message id
+    replayFinished = Signal(int, object)  # message id, engine.types.ReplayReport
+    replayFailed = Signal(int, str)  # message id, message for the user
 
     def __init__(
         self,
@@ -112,6 +115,9 @@ class ChatSession(QObject):
         controller.replyNotice.connect(self.replyNotice)
         controller.replyFinished.connect(self._on_finished)
         controller.replyErrored.connect(self._on_errored)
+        controller.replayFinished.connect(self._on_replay_finished)
+        controller.replayFailed.connect(self._on_replay_failed)
+        self._replaying: int | None = None  # the message whose replay runs
 
     # --- conversations --------------------------------------------------------------------------
     @property
@@ -178,7 +184,7 @@ class ChatSession(QObject):
     def send(self, text: str) -> bool:
         """Append a user message and start the reply. False when it cannot start now."""
         text = text.strip()
-        if not text or self.busy or self.controller.model is None:
+        if not text or self.busy or self.controller.model is None or self.controller.replaying:
             return False
         self.retry_saves()  # the earlier reply first, so the chat stays in order
         cid = self.ensure_conversation()
@@ -234,6 +240,8 @@ class ChatSession(QObject):
         ):
             return False
         text = new_text.strip() or message.content
+        if self.controller.replaying:
+            return False
         if text == message.content:
             return self._reply_again_to(message)
         cid = message.conversation_id
@@ -245,6 +253,8 @@ class ChatSession(QObject):
         return True
 
     def _reply_again_to(self, user_message: StoredMessage) -> bool:
+        if self.controller.replaying:
+            return False
         self.branch = [m for m in self.branch if m.position <= user_message.position]
         self._redraw()  # the view drops the old reply; it stays in the store as a version
         self._start_reply(user_message.conversation_id)
@@ -282,6 +292,35 @@ class ChatSession(QObject):
 
     def cancel(self) -> None:
         self.controller.cancel()
+
+    # --- receipts and replay --------------------------------------------------------------------
+    def receipt(self, message_id: int) -> dict | None:
+        """How a reply was produced (engine/receipt.py), read from the store when asked."""
+        return self.store.receipt(message_id)
+
+    def replay(self, message_id: int) -> bool:
+        """Re-run a reply from its receipt on the worker thread; replayFinished or replayFailed
+        says how it compares. False when it cannot start (no receipt, busy, no model)."""
+        if self.busy or self.controller.replaying or self.controller.model is None:
+            return False
+        receipt = self.store.receipt(message_id)
+        if receipt is None:
+            self.replayFailed.emit(message_id, "This reply has no receipt to replay from.")
+            return False
+        self._replaying = message_id
+        self.controller.replay(receipt, self.store.tokens(message_id))
+        self.replayStarted.emit(message_id)
+        return True
+
+    def _on_replay_finished(self, report) -> None:
+        message_id, self._replaying = self._replaying, None
+        if message_id is not None:
+            self.replayFinished.emit(message_id, report)
+
+    def _on_replay_failed(self, text: str) -> None:
+        message_id, self._replaying = self._replaying, None
+        if message_id is not None:
+            self.replayFailed.emit(message_id, text)
 
     def build_request(self, conversation_id: int) -> GenerationRequest:
         conv = self.store.conversation(conversation_id)

@@ -410,8 +410,8 @@ class Store:
     # --- messages -------------------------------------------------------------------------------
     def messages(self, conversation_id: int, *, with_tokens: bool = True) -> list[StoredMessage]:
         """The visible branch of the chat, first message first. `with_tokens=False` leaves each
-        reply's token records (the inspector's data, by far the largest column) unread:
-        `tokens(message_id)` reads them when they are wanted."""
+        reply's token records and receipt (by far the largest columns) unread: `tokens()` and
+        `receipt()` read them when they are wanted."""
         return self._branch_of(self._tree_rows(conversation_id, with_tokens))
 
     def branch(self, conversation_id: int) -> list[StoredMessage]:
@@ -755,10 +755,11 @@ def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-# Every column but the token records (the branch readers leave those for `tokens()`).
+# Every column but the token records and receipts (the branch readers leave those, by far the
+# largest columns, for `tokens()` and `receipt()`).
 _COLUMNS_WITHOUT_TOKENS = (
     "id, conversation_id, position, role, content, reasoning, status, finish_reason, usage_json,"
-    " NULL AS tokens_json, json_mode, created_at, parent_id, selected, receipt_json"
+    " NULL AS tokens_json, json_mode, created_at, parent_id, selected, NULL AS receipt_json"
 )
 
 

@@ -523,6 +523,7 @@ def _events(
         token_ids=tuple(token_ids),
         error=error,
         preset={**plan.preset.to_dict(), "seed_used": plan.seed},
+        prompt_ids=tuple(plan.prompt_ids),
     )
 
 

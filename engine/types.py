@@ -139,3 +139,37 @@ class ModelInfo:
     template: str  # chat template name, "(fallback)" appended when the model has none
     sampling_metadata: dict = field(default_factory=dict)  # engine.presets.sampling_metadata
     summary: str = ""  # one line: name, architecture, quant, kernel path (printed on stderr)
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    """One token of a reply as a replay report shows it."""
+
+    token_id: int
+    text: str
+    logprob: float | None  # None where it was not recorded (beyond the stored token records)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a replay first chose another token than the original reply (engine/receipt.py)."""
+
+    index: int  # 0-based among generated tokens
+    original: TokenChoice | None  # None: the original had ended here
+    replayed: TokenChoice | None  # None: the replay ended here
+    # Each run's token under the other run's distribution, when it was among the alternatives
+    # recorded there (the original stores its top 5; the replay asks for its top 20).
+    original_logprob_in_replay: float | None = None
+    replayed_logprob_in_original: float | None = None
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """The answer to "does this reply reproduce from its receipt?" (engine.receipt.replay)."""
+
+    identical: bool
+    original_tokens: int
+    replayed_tokens: int
+    divergence: Divergence | None
+    differences: tuple[str, ...]  # what differs in the receipt: model file, template, engine...
+    replay_text: str = ""

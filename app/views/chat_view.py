@@ -20,6 +20,7 @@ class ChatView(QScrollArea):
     regenerateRequested = Signal(int)
     messageSelected = Signal(int)
     versionRequested = Signal(int)
+    detailsRequested = Signal(int)
     branchRequested = Signal(int)
 
     def __init__(self, parent: QWidget | None = None):
@@ -70,6 +71,7 @@ class ChatView(QScrollArea):
         widget.regenerateRequested.connect(self.regenerateRequested)
         widget.selected.connect(self.messageSelected)
         widget.versionRequested.connect(self.versionRequested)
+        widget.detailsRequested.connect(self.detailsRequested)
         widget.branchRequested.connect(self.branchRequested)
         self._layout.insertWidget(self._layout.count() - 1, widget)
         self.widgets.append(widget)

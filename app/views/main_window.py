@@ -43,6 +43,7 @@ from app.views.json_mode_bar import JsonModeBar
 from app.views.model_bar import ModelBar
 from app.views.notice_banner import NoticeBanner
 from app.views.preset_panel import PresetPanel
+from app.views.receipt_dialog import ReceiptDialog
 from app.views.settings_dialog import SettingsDialog
 from app.views.sidebar import Sidebar
 from app.views.token_inspector import TokenInspector
@@ -82,6 +83,7 @@ class MainWindow(QMainWindow):
         self.settings, self.settings_file = settings, settings_file
         self.session = ChatSession(controller, store, settings, settings_file, self)
         self.selected_message_id: int | None = None
+        self.details_dialog: ReceiptDialog | None = None  # the open "Details" of a reply
         self.notice = ""  # the last notice about the current reply (e.g. context trimming)
         self._export_tasks: set = set()
 
@@ -226,6 +228,10 @@ class MainWindow(QMainWindow):
         self.chat_view.messageSelected.connect(self.select_message)
         self.chat_view.versionRequested.connect(self.session.select_version)
         self.chat_view.branchRequested.connect(self.session.branch_from)
+        self.chat_view.detailsRequested.connect(self.show_details)
+        s.replayStarted.connect(self._on_replay_started)
+        s.replayFinished.connect(self._on_replay_finished)
+        s.replayFailed.connect(self._on_replay_failed)
 
         self.preset_panel.valueEdited.connect(self._on_preset_edit)
         self.preset_panel.saveRequested.connect(self._on_preset_save)
@@ -410,6 +416,43 @@ class MainWindow(QMainWindow):
         if message.usage and "ttft_ms" in message.usage:
             self.ttft_panel.show_reply(message.usage["ttft_ms"], message.usage.get("prefill_ms"))
         self.token_inspector.set_tokens(message.tokens)
+
+    # --- receipts and replay --------------------------------------------------------------------
+    def show_details(self, message_id: int) -> ReceiptDialog:
+        """The reply's receipt in a window of its own (not modal: the chat stays usable)."""
+        if self.details_dialog is not None:
+            self.details_dialog.close()
+        dialog = ReceiptDialog(message_id, self.session.receipt(message_id), self)
+        dialog.replayRequested.connect(self.session.replay)
+        self.details_dialog = dialog
+        dialog.show()
+        return dialog
+
+    def _dialog_for(self, message_id: int) -> ReceiptDialog | None:
+        dialog = self.details_dialog
+        return dialog if dialog is not None and dialog.message_id == message_id else None
+
+    def _on_replay_started(self, message_id: int) -> None:
+        self.send_button.setEnabled(False)
+        self.regenerate_action.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.state_label.setText("Replaying a reply from its receipt… (Esc to stop)")
+        if (dialog := self._dialog_for(message_id)) is not None:
+            dialog.show_replay_started()
+
+    def _on_replay_finished(self, message_id: int, report) -> None:
+        self._set_busy(False)
+        self.state_label.setText(
+            "Replay reproduced the reply exactly" if report.identical else "Replay diverged"
+        )
+        if (dialog := self._dialog_for(message_id)) is not None:
+            dialog.show_replay(report)
+
+    def _on_replay_failed(self, message_id: int, message: str) -> None:
+        self._set_busy(False)
+        self.state_label.setText("Replay failed")
+        if (dialog := self._dialog_for(message_id)) is not None:
+            dialog.show_replay_failed(message)
 
     def _set_busy(self, busy: bool) -> None:
         ready = self.controller.model is not None and not self.controller.loading

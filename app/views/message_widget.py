@@ -92,6 +92,7 @@ class MessageWidget(QFrame):
     editRequested = Signal(int)  # message id (user messages)
     regenerateRequested = Signal(int)  # message id (assistant messages)
     selected = Signal(int)  # message id: show its usage and tokens in the side panels
+    detailsRequested = Signal(int)  # message id: show the reply's receipt (Details)
     versionRequested = Signal(int)  # the id of the version of this message to show instead
     branchRequested = Signal(int)  # message id: copy the chat up to here into a new chat
 
@@ -140,8 +141,9 @@ class MessageWidget(QFrame):
         if message.role == Role.ASSISTANT:
             self.details_button = self._action(
                 "Details",
-                "Show this reply's usage and its tokens (token inspector)",
-                lambda: self.selected.emit(self.message.id),
+                "Show this reply's receipt (model, template, preset, seed) and replay it; its "
+                "usage and tokens go to the side panels",
+                self._details,
             )
             self.regenerate_button = self._action(
                 "Regenerate",
@@ -257,6 +259,10 @@ class MessageWidget(QFrame):
         self.status_label.setProperty("status", status)
         self.usage_label.setText(_usage_line(m.usage) if not streaming else "")
         self.usage_label.setVisible(bool(self.usage_label.text()))
+
+    def _details(self) -> None:
+        self.selected.emit(self.message.id)
+        self.detailsRequested.emit(self.message.id)
 
     def _show_versions(self, streaming: bool) -> None:
         m = self.message
