@@ -10,6 +10,7 @@ engine event dataclasses.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -101,7 +102,8 @@ class RealEngine:
             # shorter context gets the engine's default window for it instead of a refusal.
             lm = load_model(path, n_ctx=None, n_threads=n_threads or None, progress=progress)
         self._prefix_cache = PrefixCache(self.PREFIX_CACHE_BYTES)  # entries of the old model go
-        self._model_digests().start(lm.path)  # hashed in the background, for receipts
+        with contextlib.suppress(OSError):  # hashed in the background, for receipts
+            self._model_digests().start(lm.path)
         warm_up(lm)
         return lm
 
@@ -132,7 +134,8 @@ class RealEngine:
     def resolve_preset(self, model: ModelInfo, saved, overrides) -> ResolvedPreset:
         from engine.presets import resolve_preset
 
-        return resolve_preset(model, saved=saved or None, overrides=overrides or None)
+        # The window always chats: the chat defaults layer applies (engine/presets.py).
+        return resolve_preset(model, saved=saved or None, overrides=overrides or None, chat=True)
 
     def generate(self, lm, request: GenerationRequest, cancel):
         """Resolve the preset once, fit the chat into the context (the oldest turns go first), and
@@ -141,7 +144,12 @@ class RealEngine:
         from engine.generate import generate
         from engine.presets import resolve_preset
 
-        preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
+        preset = resolve_preset(
+            lm,
+            saved=request.saved_preset,
+            overrides=request.overrides,
+            chat=request.messages is not None,
+        )
         fit = fit_chat(lm, [dict(m) for m in request.messages], preset.values["max_new_tokens"])
         trimmed = None
         if fit is not None and fit.dropped:
@@ -159,13 +167,19 @@ class RealEngine:
 
         for event in events:
             if isinstance(event, Finished) and event.error is None:
-                digest = self._model_digests().digest(lm.path)
-                event = replace(event, receipt=build_receipt(lm, request, event, digest))
+                event = replace(event, receipt=build_receipt(lm, request, event, self._digest(lm)))
             yield event
+
+    def _digest(self, lm) -> str | None:
+        """The model file's sha256; None when it cannot be read now (moved or deleted after the
+        load): the receipt says so instead of the reply being lost."""
+        try:
+            return self._model_digests().digest(lm.path)
+        except (OSError, TypeError):
+            return None
 
     def replay(self, lm, receipt: dict, original_tokens: list, cancel) -> ReplayReport:
         """Run a reply again from its receipt and compare (worker thread)."""
         from engine.receipt import replay
 
-        digest = self._model_digests().digest(lm.path)
-        return replay(lm, receipt, original_tokens, digest, cancel)
+        return replay(lm, receipt, original_tokens, self._digest(lm), cancel)

@@ -209,7 +209,12 @@ def plan_request(
     cancel: CancelToken | None = None,
 ) -> _Plan:
     if preset is None:
-        preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
+        preset = resolve_preset(
+            lm,
+            saved=request.saved_preset,
+            overrides=request.overrides,
+            chat=request.messages is not None,
+        )
     config = preset.config
     if (
         not isinstance(request.top_logprobs, int)

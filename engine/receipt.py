@@ -176,19 +176,27 @@ def canonical_sha256(value: Any) -> str:
     return text_sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), default=str))
 
 
-def environment(lm, model_sha256: str) -> dict:
-    """The receipt sections that describe the model and engine as loaded now."""
+def environment(lm, model_sha256: str | None) -> dict:
+    """The receipt sections that describe the model and engine as loaded now (`model_sha256`
+    None: the file could not be read to hash it)."""
     from engine.load_summary import kernel_path
 
-    path = Path(str(lm.path))
+    path = Path(str(lm.path)) if getattr(lm, "path", None) is not None else None
+    try:
+        size = path.stat().st_size if path is not None else None
+    except OSError:
+        size = None
     return {
         "model": {
-            "file_name": path.name,
+            "file_name": path.name if path is not None else "",
             "sha256": model_sha256,
-            "size_bytes": path.stat().st_size,
-            "architecture": str(lm.gguf.arch),
+            "size_bytes": size,
+            "architecture": str(getattr(getattr(lm, "gguf", None), "arch", "")),
         },
-        "engine": {"version": engine_version(), "kernels": kernel_path(lm.backend)},
+        "engine": {
+            "version": engine_version(),
+            "kernels": kernel_path(getattr(lm, "backend", None)),
+        },
         "chat_template": {
             "name": getattr(lm.chat_template, "name", "") or "chat template",
             "sha256": template_sha256(lm),
@@ -196,7 +204,9 @@ def environment(lm, model_sha256: str) -> dict:
     }
 
 
-def build_receipt(lm, request: GenerationRequest, finished: Finished, model_sha256: str) -> dict:
+def build_receipt(
+    lm, request: GenerationRequest, finished: Finished, model_sha256: str | None
+) -> dict:
     """The receipt of the request that ended with `finished` (its prompt_ids are the tokens
     exactly as prefilled, after the chat template and any context trimming)."""
     preset = finished.preset or {}
@@ -295,7 +305,7 @@ def receipt_differences(receipt: dict, now: dict, replay_preset: dict | None = N
     if model.get("sha256") != model_now["sha256"]:
         out.append(
             f"model file: {model.get('file_name')} (sha256 {str(model.get('sha256'))[:12]}…) in the "
-            f"receipt, {model_now['file_name']} (sha256 {model_now['sha256'][:12]}…) now"
+            f"receipt, {model_now['file_name']} (sha256 {str(model_now['sha256'])[:12]}…) now"
         )
     elif model.get("file_name") != model_now["file_name"]:
         out.append(
@@ -334,7 +344,7 @@ def replay(
     lm,
     receipt: dict,
     original_tokens: Sequence[dict],
-    model_sha256: str,
+    model_sha256: str | None,
     cancel: CancelToken | None = None,
 ) -> ReplayReport:
     """Run the receipt again on `lm` and compare with the original reply.

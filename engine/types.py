@@ -107,6 +107,7 @@ class ResolvedPreset:
     sources: dict  # field -> one of engine.presets.SOURCES
     notes: tuple[str, ...] = ()  # things the user may want to know (skipped files, ignored keys)
     extra_eog_ids: frozenset[int] = field(default_factory=frozenset)  # from generation_config.json
+    reasons: dict = field(default_factory=dict)  # field -> why a value was implied (presets.py)
 
     @property
     def config(self) -> GenerationConfig:
