@@ -113,6 +113,10 @@ def model_info(path: Path) -> dict:
     tokenizer = Tokenizer.from_gguf(gguf_file)
     template = ChatTemplate.from_gguf(gguf_file, tokenizer)
     preset = resolve_preset(SimpleNamespace(path=path, gguf=gguf_file))
+    # What `generate --chat` (and the app) uses: the chat defaults layer may apply there.
+    chat_preset = resolve_preset(
+        SimpleNamespace(path=path, gguf=gguf_file, chat_template=template), chat=True
+    )
     metadata = gguf_file.metadata
     return {
         "path": str(path),
@@ -147,6 +151,7 @@ def model_info(path: Path) -> dict:
         },
         "chat_template": {"name": template.name, "is_fallback": template.is_fallback},
         "preset": preset.to_dict(),
+        "chat_preset": chat_preset.to_dict(),
     }
 
 
@@ -164,7 +169,7 @@ def cmd_info(args) -> int:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0
     for key, value in info.items():
-        if key in ("quant_mix", "tokenizer", "chat_template", "preset"):
+        if key in ("quant_mix", "tokenizer", "chat_template", "preset", "chat_preset"):
             continue
         print(f"{key:16} {value}")
     print(
@@ -181,12 +186,13 @@ def cmd_info(args) -> int:
     )
     template = info["chat_template"]
     print(f"chat template    {template_label(template['name'], template['is_fallback'])}")
-    print("preset:")
-    preset = info["preset"]
-    for name, value in preset["values"].items():
-        print(f"  {name:20} {value!r:14} ({preset['sources'][name]})")
-    for note in preset["notes"]:
-        print(f"  note: {note}")
+    for title, key in (("preset (raw prompt):", "preset"), ("preset (--chat):", "chat_preset")):
+        print(title)
+        preset = info[key]
+        for name, value in preset["values"].items():
+            print(f"  {name:20} {value!r:14} ({preset['sources'][name]})")
+        for note in preset["notes"]:
+            print(f"  note: {note}")
     return 0
 
 

@@ -156,3 +156,15 @@ def test_the_panel_shows_chat_defaults_and_the_implied_value_with_its_reason(qtb
     )
     assert panel.reasons_label.isHidden()
     close_window(window)
+
+
+def test_smollm2_states_nothing_so_its_chat_samples_with_the_chat_defaults(smollm2_path):
+    """The motivating case: the embedded SmolLM2's GGUF has no general.sampling.* keys and no
+    generation_config.json beside it; `info` shows both presets."""
+    from engine.__main__ import model_info
+
+    info = model_info(smollm2_path)
+    assert info["preset"]["sources"]["temperature"] == "default"
+    assert info["preset"]["values"]["do_sample"] is False
+    assert info["chat_preset"]["sources"]["temperature"] == CHAT
+    assert info["chat_preset"]["values"]["do_sample"] is True
