@@ -50,6 +50,8 @@ from engine.types import (
 
 RECEIPT_VERSION = 1
 REPLAY_TOP_LOGPROBS = 20  # the replay's alternatives: where the original token ranks there
+# Log-probabilities this close are the same distribution (float32 logits, printed to ~1e-7).
+SAME_LOGPROB_TOLERANCE = 1e-5
 _HASH_CHUNK = 8 * 2**20
 _DIGEST_CACHE_NAME = "model-sha256.json"
 
@@ -433,12 +435,21 @@ def _describe(
                 ),
                 None,
             )
+    pairs = [
+        (original.logprob if original else None, original_in_replay),
+        (replayed_in_original, replay_choice.logprob if replay_choice else None),
+    ]
+    known = [(a, b) for a, b in pairs if a is not None and b is not None]
+    same = None
+    if len(known) == len(pairs):
+        same = all(abs(a - b) <= SAME_LOGPROB_TOLERANCE for a, b in known)
     return Divergence(
         index=index,
         original=original,
         replayed=replay_choice,
         original_logprob_in_replay=original_in_replay,
         replayed_logprob_in_original=replayed_in_original,
+        same_distribution=same,
     )
 
 

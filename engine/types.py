@@ -162,6 +162,9 @@ class Divergence:
     # recorded there (the original stores its top 5; the replay asks for its top 20).
     original_logprob_in_replay: float | None = None
     replayed_logprob_in_original: float | None = None
+    # True when both runs gave both tokens the same probabilities here: the model saw the same
+    # thing and the sampler chose differently (preset or seed), not the model or the prompt.
+    same_distribution: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,9 @@ def test_a_reply_replays_exactly_and_a_changed_preset_is_located(
         assert d.replayed.token_id == direct_ids[expected]
         assert d.replayed.logprob is not None and d.replayed.logprob <= 0
     assert report.differences == ("the receipt's preset was changed after it was recorded",)
+    if d.original_logprob_in_replay is not None and d.replayed_logprob_in_original is not None:
+        # temperature/top_p change the sampler, not the model's probabilities
+        assert d.same_distribution is True
     assert f"First difference at token {expected + 1}" in dialog.result.text()
     assert "preset was changed" in dialog.result.text()
 

@@ -114,3 +114,29 @@ def test_the_replay_request_runs_every_recorded_value_with_the_seed_used():
     assert request.json_mode == "off" and request.top_logprobs == receipt_mod.REPLAY_TOP_LOGPROBS
     with pytest.raises(ReceiptError, match="no usable prompt or preset"):
         replay_request({"preset": {}})
+
+
+def test_a_divergence_says_whether_the_model_saw_the_same_distribution():
+    from engine.events import TokenSampled, TopAlternative
+    from engine.receipt import _describe
+
+    record = {
+        "index": 0,
+        "token_id": 5,
+        "text": " a",
+        "logprob": -0.5,
+        "top": [{"token_id": 5, "logprob": -0.5}, {"token_id": 9, "logprob": -1.5}],
+    }
+    same = TokenSampled(
+        0, 9, " b", -1.5, (TopAlternative(5, " a", -0.5), TopAlternative(9, " b", -1.5))
+    )
+    d = _describe(0, [5], [record], [same], lm=None)
+    assert (d.original.token_id, d.original.logprob, d.replayed.token_id) == (5, -0.5, 9)
+    assert (d.original_logprob_in_replay, d.replayed_logprob_in_original) == (-0.5, -1.5)
+    assert d.same_distribution is True
+    other = TokenSampled(
+        0, 9, " b", -0.2, (TopAlternative(9, " b", -0.2), TopAlternative(5, " a", -2.0))
+    )
+    assert _describe(0, [5], [record], [other], lm=None).same_distribution is False
+    ended = _describe(1, [5], [record], [same, other], lm=None)  # the original had ended
+    assert ended.original is None and ended.same_distribution is None

@@ -124,7 +124,7 @@ class PresetPanel(QWidget):
             self.table.setItem(row, 1, value_item)
             self.table.setItem(row, 2, source_item)
         self._filling = False
-        reasons = "\n".join(f"{name}: {why}" for name, why in view.reasons.items())
+        reasons = "\n".join(view.reasons.values())  # each names its field
         self.reasons_label.setText(reasons)
         self.reasons_label.setVisible(bool(reasons))
         self.setEnabled(True)

@@ -116,17 +116,27 @@ def replay_html(report: ReplayReport) -> str:
             replayed = _token(d.replayed, "the replay ended here")
             head += (
                 f" First difference at token {d.index + 1} of {report.original_tokens}:<br>"
-                f"original {original}, probability "
+                f"original {original}, model probability "
                 f"{_probability(d.original.logprob if d.original else None)}"
             )
             if d.original is not None:
                 head += f" (in the replay: {_probability(d.original_logprob_in_replay)})"
             head += (
-                f"<br>replay {replayed}, probability "
+                f"<br>replay {replayed}, model probability "
                 f"{_probability(d.replayed.logprob if d.replayed else None)}"
             )
             if d.replayed is not None:
                 head += f" (in the original: {_probability(d.replayed_logprob_in_original)})"
+            if d.same_distribution:
+                head += (
+                    "<br>Both runs gave these tokens the same probabilities: the model saw the "
+                    "same thing and the sampler chose differently (preset or seed)."
+                )
+            elif d.same_distribution is False:
+                head += (
+                    "<br>The probabilities differ: the model saw something else (model file, "
+                    "prompt, template or kernels)."
+                )
     if report.differences:
         items = "".join(f"<li>{html.escape(x)}</li>" for x in report.differences)
         head += f"<br>What differs in the receipt:<ul>{items}</ul>"
