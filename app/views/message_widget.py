@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 from app.export import ROLE_TITLES
 from app.json_reply import render_json_reply
 from app.store import StoredMessage
+from app.views.code_blocks import COPY_SCHEME
 from app.views.markdown_style import set_markdown
 from engine.types import JsonMode, MessageStatus, Role
 
@@ -71,12 +72,21 @@ class AutoHeightBrowser(QTextBrowser):
         # opening: every click goes through confirm_and_open_link.
         self.setOpenExternalLinks(False)
         self.setOpenLinks(False)
-        self.anchorClicked.connect(lambda url: confirm_and_open_link(url, self))
+        self.code_texts: list[str] = []  # the code blocks shown, for their copy links
+        self.anchorClicked.connect(self._on_link)
         self.setFrameShape(QFrame.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
+
+    def _on_link(self, url: QUrl) -> None:
+        if url.scheme() == COPY_SCHEME:
+            number = url.path()
+            if number.isdigit() and int(number) < len(self.code_texts):
+                QGuiApplication.clipboard().setText(self.code_texts[int(number)])
+            return
+        confirm_and_open_link(url, self)
 
     def _fit(self, *_):
         height = int(self.document().size().height()) + 2 * self.frameWidth() + 2
@@ -223,7 +233,9 @@ class MessageWidget(QFrame):
         json_mode = m.role == Role.ASSISTANT and m.json_mode != JsonMode.OFF
         if json_mode and (self.text or not streaming):
             view = render_json_reply(self.text, streaming=streaming)
-            set_markdown(self.body.document(), view.markdown, self.palette())
+            self.body.code_texts = set_markdown(
+                self.body.document(), view.markdown, self.palette(), streaming
+            )
             self.json_status.setText(
                 ("✔ " if view.ok else "✖ " if not streaming else "") + view.status
             )
@@ -233,12 +245,14 @@ class MessageWidget(QFrame):
             self.json_status.setVisible(True)
         elif len(self.text) > MARKDOWN_CHARS:
             self.body.setPlainText(self.text)
+            self.body.code_texts = []
             self.json_status.setVisible(False)
         else:
-            set_markdown(
+            self.body.code_texts = set_markdown(
                 self.body.document(),
                 self.text if self.text else ("…" if streaming else ""),
                 self.palette(),
+                streaming,
             )
             self.json_status.setVisible(False)
         has_reasoning = bool(self.reasoning)
