@@ -179,6 +179,27 @@ class ChatSession(QObject):
     def set_system_prompt(self, text: str) -> None:
         self.store.set_system_prompt(self.ensure_conversation(), text)
 
+    # --- personas (saved system prompts) --------------------------------------------------------
+    def save_persona(self, name: str, prompt: str) -> bool:
+        """Save `prompt` under `name` (replacing a persona of that name); False if either is
+        empty."""
+        name, prompt = name.strip(), prompt.strip()
+        if not name or not prompt:
+            return False
+        self.settings.personas[name] = prompt
+        self.settings_file.save(self.settings)
+        return True
+
+    def delete_persona(self, name: str) -> None:
+        if self.settings.personas.pop(name, None) is not None:
+            self.settings_file.save(self.settings)
+
+    def use_persona(self, name: str) -> str:
+        """Give the open chat the persona's system prompt ("" for none); returns the prompt."""
+        prompt = self.settings.personas.get(name, "") if name else ""
+        self.set_system_prompt(prompt)
+        return prompt
+
     # --- generation -----------------------------------------------------------------------------
     @_reports_write_errors
     def send(self, text: str) -> bool:

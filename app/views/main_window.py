@@ -42,6 +42,7 @@ from app.views.chat_view import ChatView
 from app.views.json_mode_bar import JsonModeBar
 from app.views.model_bar import ModelBar
 from app.views.notice_banner import NoticeBanner
+from app.views.persona_picker import PersonaPicker
 from app.views.preset_panel import PresetPanel
 from app.views.receipt_dialog import ReceiptDialog
 from app.views.settings_dialog import SettingsDialog
@@ -115,6 +116,7 @@ class MainWindow(QMainWindow):
         self.system_prompt.setToolTip(
             "Instructions the model sees before every message of this chat"
         )
+        self.persona_picker = PersonaPicker()
         self.input = InputBox()
         self.input.setPlaceholderText(
             "Message the model — Enter to send, Shift+Enter for a new line"
@@ -153,6 +155,7 @@ class MainWindow(QMainWindow):
         prompt_row = QHBoxLayout()
         prompt_row.addWidget(QLabel("System prompt:"))
         prompt_row.addWidget(self.system_prompt, 1)
+        prompt_row.addWidget(self.persona_picker)
         center_layout.addLayout(prompt_row)
         center_layout.addWidget(self.chat_view, 1)
         center_layout.addLayout(input_row)
@@ -208,6 +211,10 @@ class MainWindow(QMainWindow):
         self.system_prompt.editingFinished.connect(
             lambda: s.set_system_prompt(self.system_prompt.text())
         )
+        self.system_prompt.textChanged.connect(self.persona_picker.show_prompt)
+        self.persona_picker.personaChosen.connect(self.use_persona)
+        self.persona_picker.saveRequested.connect(self.save_persona)
+        self.persona_picker.deleteRequested.connect(self.delete_persona)
         self.json_bar.modeChanged.connect(self.session.set_json_mode)
 
         s.messageAdded.connect(self._on_message_added)
@@ -308,6 +315,7 @@ class MainWindow(QMainWindow):
     def _on_conversation_opened(self, conversation, messages: list[StoredMessage]) -> None:
         self.chat_view.show_messages(messages)
         self.system_prompt.setText(conversation.system_prompt)
+        self.persona_picker.set_personas(self.settings.personas, conversation.system_prompt)
         self._refresh_sidebar()
         replies = [
             m for m in messages if m.role == Role.ASSISTANT and m.status != MessageStatus.STREAMING
@@ -416,6 +424,28 @@ class MainWindow(QMainWindow):
         if message.usage and "ttft_ms" in message.usage:
             self.ttft_panel.show_reply(message.usage["ttft_ms"], message.usage.get("prefill_ms"))
         self.token_inspector.set_tokens(message.tokens)
+
+    # --- personas -------------------------------------------------------------------------------
+    def use_persona(self, name: str) -> None:
+        self.system_prompt.setText(self.session.use_persona(name))
+
+    def save_persona(self) -> None:
+        prompt = self.system_prompt.text().strip()
+        if not prompt:
+            self.state_label.setText("Write a system prompt first, then save it as a persona")
+            return
+        suggested = self.persona_picker.current or " ".join(prompt.split()[:3])
+        name, ok = QInputDialog.getText(
+            self, "Save persona", "Name for this system prompt:", text=suggested
+        )
+        if ok and self.session.save_persona(name, prompt):
+            self.persona_picker.set_personas(self.settings.personas, prompt)
+
+    def delete_persona(self, name: str) -> None:
+        if not name:
+            return
+        self.session.delete_persona(name)
+        self.persona_picker.set_personas(self.settings.personas, self.system_prompt.text())
 
     # --- receipts and replay --------------------------------------------------------------------
     def show_details(self, message_id: int) -> ReceiptDialog:
