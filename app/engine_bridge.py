@@ -129,6 +129,7 @@ class RealEngine:
             template=template_name,
             sampling_metadata=sampling_metadata(lm.gguf.metadata),
             summary=load_line(lm),
+            thinking_switch=bool(getattr(template, "accepts_enable_thinking", False)),
         )
 
     def resolve_preset(self, model: ModelInfo, saved, overrides) -> ResolvedPreset:
@@ -150,7 +151,12 @@ class RealEngine:
             overrides=request.overrides,
             chat=request.messages is not None,
         )
-        fit = fit_chat(lm, [dict(m) for m in request.messages], preset.values["max_new_tokens"])
+        fit = fit_chat(
+            lm,
+            [dict(m) for m in request.messages],
+            preset.values["max_new_tokens"],
+            request.enable_thinking,
+        )
         trimmed = None
         if fit is not None and fit.dropped:
             request = replace(request, messages=fit.messages)

@@ -96,6 +96,7 @@ class ChatSession(QObject):
         self.branch: list[StoredMessage] = []  # the open chat's visible branch, no token records
         self.json_mode = JsonMode.OFF
         self.json_schema: dict | None = None
+        self.thinking = True  # for templates with a thinking switch (ModelInfo.thinking_switch)
         self.presets: PresetState | None = None
         self._recorder: ReplyRecorder | None = None
         self._reply_message: StoredMessage | None = None
@@ -371,7 +372,16 @@ class ChatSession(QObject):
             json_mode=self.json_mode,
             json_schema=self.json_schema if self.json_mode == JsonMode.SCHEMA else None,
             top_logprobs=TOP_LOGPROBS,
+            enable_thinking=self.thinking if self._has_thinking_switch() else None,
         )
+
+    def _has_thinking_switch(self) -> bool:
+        info = self.controller.model
+        return bool(info is not None and info.thinking_switch)
+
+    def set_thinking(self, on: bool) -> None:
+        """Reasoning on or off for the next replies (templates that read enable_thinking)."""
+        self.thinking = bool(on)
 
     def _start_reply(self, cid: int) -> None:
         request = self.build_request(cid)

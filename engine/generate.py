@@ -165,7 +165,13 @@ def build_prompt_ids(
             ids = list(lm.tokenizer.encode(text, add_special=True))
         elif request.messages is not None:  # always, here: exactly one of the three is given
             # message text is tokenized with control tokens not parsed (no role spoofing)
-            ids, text = chat_prompt_ids(lm.chat_template, lm.tokenizer, request.messages, cancel)
+            ids, text = chat_prompt_ids(
+                lm.chat_template,
+                lm.tokenizer,
+                request.messages,
+                cancel,
+                template_kwargs(request),
+            )
         bos = getattr(lm.tokenizer, "bos_id", None)
         # a template that writes the BOS text itself plus the tokenizer adding one -> one BOS
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
@@ -173,6 +179,14 @@ def build_prompt_ids(
     if not ids:
         raise ConfigValidationError("prompt", "", "at least one token after tokenization")
     return ids, text
+
+
+def template_kwargs(request: GenerationRequest) -> dict:
+    """Extra chat template variables the request sets (only those it sets: a template that
+    tests `is defined` must see the others undefined)."""
+    if request.enable_thinking is None:
+        return {}
+    return {"enable_thinking": bool(request.enable_thinking)}
 
 
 def check_ceilings(

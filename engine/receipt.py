@@ -7,7 +7,7 @@ A receipt is a plain JSON-ready dict (stored with the reply, exported with the c
      "model":   {"file_name", "sha256", "size_bytes", "architecture"},
      "engine":  {"version", "kernels"},
      "chat_template": {"name", "sha256"},          # sha256 of the template source text
-     "prompt":  {"messages", "token_ids", "n_tokens", "sha256"},  # ids exactly as prefilled
+     "prompt":  {"messages", "token_ids", "n_tokens", "sha256", "template_options"},
      "preset":  {"values", "sources", "notes", "seed_used"},     # every field, with its source
      "json_mode", "json_schema",
      "output":  {"token_ids", "n_tokens", "finish_reason"},
@@ -209,6 +209,8 @@ def environment(lm, model_sha256: str | None) -> dict:
 def build_receipt(
     lm, request: GenerationRequest, finished: Finished, model_sha256: str | None
 ) -> dict:
+    from engine.generate import template_kwargs
+
     """The receipt of the request that ended with `finished` (its prompt_ids are the tokens
     exactly as prefilled, after the chat template and any context trimming)."""
     preset = finished.preset or {}
@@ -217,6 +219,7 @@ def build_receipt(
         "token_ids": [int(t) for t in finished.prompt_ids],
         "n_tokens": len(finished.prompt_ids),
         "sha256": ids_sha256(finished.prompt_ids),
+        "template_options": template_kwargs(request),  # e.g. enable_thinking, as rendered
     }
     preset_section = {
         "values": dict(preset.get("values", {})),

@@ -71,6 +71,8 @@ class GenerationRequest:
     json_schema: Any = None  # dict or JSON text, for JsonMode.SCHEMA
     speculative: Any = None  # None (engine default) | False | True | a drafter object
     top_logprobs: int = 0  # alternatives per TokenSampled (0..generate.MAX_TOP_LOGPROBS)
+    # The chat template's thinking switch (Qwen3 and others): None leaves it to the template.
+    enable_thinking: bool | None = None
     kv_budget_bytes: int | None = None  # None: generate.default_kv_budget_bytes()
     prefix_cache: SupportsPrefixReuse | None = None
 
@@ -140,6 +142,7 @@ class ModelInfo:
     template: str  # chat template name, "(fallback)" appended when the model has none
     sampling_metadata: dict = field(default_factory=dict)  # engine.presets.sampling_metadata
     summary: str = ""  # one line: name, architecture, quant, kernel path (printed on stderr)
+    thinking_switch: bool = False  # the chat template reads enable_thinking (reasoning on/off)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
+    QCheckBox,
     QFileDialog,
     QHBoxLayout,
     QInputDialog,
@@ -135,6 +136,13 @@ class MainWindow(QMainWindow):
                 self.json_bar.set_schema(self.settings.json_schema, schema)
         self.state_label = QLabel()
         self.state_label.setObjectName("state_label")
+        self.thinking_box = QCheckBox("Thinking")
+        self.thinking_box.setChecked(True)
+        self.thinking_box.setToolTip(
+            "Let the model reason before it answers (its chat template has a thinking switch); "
+            "off answers directly"
+        )
+        self.thinking_box.setVisible(False)
 
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
@@ -145,6 +153,7 @@ class MainWindow(QMainWindow):
         input_row.addLayout(buttons)
         footer = QHBoxLayout()
         footer.addWidget(self.json_bar, 1)
+        footer.addWidget(self.thinking_box)
         footer.addWidget(self.state_label)
 
         center = QWidget()
@@ -216,6 +225,7 @@ class MainWindow(QMainWindow):
         self.persona_picker.saveRequested.connect(self.save_persona)
         self.persona_picker.deleteRequested.connect(self.delete_persona)
         self.json_bar.modeChanged.connect(self.session.set_json_mode)
+        self.thinking_box.toggled.connect(self.session.set_thinking)
 
         s.messageAdded.connect(self._on_message_added)
         s.replyText.connect(self.chat_view.queue_text)
@@ -294,6 +304,7 @@ class MainWindow(QMainWindow):
         self.model_bar.show_loaded(
             info.name, f"{info.architecture} · context {info.n_ctx:,} · {info.template}"
         )
+        self.thinking_box.setVisible(info.thinking_switch)
         self._set_busy(self.session.busy)
         self.input.setFocus()
 
