@@ -382,6 +382,17 @@ def replay(
     if finished is not None and finished.error:
         raise ReceiptError(f"the replay failed: {finished.error}")
     replay_ids = [t.token_id for t in replayed]
+    if divergence_at is None and cancel.cancelled and len(replay_ids) < len(original_ids):
+        # stopped by the user, not by a divergence: the tokens so far matched, no verdict
+        return ReplayReport(
+            identical=False,
+            original_tokens=len(original_ids),
+            replayed_tokens=len(replay_ids),
+            divergence=None,
+            differences=tuple(receipt_differences(receipt, now)),
+            replay_text=finished.text if finished else "",
+            stopped=True,
+        )
     if divergence_at is None:
         if not ended:
             # the original was stopped early: a replay that matches it so far reproduces it

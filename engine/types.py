@@ -180,3 +180,4 @@ class ReplayReport:
     divergence: Divergence | None
     differences: tuple[str, ...]  # what differs in the receipt: model file, template, engine...
     replay_text: str = ""
+    stopped: bool = False  # the user stopped the replay before it could tell (no verdict)

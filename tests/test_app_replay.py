@@ -10,7 +10,9 @@ import json
 from PySide6.QtCore import Qt
 
 from app.engine_bridge import RealEngine
+from engine.cancel import CancelToken
 from engine.generate import generate
+from engine.receipt import build_receipt, replay
 from engine.types import GenerationRequest
 from tests.app_fakes import WAIT_MS, close_window, make_window
 
@@ -95,3 +97,30 @@ def test_a_reply_replays_exactly_and_a_changed_preset_is_located(
         exported["messages"][-1]["receipt"]["preset"]["seed_used"] == receipt["preset"]["seed_used"]
     )
     close_window(window)
+
+
+class StopsAfter(CancelToken):
+    """Reads as cancelled after `polls` checks: the user pressing Stop mid-replay."""
+
+    def __init__(self, polls):
+        super().__init__()
+        self.polls = polls
+
+    @property
+    def cancelled(self):
+        self.polls -= 1
+        return self.polls < 0 or super().cancelled
+
+
+def test_a_stopped_replay_gives_no_verdict(smollm2):
+    request = GenerationRequest(
+        messages=({"role": "user", "content": "Count to twenty."},),
+        overrides={**SAMPLED, "max_new_tokens": 20},
+    )
+    finished = list(generate(smollm2, request))[-1]
+    receipt = build_receipt(smollm2, request, finished, "0" * 64)
+    report = replay(smollm2, receipt, [], "0" * 64, StopsAfter(400))
+    assert report.stopped and not report.identical and report.divergence is None
+    assert report.replayed_tokens < report.original_tokens == len(finished.token_ids)
+    full = replay(smollm2, receipt, [], "0" * 64)
+    assert full.identical and not full.stopped

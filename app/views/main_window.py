@@ -484,7 +484,11 @@ class MainWindow(QMainWindow):
     def _on_replay_finished(self, message_id: int, report) -> None:
         self._set_busy(False)
         self.state_label.setText(
-            "Replay reproduced the reply exactly" if report.identical else "Replay diverged"
+            "Replay stopped"
+            if report.stopped
+            else "Replay reproduced the reply exactly"
+            if report.identical
+            else "Replay diverged"
         )
         if (dialog := self._dialog_for(message_id)) is not None:
             dialog.show_replay(report)

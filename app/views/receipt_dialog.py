@@ -103,6 +103,11 @@ def _token(choice: TokenChoice | None, end: str) -> str:
 
 
 def replay_html(report: ReplayReport) -> str:
+    if report.stopped:
+        return (
+            f"<b>Replay stopped</b> after {report.replayed_tokens} of {report.original_tokens} "
+            "tokens; those were all the same as the original."
+        )
     if report.identical:
         head = (
             f"<b style='color:#2e8b57'>✔ Reproduced exactly</b>: all {report.original_tokens} "
