@@ -48,9 +48,12 @@ class EngineController(QObject):
     replyNotice = Signal(str)  # e.g. older turns left out to fit the context
     replyFinished = Signal(object)  # engine Finished
     replyErrored = Signal(str)
+    replayFinished = Signal(object)  # ReplayReport
+    replayFailed = Signal(str)
 
     _load = Signal(str, int, int)
     _generate = Signal(int, object, object)
+    _replay = Signal(int, object, object, object)
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None):
         super().__init__(parent)
@@ -60,6 +63,8 @@ class EngineController(QObject):
         self._request_id = 0
         self._active: int | None = None
         self._cancel: CancelToken | None = None
+        self._replay_id: int | None = None
+        self._replay_cancel: CancelToken | None = None
 
         self._thread = QThread()
         self._thread.setObjectName("engine-worker")
@@ -67,11 +72,14 @@ class EngineController(QObject):
         self._worker.moveToThread(self._thread)
         self._load.connect(self._worker.load)
         self._generate.connect(self._worker.generate)
+        self._replay.connect(self._worker.replay)
         w = self._worker
         w.loadProgress.connect(self.loadProgress)
         w.modelLoaded.connect(self._on_loaded)
         w.loadFailed.connect(self._on_load_failed)
         w.eventsReady.connect(self._on_events_ready)  # queued: the worker lives on another thread
+        w.replayDone.connect(self._on_replay_done)
+        w.replayFailed.connect(self._on_replay_failed)
         self._drain_timer = QTimer(self)
         self._drain_timer.setSingleShot(True)
         self._drain_timer.timeout.connect(self._drain)
@@ -90,7 +98,7 @@ class EngineController(QObject):
         self._load.emit(str(path), int(n_ctx), int(n_threads))
 
     def generate(self, request: GenerationRequest) -> int:
-        if self._active is not None:
+        if self._active is not None or self._replay_id is not None:
             raise RuntimeError("a reply is already being generated")
         self._request_id += 1
         self._active = self._request_id
@@ -101,6 +109,35 @@ class EngineController(QObject):
     def cancel(self) -> None:
         if self._cancel is not None:
             self._cancel.cancel()
+        if self._replay_cancel is not None:
+            self._replay_cancel.cancel()
+
+    @property
+    def replaying(self) -> bool:
+        return self._replay_id is not None
+
+    def replay(self, receipt: dict, original_tokens: list) -> int:
+        """Re-run a reply from its receipt on the worker thread; replayFinished or replayFailed
+        follows. Cancel stops it like a reply."""
+        if self._active is not None or self._replay_id is not None:
+            raise RuntimeError("the engine is busy")
+        self._request_id += 1
+        self._replay_id = self._request_id
+        self._replay_cancel = CancelToken()
+        self._replay.emit(self._request_id, receipt, list(original_tokens), self._replay_cancel)
+        return self._request_id
+
+    @Slot(int, object)
+    def _on_replay_done(self, request_id: int, report) -> None:
+        if request_id == self._replay_id:
+            self._replay_id, self._replay_cancel = None, None
+            self.replayFinished.emit(report)
+
+    @Slot(int, str)
+    def _on_replay_failed(self, request_id: int, message: str) -> None:
+        if request_id == self._replay_id:
+            self._replay_id, self._replay_cancel = None, None
+            self.replayFailed.emit(message)
 
     def resolve_preset(self, saved: dict | None, overrides: dict | None) -> ResolvedPreset:
         """Runs on the GUI thread: configuration logic only, from the loaded model's ModelInfo

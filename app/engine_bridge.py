@@ -10,6 +10,7 @@ engine event dataclasses.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Protocol
 
 from engine.cancel import CancelToken
-from engine.types import GenerationRequest, ModelInfo, ResolvedPreset
+from engine.events import Finished
+from engine.types import GenerationRequest, ModelInfo, ReplayReport, ResolvedPreset
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class EngineBridge(Protocol):
         self, lm: object, request: GenerationRequest, cancel: CancelToken
     ) -> Iterator[object]: ...
 
+    def replay(
+        self, lm: object, receipt: dict, original_tokens: list, cancel: CancelToken
+    ) -> ReplayReport: ...
+
 
 class RealEngine:
     """The engine packages, imported lazily so the window opens before numpy/llvmlite load.
@@ -67,8 +73,18 @@ class RealEngine:
 
     PREFIX_CACHE_BYTES = 256 * 2**20
 
-    def __init__(self) -> None:
+    def __init__(self, digest_cache: Path | None = None) -> None:
         self._prefix_cache = None
+        self._digests = None
+        self._digest_cache = digest_cache
+
+    def _model_digests(self):
+        """sha256 of model files for receipts, cached on disk (engine/receipt.py)."""
+        if self._digests is None:
+            from engine.receipt import ModelDigests, default_digest_cache
+
+            self._digests = ModelDigests(self._digest_cache or default_digest_cache())
+        return self._digests
 
     def load(self, path, *, n_ctx, n_threads, progress):
         from engine.errors import ConfigValidationError
@@ -86,6 +102,8 @@ class RealEngine:
             # shorter context gets the engine's default window for it instead of a refusal.
             lm = load_model(path, n_ctx=None, n_threads=n_threads or None, progress=progress)
         self._prefix_cache = PrefixCache(self.PREFIX_CACHE_BYTES)  # entries of the old model go
+        with contextlib.suppress(OSError):  # hashed in the background, for receipts
+            self._model_digests().start(lm.path)
         warm_up(lm)
         return lm
 
@@ -111,12 +129,14 @@ class RealEngine:
             template=template_name,
             sampling_metadata=sampling_metadata(lm.gguf.metadata),
             summary=load_line(lm),
+            thinking_switch=bool(getattr(template, "accepts_enable_thinking", False)),
         )
 
     def resolve_preset(self, model: ModelInfo, saved, overrides) -> ResolvedPreset:
         from engine.presets import resolve_preset
 
-        return resolve_preset(model, saved=saved or None, overrides=overrides or None)
+        # The window always chats: the chat defaults layer applies (engine/presets.py).
+        return resolve_preset(model, saved=saved or None, overrides=overrides or None, chat=True)
 
     def generate(self, lm, request: GenerationRequest, cancel):
         """Resolve the preset once, fit the chat into the context (the oldest turns go first), and
@@ -125,8 +145,18 @@ class RealEngine:
         from engine.generate import generate
         from engine.presets import resolve_preset
 
-        preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
-        fit = fit_chat(lm, [dict(m) for m in request.messages], preset.values["max_new_tokens"])
+        preset = resolve_preset(
+            lm,
+            saved=request.saved_preset,
+            overrides=request.overrides,
+            chat=request.messages is not None,
+        )
+        fit = fit_chat(
+            lm,
+            [dict(m) for m in request.messages],
+            preset.values["max_new_tokens"],
+            request.enable_thinking,
+        )
         trimmed = None
         if fit is not None and fit.dropped:
             request = replace(request, messages=fit.messages)
@@ -134,5 +164,28 @@ class RealEngine:
                 fit.dropped_turns, len(fit.dropped), fit.prompt_tokens, fit.context_limit
             )
         request = replace(request, prefix_cache=self._prefix_cache)
-        events = generate(lm, request, cancel, preset=preset)
+        events = self._with_receipt(lm, request, generate(lm, request, cancel, preset=preset))
         return itertools.chain([trimmed], events) if trimmed is not None else events
+
+    def _with_receipt(self, lm, request: GenerationRequest, events) -> Iterator[object]:
+        """The events, with the receipt (engine/receipt.py) attached to the Finished event."""
+        from engine.receipt import build_receipt
+
+        for event in events:
+            if isinstance(event, Finished) and event.error is None:
+                event = replace(event, receipt=build_receipt(lm, request, event, self._digest(lm)))
+            yield event
+
+    def _digest(self, lm) -> str | None:
+        """The model file's sha256; None when it cannot be read now (moved or deleted after the
+        load): the receipt says so instead of the reply being lost."""
+        try:
+            return self._model_digests().digest(lm.path)
+        except (OSError, TypeError):
+            return None
+
+    def replay(self, lm, receipt: dict, original_tokens: list, cancel) -> ReplayReport:
+        """Run a reply again from its receipt and compare (worker thread)."""
+        from engine.receipt import replay
+
+        return replay(lm, receipt, original_tokens, self._digest(lm), cancel)

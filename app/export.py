@@ -1,5 +1,9 @@
 """Export a conversation to Markdown (for reading) or JSON (for tools), and write it off the GUI
-thread through asyncio (qasync runs the loop on the Qt event loop in app/__main__.py)."""
+thread through asyncio (qasync runs the loop on the Qt event loop in app/__main__.py).
+
+Markdown holds the visible branch. JSON (format version 2) holds the whole tree: every version
+of every message with its `id` and `parent_id`, `branch` lists the ids of the visible branch,
+and each reply carries its receipt (how it was produced, for replay on another machine)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from pathlib import Path
 from app.store import Conversation, StoredMessage
 from engine.types import MessageStatus, Role
 
-EXPORT_FORMAT_VERSION = 1
+EXPORT_FORMAT_VERSION = 2  # 2: the tree (id, parent_id, branch) and receipts
 ROLE_TITLES = {
     Role.SYSTEM: "System",
     Role.USER: "You",
@@ -74,15 +78,23 @@ def to_markdown(conversation: Conversation, messages: list[StoredMessage]) -> st
     return "\n".join(lines).rstrip() + "\n"
 
 
-def to_json(conversation: Conversation, messages: list[StoredMessage]) -> str:
+def to_json(
+    conversation: Conversation,
+    messages: list[StoredMessage],
+    tree: list[StoredMessage] | None = None,
+) -> str:
+    """`messages` is the visible branch; `tree` every message of the chat (default: the branch)."""
     record = {
         "format": "localchat-conversation",
         "version": EXPORT_FORMAT_VERSION,
         "title": conversation.title,
         "system_prompt": conversation.system_prompt,
         "created_at": conversation.created_at,
+        "branch": [m.id for m in messages],
         "messages": [
             {
+                "id": m.id,
+                "parent_id": m.parent_id,
                 "role": m.role,
                 "content": m.content,
                 "reasoning": m.reasoning,
@@ -91,24 +103,34 @@ def to_json(conversation: Conversation, messages: list[StoredMessage]) -> str:
                 "usage": m.usage,
                 "json_mode": m.json_mode,
                 "created_at": m.created_at,
+                "receipt": m.receipt,
             }
-            for m in messages
+            for m in (tree if tree is not None else messages)
         ],
     }
     return json.dumps(record, indent=2, ensure_ascii=False) + "\n"
 
 
-def render_export(path: Path, conversation: Conversation, messages: list[StoredMessage]) -> str:
-    """JSON when the file name ends in .json, Markdown otherwise."""
+def render_export(
+    path: Path,
+    conversation: Conversation,
+    messages: list[StoredMessage],
+    tree: list[StoredMessage] | None = None,
+) -> str:
+    """JSON (the whole `tree` when given) when the file name ends in .json, Markdown (the visible
+    branch, `messages`) otherwise."""
     if Path(path).suffix.lower() == ".json":
-        return to_json(conversation, messages)
+        return to_json(conversation, messages, tree)
     return to_markdown(conversation, messages)
 
 
 async def write_export(
-    path: Path, conversation: Conversation, messages: list[StoredMessage]
+    path: Path,
+    conversation: Conversation,
+    messages: list[StoredMessage],
+    tree: list[StoredMessage] | None = None,
 ) -> Path:
     path = safe_export_path(path)
-    text = render_export(path, conversation, messages)
+    text = render_export(path, conversation, messages, tree)
     await asyncio.to_thread(path.write_text, text, encoding="utf-8")
     return path

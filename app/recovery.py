@@ -309,7 +309,11 @@ def _recover_messages(db: sqlite3.Connection, store: Store, report: RecoveryRepo
     keys.sort()
     restored_chats = {c.id for c in store.list_conversations()}
     orphans_chat: int | None = None
-    next_position: dict[int, int] = {}
+    # The tree (schema 3): a message keeps its parent when that parent was restored into the same
+    # chat; otherwise (a version 1/2 database, or its parent was unreadable) it follows the last
+    # message restored in its chat, which keeps a linear chat linear and loses nothing.
+    restored: dict[int, tuple[int, int]] = {}  # message id -> (conversation id, position)
+    last_in_chat: dict[int, int] = {}
     for start in range(0, len(keys), RESTORE_BATCH):
         with store.restoring():
             for _key, rowid in keys[start : start + RESTORE_BATCH]:
@@ -322,9 +326,19 @@ def _recover_messages(db: sqlite3.Connection, store: Store, report: RecoveryRepo
                         orphans_chat = store.create_conversation(ORPHANS_TITLE)
                         restored_chats.add(orphans_chat)
                     conversation_id = orphans_chat
-                position = next_position.get(conversation_id, 0)
-                next_position[conversation_id] = position + 1
-                store.restore_message(_message(record, conversation_id, position, report))
+                parent = _int(record.get("parent_id"))
+                is_first = "parent_id" in record and record["parent_id"] is None
+                if is_first:
+                    parent = None
+                elif parent not in restored or restored[parent][0] != conversation_id:
+                    parent = last_in_chat.get(conversation_id)
+                position = restored[parent][1] + 1 if parent is not None else 0
+                message = _message(record, conversation_id, position, report)
+                message.parent_id = parent
+                selected = record.get("selected")
+                store.restore_message(message, selected=selected is None or bool(_int(selected)))
+                restored[message.id] = (conversation_id, position)
+                last_in_chat[conversation_id] = message.id
                 report.messages += 1
 
 
@@ -341,6 +355,7 @@ def _message(record: dict, conversation_id: int, position: int, report) -> Store
         finish_reason=_text(record.get("finish_reason"), report) or None,
         usage=_json(record.get("usage_json"), None, report),
         tokens=_json(record.get("tokens_json"), [], report),
+        receipt=_json(record.get("receipt_json"), None, report),
         json_mode=_text(record.get("json_mode"), report) or "off",
         created_at=_number(record.get("created_at")),
     )

@@ -110,6 +110,7 @@ class ReplyRecorder:
             finish_reason=finished.finish_reason,
             usage=asdict(finished.usage),
             tokens=[token_record(t) for t in self.tokens],
+            receipt=finished.receipt,
         )
         return status
 
@@ -152,4 +153,5 @@ class ReplyRecorder:
             finish_reason=self.final["finish_reason"],
             usage=self.final["usage"],
             tokens=self.final["tokens"],
+            receipt=self.final.get("receipt"),
         )

@@ -1,12 +1,20 @@
 """ChatSession: the GUI-thread logic between the widgets, the store and the engine controller.
 
 It owns the current conversation, turns user actions (send, edit + regenerate, regenerate,
-cancel) into engine requests, records the streaming reply (ReplyRecorder) and computes the live
-usage shown while tokens arrive. Widgets only call its methods and listen to its signals.
+switch version, branch, cancel) into engine requests, records the streaming reply (ReplyRecorder)
+and computes the live usage shown while tokens arrive. Widgets only call its methods and listen
+to its signals.
+
+The open chat's visible branch is held in memory (`self.branch`, without the replies' token
+records): sending, regenerating and building a request read it instead of the database, so a
+long chat costs nothing per Send. Token records are read from the store when the inspector asks.
+A conversation is a tree (app/store.py): regenerate and edit add a new version beside the old
+one, and switching a version re-reads the branch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -69,6 +77,9 @@ class ChatSession(QObject):
     presetChanged = Signal(object)  # ResolvedPreset
     presetProblem = Signal(str)  # the model's preset could not be resolved (message for the user)
     storageProblem = Signal(str)  # a database write failed (e.g. disk full); "" once saving works
+    replayStarted = Signal(int)  # message id
+    replayFinished = Signal(int, object)  # message id, engine.types.ReplayReport
+    replayFailed = Signal(int, str)  # message id, message for the user
 
     def __init__(
         self,
@@ -82,8 +93,10 @@ class ChatSession(QObject):
         self.controller, self.store = controller, store
         self.settings, self.settings_file = settings, settings_file
         self.conversation_id: int | None = None
+        self.branch: list[StoredMessage] = []  # the open chat's visible branch, no token records
         self.json_mode = JsonMode.OFF
         self.json_schema: dict | None = None
+        self.thinking = True  # for templates with a thinking switch (ModelInfo.thinking_switch)
         self.presets: PresetState | None = None
         self._recorder: ReplyRecorder | None = None
         self._reply_message: StoredMessage | None = None
@@ -103,6 +116,9 @@ class ChatSession(QObject):
         controller.replyNotice.connect(self.replyNotice)
         controller.replyFinished.connect(self._on_finished)
         controller.replyErrored.connect(self._on_errored)
+        controller.replayFinished.connect(self._on_replay_finished)
+        controller.replayFailed.connect(self._on_replay_failed)
+        self._replaying: int | None = None  # the message whose replay runs
 
     # --- conversations --------------------------------------------------------------------------
     @property
@@ -118,7 +134,14 @@ class ChatSession(QObject):
         if self.busy and conversation_id != self.conversation_id:
             self.cancel()
         self.conversation_id = conversation_id
-        self.conversationOpened.emit(conv, self.store.messages(conversation_id))
+        self.branch = self.store.branch(conversation_id)
+        self.conversationOpened.emit(conv, list(self.branch))
+
+    def _redraw(self) -> None:
+        """Show the in-memory branch again (after it changed shape: a new version, a switch)."""
+        conv = self.store.conversation(self.conversation_id)
+        if conv is not None:
+            self.conversationOpened.emit(conv, list(self.branch))
 
     @_reports_write_errors
     def new_conversation(self) -> int:
@@ -157,61 +180,80 @@ class ChatSession(QObject):
     def set_system_prompt(self, text: str) -> None:
         self.store.set_system_prompt(self.ensure_conversation(), text)
 
+    # --- personas (saved system prompts) --------------------------------------------------------
+    def save_persona(self, name: str, prompt: str) -> bool:
+        """Save `prompt` under `name` (replacing a persona of that name); False if either is
+        empty."""
+        name, prompt = name.strip(), prompt.strip()
+        if not name or not prompt:
+            return False
+        self.settings.personas[name] = prompt
+        self.settings_file.save(self.settings)
+        return True
+
+    def delete_persona(self, name: str) -> None:
+        if self.settings.personas.pop(name, None) is not None:
+            self.settings_file.save(self.settings)
+
+    def use_persona(self, name: str) -> str:
+        """Give the open chat the persona's system prompt ("" for none); returns the prompt."""
+        prompt = self.settings.personas.get(name, "") if name else ""
+        self.set_system_prompt(prompt)
+        return prompt
+
     # --- generation -----------------------------------------------------------------------------
     @_reports_write_errors
     def send(self, text: str) -> bool:
         """Append a user message and start the reply. False when it cannot start now."""
         text = text.strip()
-        if not text or self.busy or self.controller.model is None:
+        if not text or self.busy or self.controller.model is None or self.controller.replaying:
             return False
         self.retry_saves()  # the earlier reply first, so the chat stays in order
         cid = self.ensure_conversation()
-        first_message = not self.store.messages(cid)
-        user_id = self.store.add_message(cid, Role.USER, text)
+        first_message = not self.branch
+        parent = self.branch[-1].id if self.branch else None
+        user_id = self.store.add_message(cid, Role.USER, text, parent_id=parent)
         if first_message:
             # Name the chat after its first question so the sidebar is readable at a glance.
             self.store.rename_conversation(cid, _title_from(text))
             self.conversationsChanged.emit()
-        self.messageAdded.emit(self.store.message(user_id))
+        user = self.store.message(user_id)
+        self.branch.append(user)
+        self.messageAdded.emit(user)
         self._start_reply(cid)
         return True
 
     @_reports_write_errors
     def regenerate_last(self) -> bool:
-        """Drop the last reply (if any) and answer the last user message again."""
+        """Answer the last user message of the branch again, as a new version of its reply."""
         if self.busy or self.controller.model is None or self.conversation_id is None:
             return False
-        messages = self.store.messages(self.conversation_id)
-        while messages and messages[-1].role != Role.USER:
-            messages.pop()
-        if not messages:
+        users = [m for m in self.branch if m.role == Role.USER]
+        if not users:
             return False
-        return self._regenerate_after(messages[-1])
+        return self._reply_again_to(users[-1])
 
     @_reports_write_errors
     def regenerate_reply(self, message_id: int) -> bool:
-        """Answer again the user message this reply answered; the reply and everything after it
-        are dropped (the same as editing that user message without changing it)."""
-        reply = self.store.message(message_id)
-        if (
-            reply is None
-            or reply.role != Role.ASSISTANT
-            or self.busy
-            or self.controller.model is None
-        ):
+        """A new version of this reply: the user message it answered is answered again, and the
+        old reply (with the branch below it) stays as another version."""
+        reply = self._on_branch(message_id)
+        if reply is None or reply.role != Role.ASSISTANT or self.busy:
+            return False
+        if self.controller.model is None:
             return False
         earlier_users = [
-            m
-            for m in self.store.messages(reply.conversation_id)
-            if m.role == Role.USER and m.position < reply.position
+            m for m in self.branch if m.role == Role.USER and m.position < reply.position
         ]
         if not earlier_users:
             return False
-        return self._regenerate_after(earlier_users[-1])
+        return self._reply_again_to(earlier_users[-1])
 
     @_reports_write_errors
     def edit_and_regenerate(self, message_id: int, new_text: str) -> bool:
-        message = self.store.message(message_id)
+        """A new version of this user message with `new_text`, answered afresh; the old message
+        and everything after it stay as the other version. Unchanged text answers it again."""
+        message = self._on_branch(message_id)
         if (
             message is None
             or message.role != Role.USER
@@ -219,18 +261,88 @@ class ChatSession(QObject):
             or self.controller.model is None
         ):
             return False
-        self.store.update_message_content(message_id, new_text.strip() or message.content)
-        return self._regenerate_after(self.store.message(message_id))
-
-    def _regenerate_after(self, user_message: StoredMessage) -> bool:
-        cid = user_message.conversation_id
-        self.store.delete_messages_from(cid, user_message.position + 1)
-        self.open_conversation(cid)  # the view redraws without the dropped messages
+        text = new_text.strip() or message.content
+        if self.controller.replaying:
+            return False
+        if text == message.content:
+            return self._reply_again_to(message)
+        cid = message.conversation_id
+        edited_id = self.store.add_message(cid, Role.USER, text, parent_id=message.parent_id)
+        self.branch = [m for m in self.branch if m.position < message.position]
+        self.branch.append(self.store.message(edited_id))
+        self._redraw()
         self._start_reply(cid)
         return True
 
+    def _reply_again_to(self, user_message: StoredMessage) -> bool:
+        if self.controller.replaying:
+            return False
+        self.branch = [m for m in self.branch if m.position <= user_message.position]
+        self._redraw()  # the view drops the old reply; it stays in the store as a version
+        self._start_reply(user_message.conversation_id)
+        return True
+
+    def _on_branch(self, message_id: int) -> StoredMessage | None:
+        return next((m for m in self.branch if m.id == message_id), None)
+
+    @_reports_write_errors
+    def select_version(self, message_id: int) -> bool:
+        """Show version `message_id` of its message; the chat below follows that version's
+        branch. Not while a reply streams (it is on the current branch)."""
+        if self.busy or self.conversation_id is None:
+            return False
+        message = self.store.message(message_id)
+        if message is None or message.conversation_id != self.conversation_id:
+            return False
+        self.store.select_version(message_id)
+        self.branch = self.store.branch(self.conversation_id)
+        self._redraw()
+        return True
+
+    @_reports_write_errors
+    def branch_from(self, message_id: int) -> int | None:
+        """A new chat holding this chat's path up to `message_id`, opened. Not while a reply
+        streams."""
+        if self.busy or self._on_branch(message_id) is None:
+            return None
+        new_id = self.store.branch_conversation(message_id)
+        if new_id is None:
+            return None
+        self.conversationsChanged.emit()
+        self.open_conversation(new_id)
+        return new_id
+
     def cancel(self) -> None:
         self.controller.cancel()
+
+    # --- receipts and replay --------------------------------------------------------------------
+    def receipt(self, message_id: int) -> dict | None:
+        """How a reply was produced (engine/receipt.py), read from the store when asked."""
+        return self.store.receipt(message_id)
+
+    def replay(self, message_id: int) -> bool:
+        """Re-run a reply from its receipt on the worker thread; replayFinished or replayFailed
+        says how it compares. False when it cannot start (no receipt, busy, no model)."""
+        if self.busy or self.controller.replaying or self.controller.model is None:
+            return False
+        receipt = self.store.receipt(message_id)
+        if receipt is None:
+            self.replayFailed.emit(message_id, "This reply has no receipt to replay from.")
+            return False
+        self._replaying = message_id
+        self.controller.replay(receipt, self.store.tokens(message_id))
+        self.replayStarted.emit(message_id)
+        return True
+
+    def _on_replay_finished(self, report) -> None:
+        message_id, self._replaying = self._replaying, None
+        if message_id is not None:
+            self.replayFinished.emit(message_id, report)
+
+    def _on_replay_failed(self, text: str) -> None:
+        message_id, self._replaying = self._replaying, None
+        if message_id is not None:
+            self.replayFailed.emit(message_id, text)
 
     def build_request(self, conversation_id: int) -> GenerationRequest:
         conv = self.store.conversation(conversation_id)
@@ -238,7 +350,12 @@ class ChatSession(QObject):
         if conv.system_prompt.strip():
             messages.append({"role": Role.SYSTEM, "content": conv.system_prompt.strip()})
         unsaved = {r.message_id: r for r in self._unsaved}
-        for m in self.store.messages(conversation_id):
+        branch = (
+            self.branch
+            if conversation_id == self.conversation_id
+            else self.store.branch(conversation_id)
+        )
+        for m in branch:
             if m.id in unsaved:  # its final save failed: the copy in memory is the reply
                 m = unsaved[m.id].in_memory(m)
             if (
@@ -255,13 +372,24 @@ class ChatSession(QObject):
             json_mode=self.json_mode,
             json_schema=self.json_schema if self.json_mode == JsonMode.SCHEMA else None,
             top_logprobs=TOP_LOGPROBS,
+            enable_thinking=self.thinking if self._has_thinking_switch() else None,
         )
+
+    def _has_thinking_switch(self) -> bool:
+        info = self.controller.model
+        return bool(info is not None and info.thinking_switch)
+
+    def set_thinking(self, on: bool) -> None:
+        """Reasoning on or off for the next replies (templates that read enable_thinking)."""
+        self.thinking = bool(on)
 
     def _start_reply(self, cid: int) -> None:
         request = self.build_request(cid)
-        reply_id = self.store.begin_reply(cid, json_mode=self.json_mode)
+        parent = self.branch[-1].id if self.branch else None
+        reply_id = self.store.begin_reply(cid, json_mode=self.json_mode, parent_id=parent)
         self._recorder = ReplyRecorder(self.store, reply_id)
         self._reply_message = self.store.message(reply_id)
+        self.branch.append(self._reply_message)
         self._started, self._first_token_at, self._n_tokens = time.perf_counter(), None, 0
         self._prompt_estimate = self._estimate_prompt_tokens(cid, request)
         self.messageAdded.emit(self._reply_message)
@@ -273,7 +401,7 @@ class ChatSession(QObject):
         exact context use plus ~4 characters per token for what was added since (+ template)."""
         replies = [
             m
-            for m in self.store.messages(cid)
+            for m in self.branch
             if m.role == Role.ASSISTANT and m.usage and "context_used" in m.usage
         ]
         if replies:
@@ -403,6 +531,9 @@ class ChatSession(QObject):
         if stored is not None and recorder.pending:
             self._unsaved.append(recorder)
             stored = recorder.in_memory(stored)
+        if stored is not None:
+            kept = dataclasses.replace(stored, tokens=[])  # the branch holds no token records
+            self.branch = [kept if m.id == stored.id else m for m in self.branch]
         self._note_storage()
         return stored
 

@@ -20,6 +20,8 @@ THEMES = ("system", "light", "dark")
 MAX_RECENT_MODELS = 8
 FONT_SIZE_RANGE = (8, 28)
 CONTEXT_SIZE_RANGE = (256, 131072)
+MAX_PERSONAS = 200
+MAX_PERSONA_CHARS = 100_000  # a system prompt longer than this is not a persona but a document
 
 
 def default_settings_path() -> Path:
@@ -36,6 +38,7 @@ class Settings:
     last_model: str = ""
     presets: dict[str, dict] = field(default_factory=dict)  # model path -> saved overrides
     json_schema: str = ""  # last schema typed in the schema editor
+    personas: dict[str, str] = field(default_factory=dict)  # name -> saved system prompt
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -49,6 +52,17 @@ class Settings:
         self.recent_models = [str(p) for p in self.recent_models][:MAX_RECENT_MODELS]
         if not isinstance(self.presets, dict):
             self.presets = {}
+        personas = self.personas if isinstance(self.personas, dict) else {}
+        self.personas = dict(
+            list(
+                (name.strip(), prompt)
+                for name, prompt in personas.items()
+                if isinstance(name, str)
+                and name.strip()
+                and isinstance(prompt, str)
+                and len(prompt) <= MAX_PERSONA_CHARS
+            )[:MAX_PERSONAS]
+        )
         return self
 
     def remember_model(self, path: str) -> None:

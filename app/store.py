@@ -11,7 +11,17 @@ Durability choices:
 
 Schema versions live in PRAGMA user_version. Version 1 (the first release) stored only
 role/content per message; version 2 adds per-conversation system prompts, message status,
-reasoning, finish reason, usage and sampled tokens. `_migrate` upgrades in place.
+reasoning, finish reason, usage and sampled tokens; version 3 makes a chat a tree (each message
+has a parent; regenerate and edit add a sibling "version" instead of overwriting, and the
+`selected` sibling of each group is the one on the visible branch) and stores each reply's
+receipt (engine/receipt.py). `_migrate` upgrades in place, one version at a time.
+
+The tree: `parent_id` is the message this one follows (NULL for a chat's first message);
+siblings are the messages sharing a parent (for the first message: the chat's NULL-parent
+messages), ordered by id, and exactly one per group has `selected=1`. The visible branch starts
+at the selected first message and follows each message's selected child, so choosing another
+version of a message also brings back the branch below it as it was left. `position` is the
+message's depth on its branch (0 for the first).
 """
 
 from __future__ import annotations
@@ -24,12 +34,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 
 from engine.types import MessageStatus
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_TITLE = "New chat"
 
 # Message status values (engine/types.py says what each means).
@@ -63,6 +74,20 @@ class StoredMessage:
     tokens: list = field(default_factory=list)  # TokenSampled as dicts, for the token inspector
     json_mode: str = "off"
     created_at: float = 0.0
+    parent_id: int | None = None
+    # The ids of this message's versions (its siblings and itself, oldest first); filled by the
+    # branch readers (`messages`, `branch`), () elsewhere.
+    version_ids: tuple[int, ...] = ()
+    receipt: dict | None = None  # engine.receipt record of how this reply was produced
+
+    @property
+    def version_number(self) -> int:
+        """1-based index of this message among its versions (1 when it has none)."""
+        return self.version_ids.index(self.id) + 1 if self.id in self.version_ids else 1
+
+    @property
+    def version_count(self) -> int:
+        return max(1, len(self.version_ids))
 
 
 _SCHEMA_V2 = """
@@ -89,6 +114,22 @@ CREATE TABLE messages (
 );
 CREATE INDEX messages_by_conversation ON messages(conversation_id, position);
 """
+
+# The current schema: version 2 plus the tree and receipts (see the module docstring).
+_SCHEMA_V3 = (
+    _SCHEMA_V2.replace(
+        "    json_mode TEXT NOT NULL DEFAULT 'off',\n",
+        "    json_mode TEXT NOT NULL DEFAULT 'off',\n"
+        "    parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,\n"
+        "    selected INTEGER NOT NULL DEFAULT 1,\n"
+        "    receipt_json TEXT,\n",
+    )
+    + "CREATE INDEX messages_by_parent ON messages(parent_id);\n"
+)
+
+# Version 2 as it shipped (the release before the tree); kept so tests build a v2 database with
+# the exact DDL that release wrote and the 2 -> 3 migration is tested on it.
+SCHEMA_V2 = _SCHEMA_V2 + "PRAGMA user_version = 2;\n"
 
 # Version 1 as it shipped; kept so tests can build an old database and migrations stay honest.
 SCHEMA_V1 = """
@@ -224,12 +265,15 @@ class Store:
                 raise StoreError(f"{self.path} is not a LocalChat database (no schema version).")
             # executescript would commit on its own; statements one by one keep it atomic.
             with self._transaction():
-                for statement in _statements(_SCHEMA_V2):
+                for statement in _statements(_SCHEMA_V3):
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             return
         if version == 1:
             self._migrate_1_to_2()
+            version = 2
+        if version == 2:
+            self._migrate_2_to_3()
 
     def _migrate_1_to_2(self) -> None:
         with self._transaction():
@@ -258,7 +302,33 @@ class Store:
             self._db.execute(
                 "CREATE INDEX messages_by_conversation ON messages(conversation_id, position)"
             )
-            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._db.execute("PRAGMA user_version = 2")
+
+    def _migrate_2_to_3(self) -> None:
+        """Each message of a version-2 chat becomes a one-version node whose parent is the
+        message before it (version 2 chats are linear, ordered by position then id)."""
+        with self._transaction():
+            for column in (
+                "parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE",
+                "selected INTEGER NOT NULL DEFAULT 1",
+                "receipt_json TEXT",
+            ):
+                self._db.execute(f"ALTER TABLE messages ADD COLUMN {column}")
+            rows = self._db.execute(
+                "SELECT id, conversation_id FROM messages ORDER BY conversation_id, position, id"
+            ).fetchall()
+            previous: dict[int, int] = {}
+            depth: dict[int, int] = {}
+            updates = []
+            for row in rows:
+                cid = row["conversation_id"]
+                parent = previous.get(cid)
+                depth[cid] = depth.get(cid, -1) + 1
+                updates.append((parent, depth[cid], row["id"]))
+                previous[cid] = row["id"]
+            self._db.executemany("UPDATE messages SET parent_id=?, position=? WHERE id=?", updates)
+            self._db.execute("CREATE INDEX messages_by_parent ON messages(parent_id)")
+            self._db.execute("PRAGMA user_version = 3")
 
     def _transaction(self):
         return _Transaction(self._db)
@@ -338,16 +408,79 @@ class Store:
             )
 
     # --- messages -------------------------------------------------------------------------------
-    def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self._db.execute(
-            "SELECT * FROM messages WHERE conversation_id=? ORDER BY position, id",
+    def messages(self, conversation_id: int, *, with_tokens: bool = True) -> list[StoredMessage]:
+        """The visible branch of the chat, first message first. `with_tokens=False` leaves each
+        reply's token records and receipt (by far the largest columns) unread: `tokens()` and
+        `receipt()` read them when they are wanted."""
+        return self._branch_of(self._tree_rows(conversation_id, with_tokens))
+
+    def branch(self, conversation_id: int) -> list[StoredMessage]:
+        """The visible branch without token records (what the window holds in memory)."""
+        return self.messages(conversation_id, with_tokens=False)
+
+    def tree(self, conversation_id: int) -> list[StoredMessage]:
+        """Every message of the chat, every version, parents before children (for export)."""
+        rows = self._tree_rows(conversation_id, True)
+        groups = _sibling_groups(rows)
+        return [_message_from_row(r, version_ids=groups[(r["parent_id"])]) for r in rows]
+
+    def _tree_rows(self, conversation_id: int, with_tokens: bool) -> list[sqlite3.Row]:
+        columns = "*" if with_tokens else _COLUMNS_WITHOUT_TOKENS
+        return self._db.execute(
+            f"SELECT {columns} FROM messages WHERE conversation_id=? ORDER BY position, id",
             (conversation_id,),
         ).fetchall()
-        return [_message_from_row(r) for r in rows]
+
+    def _branch_of(self, rows: list[sqlite3.Row]) -> list[StoredMessage]:
+        groups = _sibling_groups(rows)
+        by_parent: dict[int | None, list[sqlite3.Row]] = {}
+        for r in rows:
+            by_parent.setdefault(r["parent_id"], []).append(r)
+        branch: list[StoredMessage] = []
+        parent: int | None = None
+        seen: set[int] = set()
+        while parent in by_parent:
+            siblings = by_parent[parent]
+            # The selected one; a group with none selected (never written so, but a recovered
+            # database may be) shows its newest version.
+            chosen = next((r for r in siblings if r["selected"]), siblings[-1])
+            if chosen["id"] in seen:
+                break
+            seen.add(chosen["id"])
+            branch.append(_message_from_row(chosen, version_ids=groups[parent]))
+            parent = chosen["id"]
+        return branch
 
     def message(self, message_id: int) -> StoredMessage | None:
         row = self._db.execute("SELECT * FROM messages WHERE id=?", (message_id,)).fetchone()
-        return _message_from_row(row) if row else None
+        if not row:
+            return None
+        return _message_from_row(row, version_ids=self._version_ids(row))
+
+    def _version_ids(self, row: sqlite3.Row) -> tuple[int, ...]:
+        if row["parent_id"] is None:
+            ids = self._db.execute(
+                "SELECT id FROM messages WHERE conversation_id=? AND parent_id IS NULL ORDER BY id",
+                (row["conversation_id"],),
+            )
+        else:
+            ids = self._db.execute(
+                "SELECT id FROM messages WHERE parent_id=? ORDER BY id", (row["parent_id"],)
+            )
+        return tuple(r[0] for r in ids)
+
+    def tokens(self, message_id: int) -> list:
+        """A reply's token records (for the token inspector), read only when asked for."""
+        row = self._db.execute(
+            "SELECT tokens_json FROM messages WHERE id=?", (message_id,)
+        ).fetchone()
+        return _json_or(row[0], []) if row else []
+
+    def receipt(self, message_id: int) -> dict | None:
+        row = self._db.execute(
+            "SELECT receipt_json FROM messages WHERE id=?", (message_id,)
+        ).fetchone()
+        return _json_or(row[0], None) if row else None
 
     def add_message(
         self,
@@ -361,17 +494,40 @@ class Store:
         usage: dict | None = None,
         tokens: list | None = None,
         json_mode: str = "off",
+        parent_id: int | None | Literal["end"] = "end",
+        receipt: dict | None = None,
     ) -> int:
+        """Add a message after `parent_id` ("end": after the last message of the visible branch;
+        None: as a first message). It becomes the selected version among its siblings, so the
+        visible branch now runs through it."""
         with self._writing():
             with self._transaction():
-                position = self._db.execute(
-                    "SELECT coalesce(max(position) + 1, 0) FROM messages WHERE conversation_id=?",
-                    (conversation_id,),
-                ).fetchone()[0]
+                if parent_id == "end":
+                    branch = self._branch_of(self._tree_rows(conversation_id, False))
+                    parent_id = branch[-1].id if branch else None
+                if parent_id is None:
+                    position = 0
+                    self._db.execute(
+                        "UPDATE messages SET selected=0 WHERE conversation_id=? AND parent_id IS NULL",
+                        (conversation_id,),
+                    )
+                else:
+                    row = self._db.execute(
+                        "SELECT position FROM messages WHERE id=? AND conversation_id=?",
+                        (parent_id, conversation_id),
+                    ).fetchone()
+                    if row is None:
+                        raise StoreError(
+                            f"message {parent_id} is not in conversation {conversation_id}"
+                        )
+                    position = row[0] + 1
+                    self._db.execute(
+                        "UPDATE messages SET selected=0 WHERE parent_id=?", (parent_id,)
+                    )
                 cur = self._db.execute(
                     "INSERT INTO messages(conversation_id, position, role, content, reasoning, status,"
-                    " finish_reason, usage_json, tokens_json, json_mode, created_at)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    " finish_reason, usage_json, tokens_json, json_mode, created_at, parent_id,"
+                    " selected, receipt_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,1,?)",
                     (
                         conversation_id,
                         position,
@@ -384,15 +540,91 @@ class Store:
                         json.dumps(tokens) if tokens else None,
                         json_mode,
                         time.time(),
+                        parent_id,
+                        json.dumps(receipt) if receipt is not None else None,
                     ),
                 )
                 self._touch(conversation_id)
             return cur.lastrowid
 
-    def begin_reply(self, conversation_id: int, json_mode: str = "off") -> int:
+    def select_version(self, message_id: int) -> None:
+        """Make `message_id` the visible version among its siblings (the branch below it comes
+        back as it was left)."""
+        with self._writing(), self._transaction():
+            row = self._db.execute(
+                "SELECT conversation_id, parent_id FROM messages WHERE id=?", (message_id,)
+            ).fetchone()
+            if row is None:
+                return
+            if row["parent_id"] is None:
+                self._db.execute(
+                    "UPDATE messages SET selected=(id=?) WHERE conversation_id=? AND parent_id IS NULL",
+                    (message_id, row["conversation_id"]),
+                )
+            else:
+                self._db.execute(
+                    "UPDATE messages SET selected=(id=?) WHERE parent_id=?",
+                    (message_id, row["parent_id"]),
+                )
+
+    def branch_conversation(self, message_id: int, title: str | None = None) -> int | None:
+        """A new chat holding the visible path from the first message up to `message_id`
+        (each message's current text, usage, tokens and receipt; one version each), with the
+        same system prompt. Returns its id (None if the message is gone)."""
+        target = self.message(message_id)
+        if target is None:
+            return None
+        conv = self.conversation(target.conversation_id)
+        path = self._path_to(target)
+        with self._writing():
+            with self._transaction():
+                now = time.time()
+                cur = self._db.execute(
+                    "INSERT INTO conversations(title, system_prompt, created_at, updated_at)"
+                    " VALUES (?,?,?,?)",
+                    (title or f"{conv.title} (branch)", conv.system_prompt, now, now),
+                )
+                new_cid = cur.lastrowid
+                parent: int | None = None
+                for depth, old_id in enumerate(path):
+                    cur = self._db.execute(
+                        "INSERT INTO messages(conversation_id, position, role, content, reasoning,"
+                        " status, finish_reason, usage_json, tokens_json, json_mode, created_at,"
+                        " parent_id, selected, receipt_json)"
+                        " SELECT ?, ?, role, content, reasoning, status, finish_reason, usage_json,"
+                        " tokens_json, json_mode, created_at, ?, 1, receipt_json FROM messages"
+                        " WHERE id=?",
+                        (new_cid, depth, parent, old_id),
+                    )
+                    parent = cur.lastrowid
+            return new_cid
+
+    def _path_to(self, message: StoredMessage) -> list[int]:
+        """Ids from the chat's first message down to `message` (following parents)."""
+        path = [message.id]
+        parent = message.parent_id
+        while parent is not None and parent not in path:
+            path.append(parent)
+            row = self._db.execute(
+                "SELECT parent_id FROM messages WHERE id=?", (parent,)
+            ).fetchone()
+            parent = row[0] if row else None
+        return path[::-1]
+
+    def begin_reply(
+        self,
+        conversation_id: int,
+        json_mode: str = "off",
+        parent_id: int | None | Literal["end"] = "end",
+    ) -> int:
         """An empty assistant message in status 'streaming'; `save_partial` grows it."""
         return self.add_message(
-            conversation_id, "assistant", "", status=STATUS_STREAMING, json_mode=json_mode
+            conversation_id,
+            "assistant",
+            "",
+            status=STATUS_STREAMING,
+            json_mode=json_mode,
+            parent_id=parent_id,
         )
 
     def save_partial(self, message_id: int, content: str, reasoning: str = "") -> None:
@@ -412,11 +644,12 @@ class Store:
         finish_reason: str | None,
         usage: dict | None,
         tokens: list | None = None,
+        receipt: dict | None = None,
     ) -> None:
         with self._writing():
             self._db.execute(
                 "UPDATE messages SET content=?, reasoning=?, status=?, finish_reason=?, usage_json=?,"
-                " tokens_json=? WHERE id=?",
+                " tokens_json=?, receipt_json=coalesce(?, receipt_json) WHERE id=?",
                 (
                     content,
                     reasoning,
@@ -424,8 +657,15 @@ class Store:
                     finish_reason,
                     json.dumps(usage) if usage is not None else None,
                     json.dumps(tokens) if tokens else None,
+                    json.dumps(receipt) if receipt is not None else None,
                     message_id,
                 ),
+            )
+
+    def set_receipt(self, message_id: int, receipt: dict) -> None:
+        with self._writing():
+            self._db.execute(
+                "UPDATE messages SET receipt_json=? WHERE id=?", (json.dumps(receipt), message_id)
             )
 
     # --- recovery (app/recovery.py copies what a damaged database still holds) ---------------
@@ -448,12 +688,12 @@ class Store:
                 ),
             )
 
-    def restore_message(self, m: StoredMessage) -> None:
+    def restore_message(self, m: StoredMessage, selected: bool = True) -> None:
         with self._writing():
             self._db.execute(
                 "INSERT INTO messages(id, conversation_id, position, role, content, reasoning,"
-                " status, finish_reason, usage_json, tokens_json, json_mode, created_at)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                " status, finish_reason, usage_json, tokens_json, json_mode, created_at,"
+                " parent_id, selected, receipt_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     m.id,
                     m.conversation_id,
@@ -467,6 +707,9 @@ class Store:
                     json.dumps(m.tokens) if m.tokens else None,
                     m.json_mode,
                     m.created_at,
+                    m.parent_id,
+                    int(selected),
+                    json.dumps(m.receipt) if m.receipt is not None else None,
                 ),
             )
 
@@ -512,7 +755,23 @@ def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _message_from_row(row: sqlite3.Row) -> StoredMessage:
+# Every column but the token records and receipts (the branch readers leave those, by far the
+# largest columns, for `tokens()` and `receipt()`).
+_COLUMNS_WITHOUT_TOKENS = (
+    "id, conversation_id, position, role, content, reasoning, status, finish_reason, usage_json,"
+    " NULL AS tokens_json, json_mode, created_at, parent_id, selected, NULL AS receipt_json"
+)
+
+
+def _sibling_groups(rows: list[sqlite3.Row]) -> dict[int | None, tuple[int, ...]]:
+    """parent id -> the ids of its children, oldest first (the versions of one message)."""
+    groups: dict[int | None, list[int]] = {}
+    for r in sorted(rows, key=lambda r: r["id"]):
+        groups.setdefault(r["parent_id"], []).append(r["id"])
+    return {parent: tuple(ids) for parent, ids in groups.items()}
+
+
+def _message_from_row(row: sqlite3.Row, version_ids: tuple[int, ...] = ()) -> StoredMessage:
     return StoredMessage(
         id=row["id"],
         conversation_id=row["conversation_id"],
@@ -526,6 +785,9 @@ def _message_from_row(row: sqlite3.Row) -> StoredMessage:
         tokens=_json_or(row["tokens_json"], []),
         json_mode=row["json_mode"],
         created_at=row["created_at"],
+        parent_id=row["parent_id"],
+        version_ids=version_ids,
+        receipt=_json_or(row["receipt_json"], None),
     )
 
 

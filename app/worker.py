@@ -97,6 +97,8 @@ class EngineWorker(QObject):
     loadFailed = Signal(str, str)  # path, message for the user
 
     eventsReady = Signal()  # the channel went from empty to non-empty
+    replayDone = Signal(int, object)  # request id, ReplayReport
+    replayFailed = Signal(int, str)  # request id, message for the user
 
     def __init__(self, bridge: EngineBridge):
         super().__init__()
@@ -164,6 +166,21 @@ class EngineWorker(QObject):
                         else "The engine stopped without finishing the reply."
                     ),
                 )
+
+    @Slot(int, object, object, object)
+    def replay(self, request_id: int, receipt: dict, original_tokens: list, cancel) -> None:
+        """Run a reply again from its receipt (engine/receipt.py) and report how it compares."""
+        if self.lm is None:
+            self.replayFailed.emit(request_id, "No model is loaded yet.")
+            return
+        try:
+            report = self._bridge.replay(self.lm, receipt, original_tokens, cancel)
+        except BaseException as exc:
+            self.replayFailed.emit(request_id, _user_message(exc))
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            return
+        self.replayDone.emit(request_id, report)
 
     def release(self) -> None:
         """Unload the model. Only after the worker thread has stopped (controller.shutdown)."""

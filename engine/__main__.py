@@ -123,11 +123,15 @@ def model_info(path: Path) -> dict:
             config = ModelConfig.from_gguf(gguf_file)
         except UnsupportedModelError as exc:
             reason = _without_path(exc, path)
-    tokenizer = template = preset = None
+    tokenizer = template = preset = chat_preset = None
     try:
         tokenizer = Tokenizer.from_gguf(gguf_file)
         template = ChatTemplate.from_gguf(gguf_file, tokenizer)
         preset = resolve_preset(SimpleNamespace(path=path, gguf=gguf_file))
+        # What `generate --chat` (and the app) uses: the chat defaults layer may apply there.
+        chat_preset = resolve_preset(
+            SimpleNamespace(path=path, gguf=gguf_file, chat_template=template), chat=True
+        )
     except EngineError:
         if reason is None:  # a supported model with a broken vocabulary: the load would fail
             raise
@@ -177,6 +181,7 @@ def model_info(path: Path) -> dict:
         if template is None
         else {"name": template.name, "is_fallback": template.is_fallback},
         "preset": preset.to_dict() if preset else None,
+        "chat_preset": chat_preset.to_dict() if chat_preset else None,
     }
 
 
@@ -201,7 +206,7 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0
-    hidden = {"quant_mix", "tokenizer", "chat_template", "preset", "supported"}
+    hidden = {"quant_mix", "tokenizer", "chat_template", "preset", "chat_preset", "supported"}
     hidden |= {"unsupported_reason", "unsupported_tensors"}
     supported = "yes" if info["supported"] else f"no ({info['unsupported_reason']})"
     print(f"{'supported':16} {supported}")
@@ -230,9 +235,11 @@ def cmd_info(args) -> int:
     template = info["chat_template"]
     if template is not None:
         print(f"chat template    {template_label(template['name'], template['is_fallback'])}")
-    preset = info["preset"]
-    if preset is not None:
-        print("preset:")
+    for title, key in (("preset (raw prompt):", "preset"), ("preset (--chat):", "chat_preset")):
+        preset = info[key]
+        if preset is None:
+            continue
+        print(title)
         for name, value in preset["values"].items():
             print(f"  {name:20} {value!r:14} ({preset['sources'][name]})")
         for note in preset["notes"]:

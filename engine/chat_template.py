@@ -525,6 +525,12 @@ class ChatTemplate:
         return cls(CHATML_TEMPLATE, name="chatml (fallback)", is_fallback=True, **common)
 
     # --- rendering ---------------------------------------------------------------------------
+    @property
+    def accepts_enable_thinking(self) -> bool:
+        """Whether the template reads `enable_thinking` (Qwen3's switch for its <think> block):
+        then a request's enable_thinking turns the model's reasoning on or off."""
+        return bool(re.search(r"\benable_thinking\b", self.source))
+
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],

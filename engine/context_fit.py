@@ -62,10 +62,14 @@ class FitResult:
         return sum(1 for m in self.dropped if m.get("role") == "user")
 
 
-def count_prompt_tokens(lm: LanguageModel, messages: list[dict]) -> int:
+def count_prompt_tokens(
+    lm: LanguageModel, messages: list[dict], enable_thinking: bool | None = None
+) -> int:
     from engine.generate import GenerationRequest, build_prompt_ids
 
-    ids, _ = build_prompt_ids(lm, GenerationRequest(messages=messages))
+    ids, _ = build_prompt_ids(
+        lm, GenerationRequest(messages=messages, enable_thinking=enable_thinking)
+    )
     return len(ids)
 
 
@@ -76,6 +80,7 @@ def fit_conversation(
     reserve_tokens: int,
     policy: str = "drop_oldest",
     context_limit: int | None = None,
+    enable_thinking: bool | None = None,
 ) -> FitResult:
     """Choose the messages to send so that prompt + reserve_tokens <= the context limit."""
     if policy not in POLICIES:
@@ -124,7 +129,7 @@ def fit_conversation(
 
     def tokens_for(k: int) -> int:
         if k not in counts:
-            counts[k] = count_prompt_tokens(lm, candidate(k)[0])
+            counts[k] = count_prompt_tokens(lm, candidate(k)[0], enable_thinking)
         return counts[k]
 
     if lower_bound(0) <= budget:
@@ -223,7 +228,10 @@ DEFAULT_REPLY_RESERVE = 512
 
 
 def fit_chat(
-    lm: LanguageModel, messages: list[dict], max_new_tokens: int | None
+    lm: LanguageModel,
+    messages: list[dict],
+    max_new_tokens: int | None,
+    enable_thinking: bool | None = None,
 ) -> FitResult | None:
     """A chat as the app sends it: drop the oldest turns ("drop_oldest") so the prompt plus the
     reply's room fit the context. The room is the preset's max_new_tokens, or with no maximum
@@ -234,4 +242,10 @@ def fit_chat(
     )
     if reserve >= lm.n_ctx:
         return None
-    return fit_conversation(lm, messages, reserve_tokens=int(reserve), policy="drop_oldest")
+    return fit_conversation(
+        lm,
+        messages,
+        reserve_tokens=int(reserve),
+        policy="drop_oldest",
+        enable_thinking=enable_thinking,
+    )

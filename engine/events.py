@@ -89,3 +89,5 @@ class Finished:
     token_ids: tuple[int, ...] = ()  # generated ids, stop/end-of-generation tokens excluded
     error: str | None = None
     preset: dict = field(default_factory=dict)  # resolved sampling values with provenance
+    prompt_ids: tuple[int, ...] = ()  # the prompt exactly as prefilled (template, trimming done)
+    receipt: dict | None = None  # engine.receipt.build_receipt, when the caller asked for one

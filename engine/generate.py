@@ -165,7 +165,13 @@ def build_prompt_ids(
             ids = list(lm.tokenizer.encode(text, add_special=True))
         elif request.messages is not None:  # always, here: exactly one of the three is given
             # message text is tokenized with control tokens not parsed (no role spoofing)
-            ids, text = chat_prompt_ids(lm.chat_template, lm.tokenizer, request.messages, cancel)
+            ids, text = chat_prompt_ids(
+                lm.chat_template,
+                lm.tokenizer,
+                request.messages,
+                cancel,
+                template_kwargs(request),
+            )
         bos = getattr(lm.tokenizer, "bos_id", None)
         # a template that writes the BOS text itself plus the tokenizer adding one -> one BOS
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
@@ -173,6 +179,14 @@ def build_prompt_ids(
     if not ids:
         raise ConfigValidationError("prompt", "", "at least one token after tokenization")
     return ids, text
+
+
+def template_kwargs(request: GenerationRequest) -> dict:
+    """Extra chat template variables the request sets (only those it sets: a template that
+    tests `is defined` must see the others undefined)."""
+    if request.enable_thinking is None:
+        return {}
+    return {"enable_thinking": bool(request.enable_thinking)}
 
 
 def check_ceilings(
@@ -209,7 +223,12 @@ def plan_request(
     cancel: CancelToken | None = None,
 ) -> _Plan:
     if preset is None:
-        preset = resolve_preset(lm, saved=request.saved_preset, overrides=request.overrides)
+        preset = resolve_preset(
+            lm,
+            saved=request.saved_preset,
+            overrides=request.overrides,
+            chat=request.messages is not None,
+        )
     config = preset.config
     if (
         not isinstance(request.top_logprobs, int)
@@ -523,6 +542,7 @@ def _events(
         token_ids=tuple(token_ids),
         error=error,
         preset={**plan.preset.to_dict(), "seed_used": plan.seed},
+        prompt_ids=tuple(plan.prompt_ids),
     )
 
 

@@ -9,7 +9,16 @@ Sources, highest priority first (the names are what `ResolvedPreset.sources` hol
                               a JSON object with at least one generation key and no model-config
                               markers), then `generation_config.json` in the same folder
 4. "gguf metadata"            llama.cpp's `general.sampling.*` keys in the GGUF
-5. "default"                  GenerationConfig's built-in defaults (transformers' defaults)
+5. "LocalChat chat defaults"  for a chat request to a model with its own chat template, only
+                              when neither the generation config nor the GGUF states any of
+                              do_sample/temperature/top_k/top_p/min_p: CHAT_DEFAULTS below
+6. "default"                  GenerationConfig's built-in defaults (transformers' defaults)
+
+After merging, one rule links the layers (source "implied by your sampling values"): when you
+(override or saved preset) set a sampling field and do_sample comes from a lower source, your
+value decides do_sample the way llama.cpp and our CLI read a temperature: temperature 0 means
+greedy, any other temperature/top_k/top_p/min_p means sampling. Setting do_sample yourself
+always wins. `ResolvedPreset.reasons` says why, for the preset panel.
 
 The absent-field rule, applied the same way to every field and every source: a field takes its
 value from the highest-priority source that states it; a source that does not mention a field
@@ -49,8 +58,40 @@ SOURCE_OVERRIDE = "override"
 SOURCE_SAVED = "saved preset"
 SOURCE_GENERATION_CONFIG = "generation_config.json"
 SOURCE_GGUF = "gguf metadata"
+SOURCE_CHAT_DEFAULTS = "LocalChat chat defaults"
 SOURCE_DEFAULT = "default"
-SOURCES = (SOURCE_OVERRIDE, SOURCE_SAVED, SOURCE_GENERATION_CONFIG, SOURCE_GGUF, SOURCE_DEFAULT)
+SOURCE_IMPLIED = "implied by your sampling values"
+SOURCES = (
+    SOURCE_OVERRIDE,
+    SOURCE_SAVED,
+    SOURCE_GENERATION_CONFIG,
+    SOURCE_GGUF,
+    SOURCE_CHAT_DEFAULTS,
+    SOURCE_DEFAULT,
+    SOURCE_IMPLIED,
+)
+_USER_SOURCES = (SOURCE_OVERRIDE, SOURCE_SAVED)
+
+# Used for chat when the checkpoint states no sampling values. transformers' defaults mean greedy
+# decoding, which makes small chat models repeat themselves within a few sentences. Close to what
+# local runners ship (llama.cpp: temperature 0.8, top_p 0.95, min_p 0.05; Ollama: 0.8, top_p 0.9)
+# but a little cooler, because the models people try first here are small: 0.7 keeps answers
+# focused and still varied; min_p 0.05 drops the tail of tokens under 5% of the best one's
+# probability, which is what keeps a 135M model from wandering off, and top_p 0.9 bounds the
+# rest. repetition_penalty stays 1.0 (off): a penalty distorts code and lists, and sampling
+# already breaks the loops it is usually meant to stop. top_k stays at the default 50 (min_p and
+# top_p are the tighter bounds in practice).
+CHAT_DEFAULTS = {
+    "do_sample": True,
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "min_p": 0.05,
+    "repetition_penalty": 1.0,
+}
+# The checkpoint fields that decide greedy vs sampling and how: stating any one of them means
+# the checkpoint has an opinion, and the chat defaults stay out of the way.
+_DECIDING_FIELDS = frozenset({"do_sample", "temperature", "top_k", "top_p", "min_p"})
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")
 
 # transformers generation_config.json name -> our field
 _HF_FIELDS = {
@@ -86,28 +127,35 @@ _GGUF_PREFIX = "general.sampling."
 
 
 def resolve_preset(
-    lm_or_path, saved: dict | None = None, overrides: dict | None = None
+    lm_or_path, saved: dict | None = None, overrides: dict | None = None, *, chat: bool = False
 ) -> ResolvedPreset:
     """Merge the sources for a loaded model (anything with `.path` and `.gguf.metadata`), its
     ModelInfo (`.path` and `.sampling_metadata`) or a GGUF path, validate, and return values with
-    provenance. Raises ConfigValidationError or
+    provenance. `chat`: the values are for a chat request (messages rendered with the model's
+    template), where the chat defaults layer may apply. Raises ConfigValidationError or
     PresetFileError."""
     path, metadata = _model_path_and_metadata(lm_or_path)
     notes: list[str] = []
     hf_values, extra_eog = _generation_config_values(path, notes)
+    gguf_values = gguf_sampling_values(metadata, notes)
     layers = [
         (SOURCE_OVERRIDE, _checked_field_names(overrides or {}, SOURCE_OVERRIDE)),
         (SOURCE_SAVED, _checked_field_names(saved or {}, SOURCE_SAVED)),
         (SOURCE_GENERATION_CONFIG, hf_values),
-        (SOURCE_GGUF, gguf_sampling_values(metadata, notes)),
-        (SOURCE_DEFAULT, GenerationConfig.defaults()),
+        (SOURCE_GGUF, gguf_values),
     ]
+    checkpoint_states = _DECIDING_FIELDS & (hf_values.keys() | gguf_values.keys())
+    if chat and not checkpoint_states and has_own_chat_template(lm_or_path):
+        layers.append((SOURCE_CHAT_DEFAULTS, CHAT_DEFAULTS))
+    layers.append((SOURCE_DEFAULT, GenerationConfig.defaults()))
     values, sources = {}, {}
     for name in GenerationConfig.field_names():
         for source, layer in layers:
             if name in layer:
                 values[name], sources[name] = layer[name], source
                 break
+    reasons = _imply_do_sample(values, sources)
+    notes.extend(reasons.values())
     try:
         config = GenerationConfig.from_values(values)
     except ConfigValidationError as exc:
@@ -115,7 +163,46 @@ def resolve_preset(
         raise ConfigValidationError(
             exc.field, exc.value, f"{exc.allowed} (value from {source})"
         ) from None
-    return ResolvedPreset(config.to_dict(), sources, tuple(notes), frozenset(extra_eog))
+    return ResolvedPreset(
+        config.to_dict(), sources, tuple(notes), frozenset(extra_eog), reasons=reasons
+    )
+
+
+def _imply_do_sample(values: dict, sources: dict) -> dict[str, str]:
+    """The implication rule of the module docstring; returns {"do_sample": why} when it applied."""
+    if sources["do_sample"] in _USER_SOURCES:
+        return {}  # you chose do_sample yourself (now or in your saved preset)
+    mine = [name for name in _SAMPLING_FIELDS if sources[name] in _USER_SOURCES]
+    if not mine:
+        return {}
+    greedy = "temperature" in mine and values["temperature"] == 0
+    wanted = not greedy
+    if values["do_sample"] == wanted:
+        return {}
+    was = f"{values['do_sample']} from {sources['do_sample']}"
+    if greedy:
+        why = f"do_sample is False because you set temperature 0 (greedy) while it was {was}"
+    else:
+        named = ", ".join(f"{name}={values[name]!r} ({sources[name]})" for name in mine)
+        why = f"do_sample is True because you set {named} while it was {was}"
+    values["do_sample"], sources["do_sample"] = wanted, SOURCE_IMPLIED
+    return {"do_sample": why + "; set do_sample yourself to choose"}
+
+
+def has_own_chat_template(lm_or_path) -> bool:
+    """Whether the model brings its own chat template (a loaded model, its ModelInfo or a GGUF
+    path); a fallback template means a base model."""
+    template = getattr(lm_or_path, "chat_template", None)
+    if template is not None:
+        return not getattr(template, "is_fallback", False)
+    name = getattr(lm_or_path, "template", None)
+    if isinstance(name, str):
+        return bool(name) and "fallback" not in name
+    if isinstance(lm_or_path, (str, Path)):
+        from engine.gguf import open_gguf
+
+        return bool(open_gguf(lm_or_path).metadata.get("tokenizer.chat_template"))
+    return False
 
 
 def _checked_field_names(layer: dict, source: str) -> dict:

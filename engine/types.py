@@ -71,6 +71,8 @@ class GenerationRequest:
     json_schema: Any = None  # dict or JSON text, for JsonMode.SCHEMA
     speculative: Any = None  # None (engine default) | False | True | a drafter object
     top_logprobs: int = 0  # alternatives per TokenSampled (0..generate.MAX_TOP_LOGPROBS)
+    # The chat template's thinking switch (Qwen3 and others): None leaves it to the template.
+    enable_thinking: bool | None = None
     kv_budget_bytes: int | None = None  # None: generate.default_kv_budget_bytes()
     prefix_cache: SupportsPrefixReuse | None = None
 
@@ -107,6 +109,7 @@ class ResolvedPreset:
     sources: dict  # field -> one of engine.presets.SOURCES
     notes: tuple[str, ...] = ()  # things the user may want to know (skipped files, ignored keys)
     extra_eog_ids: frozenset[int] = field(default_factory=frozenset)  # from generation_config.json
+    reasons: dict = field(default_factory=dict)  # field -> why a value was implied (presets.py)
 
     @property
     def config(self) -> GenerationConfig:
@@ -139,3 +142,42 @@ class ModelInfo:
     template: str  # chat template name, "(fallback)" appended when the model has none
     sampling_metadata: dict = field(default_factory=dict)  # engine.presets.sampling_metadata
     summary: str = ""  # one line: name, architecture, quant, kernel path (printed on stderr)
+    thinking_switch: bool = False  # the chat template reads enable_thinking (reasoning on/off)
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    """One token of a reply as a replay report shows it."""
+
+    token_id: int
+    text: str
+    logprob: float | None  # None where it was not recorded (beyond the stored token records)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a replay first chose another token than the original reply (engine/receipt.py)."""
+
+    index: int  # 0-based among generated tokens
+    original: TokenChoice | None  # None: the original had ended here
+    replayed: TokenChoice | None  # None: the replay ended here
+    # Each run's token under the other run's distribution, when it was among the alternatives
+    # recorded there (the original stores its top 5; the replay asks for its top 20).
+    original_logprob_in_replay: float | None = None
+    replayed_logprob_in_original: float | None = None
+    # True when both runs gave both tokens the same probabilities here: the model saw the same
+    # thing and the sampler chose differently (preset or seed), not the model or the prompt.
+    same_distribution: bool | None = None
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """The answer to "does this reply reproduce from its receipt?" (engine.receipt.replay)."""
+
+    identical: bool
+    original_tokens: int
+    replayed_tokens: int
+    divergence: Divergence | None
+    differences: tuple[str, ...]  # what differs in the receipt: model file, template, engine...
+    replay_text: str = ""
+    stopped: bool = False  # the user stopped the replay before it could tell (no verdict)

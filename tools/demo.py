@@ -6,7 +6,11 @@ root (tools/screenshot.sh runs it under Xvfb):
 With `--engine real` (default) the replies come from the real engine and the model (the embedded
 default when no --model); `fake` uses the scripted test engine (tests/app_fakes.py).
 
-Shots: 01-loading, 02-streaming, 03-chat, 04-json, 05-tokens, 06-sampling, 07-dark, 08-cancelled.
+Shots: 01-loading, 02-streaming, 03-chat, 04-json, 05-tokens, 06-sampling, 07-dark, 08-cancelled;
+`--only explore` takes just the exploring shots: 09-versions (a reply regenerated twice, version
+2 of 3 showing), 10-details-replay (its receipt and an exact replay), 11-replay-diverged (the
+receipt's preset changed behind its back), 12-chat-defaults (the preset panel's chat defaults
+and an implied do_sample).
 """
 
 from __future__ import annotations
@@ -68,7 +72,9 @@ def _engine(kind: str):
     return RealEngine()
 
 
-def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None) -> int:
+def run_demo(
+    out_dir: Path, engine_kind: str = "real", model: str | None = None, only: str = "all"
+) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.controller import EngineController
@@ -92,6 +98,7 @@ def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None)
     controller = EngineController(_engine(engine_kind))
     window = MainWindow(controller, store, settings, settings_file)
     window.resize(1280, 800)
+    window.demo_out_dir = out_dir
     window.show()
 
     def shot(name: str) -> None:
@@ -123,6 +130,12 @@ def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None)
     if not _wait(app, lambda: controller.model is not None, 300):
         raise SystemExit("demo: the model did not load")
     window.session.set_preset_value("max_new_tokens", 60)
+    if only == "explore":
+        _explore_shots(app, window, send, shot)
+        window.close()
+        store.close()
+        shutil.rmtree(data, ignore_errors=True)
+        return 0
 
     # 2-3. a conversation with a code block, streaming and finished
     window.system_prompt.setText("You are a concise assistant.")
@@ -184,6 +197,55 @@ def run_demo(out_dir: Path, engine_kind: str = "real", model: str | None = None)
     return 0
 
 
+def _explore_shots(app, window, send, shot) -> None:
+    def settle_until(predicate, timeout_s=300):
+        if not _wait(app, predicate, timeout_s):
+            raise SystemExit("demo: timed out")
+
+    window.session.set_preset_value("max_new_tokens", 40)
+    send("Write a haiku about the sea.")
+    for _ in range(2):
+        window.session.regenerate_last()
+        settle_until(lambda: not window.session.busy)
+    reply = window.chat_view.widgets[-1]
+    reply.previous_version.click()
+    shot("09-versions")
+
+    reply = window.chat_view.widgets[-1]
+    window.select_message(reply.message.id)
+    dialog = window.show_details(reply.message.id)
+    dialog.move(window.geometry().center() - dialog.rect().center())
+    done = []
+    window.session.replayFinished.connect(lambda *args: done.append(args))
+    dialog.replay_button.click()
+    settle_until(lambda: len(done) == 1)
+    _settle(app)
+    dialog.body.verticalScrollBar().setValue(0)
+
+    def dialog_shot(name):
+        _settle(app)
+        path = Path(window.demo_out_dir) / f"{name}.png"
+        dialog.grab().save(str(path))
+        print(path)
+
+    dialog_shot("10-details-replay")
+    receipt = window.store.receipt(reply.message.id)
+    receipt["preset"]["values"]["temperature"] = 1.8
+    receipt["preset"]["values"]["top_p"] = 1.0
+    receipt["preset"]["values"]["min_p"] = 0.0
+    window.store.set_receipt(reply.message.id, receipt)
+    dialog = window.show_details(reply.message.id)
+    dialog.move(window.geometry().center() - dialog.rect().center())
+    dialog.replay_button.click()
+    settle_until(lambda: len(done) == 2)
+    dialog_shot("11-replay-diverged")
+    dialog.close()
+
+    window.tabs.setCurrentWidget(window.preset_panel)
+    window._on_preset_edit("temperature", "0")
+    shot("12-chat-defaults")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -191,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path, help="directory for the PNGs")
     parser.add_argument("--engine", choices=("real", "fake"), default="real")
     parser.add_argument("--model", help="GGUF model for the real engine")
+    parser.add_argument("--only", choices=("all", "explore"), default="all")
     args = parser.parse_args(argv)
-    return run_demo(args.out_dir, args.engine, args.model)
+    return run_demo(args.out_dir, args.engine, args.model, args.only)
 
 
 if __name__ == "__main__":

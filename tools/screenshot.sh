@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Screenshots of the main window's states, taken from a real X server (Xvfb) with the xcb platform.
 #
-#   bash tools/screenshot.sh [real|fake] [OUT_DIR]
+#   bash tools/screenshot.sh [real|fake] [OUT_DIR] [all|explore]
 #
 # real (default): replies from the real engine and the embedded SmolLM2; fake: scripted replies
 # (tests/app_fakes.py). PNGs go to OUT_DIR (default resources/screenshots/). Installs Xvfb and the
@@ -29,5 +29,5 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 
-DISPLAY="$DISPLAY_NUM" QT_QPA_PLATFORM=xcb "$PY" -m tools.demo "$OUT" --engine "$ENGINE"
+DISPLAY="$DISPLAY_NUM" QT_QPA_PLATFORM=xcb "$PY" -m tools.demo "$OUT" --engine "$ENGINE" ${3:+--only "$3"}
 echo "screenshots in $OUT"

@@ -3,6 +3,7 @@
     QT_QPA_PLATFORM=offscreen python -m tools.stall_probe [--seconds 3] [--rate TOKENS_PER_S]
     QT_QPA_PLATFORM=offscreen python -m tools.stall_probe --real 128   # the real engine instead
     QT_QPA_PLATFORM=offscreen python -m tools.stall_probe --real 16 --history 1500   # long chat
+    QT_QPA_PLATFORM=offscreen python -m tools.stall_probe --seconds 0.3 --messages 200  # many turns
 
 A flood engine on the worker thread yields TokenSampled + TextDelta pairs as fast as Python can
 for `--seconds` (no model, no sleep: hundreds of times faster than a real model). A QTimer
@@ -13,7 +14,9 @@ Around send, three numbers: `send_call_ms` is the GUI thread's own work inside s
 rows); `send_stall_ms` the heartbeat gap that contains it; `prefill_stall_ms` the worst gap after
 send() returned until the first token reached the GUI, i.e. while the worker thread renders,
 tokenizes and prefills the prompt (`--history N` puts ~N tokens of earlier turns in the chat so
-that prefill is long). Prints one JSON line.
+that prefill is long). `--messages N` opens a chat of N stored messages whose replies carry
+REPLY_TOKENS token records each (what a real reply stores for the token inspector), so the GUI
+thread's per-Send cost of reading the chat shows in `send_stall_ms`. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from engine.events import FINISH_STOP, Finished, TextDelta, TokenSampled, TopAlt
 from engine.types import ModelInfo, ResolvedPreset
 
 HEARTBEAT_MS = 5
+REPLY_TOKENS = 150  # token records per stored reply in --messages chats (~ a short answer)
 
 
 class FloodEngine:
@@ -104,7 +108,25 @@ def _history_turns(n_tokens: int) -> list[tuple[str, str]]:
     return turns
 
 
-def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0, history: int = 0) -> dict:
+def _token_records(n: int) -> list[dict]:
+    """What ReplyRecorder stores per reply: each token with its top-5 alternatives."""
+    return [
+        {
+            "index": i,
+            "token_id": 1000 + i,
+            "text": " word",
+            "logprob": -0.25,
+            "top": [
+                {"token_id": 1000 + i + k, "text": " alt", "logprob": -1.5 - k} for k in range(5)
+            ],
+        }
+        for i in range(n)
+    ]
+
+
+def measure(
+    seconds: float, rate: float = 0.0, real_tokens: int = 0, history: int = 0, messages: int = 0
+) -> dict:
     from PySide6.QtCore import QElapsedTimer, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -141,6 +163,18 @@ def measure(seconds: float, rate: float = 0.0, real_tokens: int = 0, history: in
         cid = store.create_conversation("stall probe history")
         for role, text in _history_turns(history):
             store.add_message(cid, role, text)
+        window.session.open_conversation(cid)
+    if messages:
+        cid = store.create_conversation("stall probe many turns")
+        records = _token_records(REPLY_TOKENS)
+        for i in range(messages):
+            if i % 2 == 0:
+                store.add_message(cid, "user", f"Question {i // 2}: tell me about night {i // 2}.")
+            else:
+                text = " ".join(r["text"].strip() for r in records)
+                store.add_message(
+                    cid, "assistant", text, usage={"context_used": 10 * i}, tokens=records
+                )
         window.session.open_conversation(cid)
     for _ in range(20):  # let the opened chat lay out before the clock starts
         app.processEvents()
@@ -231,8 +265,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="TOKENS",
         help="earlier turns of about TOKENS tokens in the chat (a long prefill)",
     )
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"open a chat of N stored messages (replies with {REPLY_TOKENS} token records each)",
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.seconds, args.rate, args.real, args.history)))
+    print(json.dumps(measure(args.seconds, args.rate, args.real, args.history, args.messages)))
     return 0
 
 

@@ -19,6 +19,9 @@ class ChatView(QScrollArea):
     editRequested = Signal(int)
     regenerateRequested = Signal(int)
     messageSelected = Signal(int)
+    versionRequested = Signal(int)
+    detailsRequested = Signal(int)
+    branchRequested = Signal(int)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -67,6 +70,9 @@ class ChatView(QScrollArea):
         widget.editRequested.connect(self.editRequested)
         widget.regenerateRequested.connect(self.regenerateRequested)
         widget.selected.connect(self.messageSelected)
+        widget.versionRequested.connect(self.versionRequested)
+        widget.detailsRequested.connect(self.detailsRequested)
+        widget.branchRequested.connect(self.branchRequested)
         self._layout.insertWidget(self._layout.count() - 1, widget)
         self.widgets.append(widget)
         self._placeholder.setVisible(False)

@@ -14,6 +14,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
+    QCheckBox,
     QFileDialog,
     QHBoxLayout,
     QInputDialog,
@@ -42,7 +43,9 @@ from app.views.chat_view import ChatView
 from app.views.json_mode_bar import JsonModeBar
 from app.views.model_bar import ModelBar
 from app.views.notice_banner import NoticeBanner
+from app.views.persona_picker import PersonaPicker
 from app.views.preset_panel import PresetPanel
+from app.views.receipt_dialog import ReceiptDialog
 from app.views.settings_dialog import SettingsDialog
 from app.views.sidebar import Sidebar
 from app.views.token_inspector import TokenInspector
@@ -82,6 +85,7 @@ class MainWindow(QMainWindow):
         self.settings, self.settings_file = settings, settings_file
         self.session = ChatSession(controller, store, settings, settings_file, self)
         self.selected_message_id: int | None = None
+        self.details_dialog: ReceiptDialog | None = None  # the open "Details" of a reply
         self.notice = ""  # the last notice about the current reply (e.g. context trimming)
         self._export_tasks: set = set()
 
@@ -113,6 +117,7 @@ class MainWindow(QMainWindow):
         self.system_prompt.setToolTip(
             "Instructions the model sees before every message of this chat"
         )
+        self.persona_picker = PersonaPicker()
         self.input = InputBox()
         self.input.setPlaceholderText(
             "Message the model — Enter to send, Shift+Enter for a new line"
@@ -131,6 +136,13 @@ class MainWindow(QMainWindow):
                 self.json_bar.set_schema(self.settings.json_schema, schema)
         self.state_label = QLabel()
         self.state_label.setObjectName("state_label")
+        self.thinking_box = QCheckBox("Thinking")
+        self.thinking_box.setChecked(True)
+        self.thinking_box.setToolTip(
+            "Let the model reason before it answers (its chat template has a thinking switch); "
+            "off answers directly"
+        )
+        self.thinking_box.setVisible(False)
 
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
@@ -141,6 +153,7 @@ class MainWindow(QMainWindow):
         input_row.addLayout(buttons)
         footer = QHBoxLayout()
         footer.addWidget(self.json_bar, 1)
+        footer.addWidget(self.thinking_box)
         footer.addWidget(self.state_label)
 
         center = QWidget()
@@ -151,6 +164,7 @@ class MainWindow(QMainWindow):
         prompt_row = QHBoxLayout()
         prompt_row.addWidget(QLabel("System prompt:"))
         prompt_row.addWidget(self.system_prompt, 1)
+        prompt_row.addWidget(self.persona_picker)
         center_layout.addLayout(prompt_row)
         center_layout.addWidget(self.chat_view, 1)
         center_layout.addLayout(input_row)
@@ -206,7 +220,12 @@ class MainWindow(QMainWindow):
         self.system_prompt.editingFinished.connect(
             lambda: s.set_system_prompt(self.system_prompt.text())
         )
+        self.system_prompt.textChanged.connect(self.persona_picker.show_prompt)
+        self.persona_picker.personaChosen.connect(self.use_persona)
+        self.persona_picker.saveRequested.connect(self.save_persona)
+        self.persona_picker.deleteRequested.connect(self.delete_persona)
         self.json_bar.modeChanged.connect(self.session.set_json_mode)
+        self.thinking_box.toggled.connect(self.session.set_thinking)
 
         s.messageAdded.connect(self._on_message_added)
         s.replyText.connect(self.chat_view.queue_text)
@@ -224,6 +243,12 @@ class MainWindow(QMainWindow):
         self.chat_view.editRequested.connect(self.edit_message)
         self.chat_view.regenerateRequested.connect(self.session.regenerate_reply)
         self.chat_view.messageSelected.connect(self.select_message)
+        self.chat_view.versionRequested.connect(self.session.select_version)
+        self.chat_view.branchRequested.connect(self.session.branch_from)
+        self.chat_view.detailsRequested.connect(self.show_details)
+        s.replayStarted.connect(self._on_replay_started)
+        s.replayFinished.connect(self._on_replay_finished)
+        s.replayFailed.connect(self._on_replay_failed)
 
         self.preset_panel.valueEdited.connect(self._on_preset_edit)
         self.preset_panel.saveRequested.connect(self._on_preset_save)
@@ -279,6 +304,7 @@ class MainWindow(QMainWindow):
         self.model_bar.show_loaded(
             info.name, f"{info.architecture} · context {info.n_ctx:,} · {info.template}"
         )
+        self.thinking_box.setVisible(info.thinking_switch)
         self._set_busy(self.session.busy)
         self.input.setFocus()
 
@@ -300,6 +326,7 @@ class MainWindow(QMainWindow):
     def _on_conversation_opened(self, conversation, messages: list[StoredMessage]) -> None:
         self.chat_view.show_messages(messages)
         self.system_prompt.setText(conversation.system_prompt)
+        self.persona_picker.set_personas(self.settings.personas, conversation.system_prompt)
         self._refresh_sidebar()
         replies = [
             m for m in messages if m.role == Role.ASSISTANT and m.status != MessageStatus.STREAMING
@@ -409,6 +436,69 @@ class MainWindow(QMainWindow):
             self.ttft_panel.show_reply(message.usage["ttft_ms"], message.usage.get("prefill_ms"))
         self.token_inspector.set_tokens(message.tokens)
 
+    # --- personas -------------------------------------------------------------------------------
+    def use_persona(self, name: str) -> None:
+        self.system_prompt.setText(self.session.use_persona(name))
+
+    def save_persona(self) -> None:
+        prompt = self.system_prompt.text().strip()
+        if not prompt:
+            self.state_label.setText("Write a system prompt first, then save it as a persona")
+            return
+        suggested = self.persona_picker.current or " ".join(prompt.split()[:3])
+        name, ok = QInputDialog.getText(
+            self, "Save persona", "Name for this system prompt:", text=suggested
+        )
+        if ok and self.session.save_persona(name, prompt):
+            self.persona_picker.set_personas(self.settings.personas, prompt)
+
+    def delete_persona(self, name: str) -> None:
+        if not name:
+            return
+        self.session.delete_persona(name)
+        self.persona_picker.set_personas(self.settings.personas, self.system_prompt.text())
+
+    # --- receipts and replay --------------------------------------------------------------------
+    def show_details(self, message_id: int) -> ReceiptDialog:
+        """The reply's receipt in a window of its own (not modal: the chat stays usable)."""
+        if self.details_dialog is not None:
+            self.details_dialog.close()
+        dialog = ReceiptDialog(message_id, self.session.receipt(message_id), self)
+        dialog.replayRequested.connect(self.session.replay)
+        self.details_dialog = dialog
+        dialog.show()
+        return dialog
+
+    def _dialog_for(self, message_id: int) -> ReceiptDialog | None:
+        dialog = self.details_dialog
+        return dialog if dialog is not None and dialog.message_id == message_id else None
+
+    def _on_replay_started(self, message_id: int) -> None:
+        self.send_button.setEnabled(False)
+        self.regenerate_action.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.state_label.setText("Replaying a reply from its receipt… (Esc to stop)")
+        if (dialog := self._dialog_for(message_id)) is not None:
+            dialog.show_replay_started()
+
+    def _on_replay_finished(self, message_id: int, report) -> None:
+        self._set_busy(False)
+        self.state_label.setText(
+            "Replay stopped"
+            if report.stopped
+            else "Replay reproduced the reply exactly"
+            if report.identical
+            else "Replay diverged"
+        )
+        if (dialog := self._dialog_for(message_id)) is not None:
+            dialog.show_replay(report)
+
+    def _on_replay_failed(self, message_id: int, message: str) -> None:
+        self._set_busy(False)
+        self.state_label.setText("Replay failed")
+        if (dialog := self._dialog_for(message_id)) is not None:
+            dialog.show_replay_failed(message)
+
     def _set_busy(self, busy: bool) -> None:
         ready = self.controller.model is not None and not self.controller.loading
         self.send_button.setEnabled(ready and not busy)
@@ -460,7 +550,9 @@ class MainWindow(QMainWindow):
         asyncio; without one (some tests) it is written directly."""
         path = str(safe_export_path(Path(path)))
         conv = self.store.conversation(self.session.ensure_conversation())
-        messages = self.store.messages(conv.id)
+        # Markdown holds the visible branch; JSON every version too (render_export picks).
+        messages = self.store.messages(conv.id, with_tokens=False)
+        tree = self.store.tree(conv.id) if Path(path).suffix.lower() == ".json" else None
         # get_running_loop, not get_event_loop: with no loop running the latter creates one that
         # nobody closes (a ResourceWarning when it is collected).
         try:
@@ -468,11 +560,11 @@ class MainWindow(QMainWindow):
         except RuntimeError:
             loop = None
         if loop is not None:
-            task = loop.create_task(write_export(Path(path), conv, messages))
+            task = loop.create_task(write_export(Path(path), conv, messages, tree))
             self._export_tasks.add(task)
             task.add_done_callback(lambda t: self._export_done(t, path))
         else:
-            Path(path).write_text(render_export(Path(path), conv, messages), encoding="utf-8")
+            Path(path).write_text(render_export(Path(path), conv, messages, tree), encoding="utf-8")
             self.state_label.setText(f"Exported to {Path(path).name}")
 
     def _export_done(self, task, path: str) -> None:

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 from app.export import ROLE_TITLES
 from app.json_reply import render_json_reply
 from app.store import StoredMessage
+from app.views.code_blocks import COPY_SCHEME
 from app.views.markdown_style import set_markdown
 from engine.types import JsonMode, MessageStatus, Role
 
@@ -71,12 +72,21 @@ class AutoHeightBrowser(QTextBrowser):
         # opening: every click goes through confirm_and_open_link.
         self.setOpenExternalLinks(False)
         self.setOpenLinks(False)
-        self.anchorClicked.connect(lambda url: confirm_and_open_link(url, self))
+        self.code_texts: list[str] = []  # the code blocks shown, for their copy links
+        self.anchorClicked.connect(self._on_link)
         self.setFrameShape(QFrame.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
+
+    def _on_link(self, url: QUrl) -> None:
+        if url.scheme() == COPY_SCHEME:
+            number = url.path()
+            if number.isdigit() and int(number) < len(self.code_texts):
+                QGuiApplication.clipboard().setText(self.code_texts[int(number)])
+            return
+        confirm_and_open_link(url, self)
 
     def _fit(self, *_):
         height = int(self.document().size().height()) + 2 * self.frameWidth() + 2
@@ -92,6 +102,9 @@ class MessageWidget(QFrame):
     editRequested = Signal(int)  # message id (user messages)
     regenerateRequested = Signal(int)  # message id (assistant messages)
     selected = Signal(int)  # message id: show its usage and tokens in the side panels
+    detailsRequested = Signal(int)  # message id: show the reply's receipt (Details)
+    versionRequested = Signal(int)  # the id of the version of this message to show instead
+    branchRequested = Signal(int)  # message id: copy the chat up to here into a new chat
 
     def __init__(self, message: StoredMessage, parent: QWidget | None = None):
         super().__init__(parent)
@@ -112,9 +125,22 @@ class MessageWidget(QFrame):
         self.status_label = QLabel()
         self.status_label.setObjectName("status")
         header.addWidget(self.role_label)
+        # "< 2/3 >": this message's versions (regenerated replies, edited messages). Made only
+        # for a message that has versions: every widget in a header costs a little on each
+        # re-layout of a long chat while a reply streams.
+        self._header = header
+        self.previous_version: QToolButton | None = None
+        self.version_label: QLabel | None = None
+        self.next_version: QToolButton | None = None
         header.addWidget(self.status_label, 1)
         self.copy_button = self._action("Copy", "Copy this message as plain text", self._copy)
         header.addWidget(self.copy_button)
+        self.branch_button = self._action(
+            "Branch",
+            "Branch from here: copy the chat up to this message into a new chat",
+            lambda: self.branchRequested.emit(self.message.id),
+        )
+        header.addWidget(self.branch_button)
         if message.role == Role.USER:
             self.edit_button = self._action(
                 "Edit",
@@ -125,8 +151,9 @@ class MessageWidget(QFrame):
         if message.role == Role.ASSISTANT:
             self.details_button = self._action(
                 "Details",
-                "Show this reply's usage and its tokens (token inspector)",
-                lambda: self.selected.emit(self.message.id),
+                "Show this reply's receipt (model, template, preset, seed) and replay it; its "
+                "usage and tokens go to the side panels",
+                self._details,
             )
             self.regenerate_button = self._action(
                 "Regenerate",
@@ -206,7 +233,9 @@ class MessageWidget(QFrame):
         json_mode = m.role == Role.ASSISTANT and m.json_mode != JsonMode.OFF
         if json_mode and (self.text or not streaming):
             view = render_json_reply(self.text, streaming=streaming)
-            set_markdown(self.body.document(), view.markdown, self.palette())
+            self.body.code_texts = set_markdown(
+                self.body.document(), view.markdown, self.palette(), streaming
+            )
             self.json_status.setText(
                 ("✔ " if view.ok else "✖ " if not streaming else "") + view.status
             )
@@ -216,12 +245,14 @@ class MessageWidget(QFrame):
             self.json_status.setVisible(True)
         elif len(self.text) > MARKDOWN_CHARS:
             self.body.setPlainText(self.text)
+            self.body.code_texts = []
             self.json_status.setVisible(False)
         else:
-            set_markdown(
+            self.body.code_texts = set_markdown(
                 self.body.document(),
                 self.text if self.text else ("…" if streaming else ""),
                 self.palette(),
+                streaming,
             )
             self.json_status.setVisible(False)
         has_reasoning = bool(self.reasoning)
@@ -237,10 +268,42 @@ class MessageWidget(QFrame):
         ):
             if button is not None:
                 button.setVisible(not streaming)
+        self._show_versions(streaming)
         self.status_label.setText(STATUS_NOTES.get(status, ""))
         self.status_label.setProperty("status", status)
         self.usage_label.setText(_usage_line(m.usage) if not streaming else "")
         self.usage_label.setVisible(bool(self.usage_label.text()))
+
+    def _details(self) -> None:
+        self.selected.emit(self.message.id)
+        self.detailsRequested.emit(self.message.id)
+
+    def _show_versions(self, streaming: bool) -> None:
+        m = self.message
+        self.branch_button.setVisible(not streaming)
+        if m.version_count < 2:
+            return
+        if self.version_label is None:
+            self.previous_version = self._action(
+                "‹", "Show the previous version of this message", lambda: self._step_version(-1)
+            )
+            self.version_label = QLabel()
+            self.version_label.setObjectName("version_label")
+            self.next_version = self._action(
+                "›", "Show the next version of this message", lambda: self._step_version(1)
+            )
+            for offset, item in enumerate(
+                (self.previous_version, self.version_label, self.next_version)
+            ):
+                self._header.insertWidget(1 + offset, item)
+        self.version_label.setText(f"{m.version_number}/{m.version_count}")
+        self.previous_version.setEnabled(not streaming and m.version_number > 1)
+        self.next_version.setEnabled(not streaming and m.version_number < m.version_count)
+
+    def _step_version(self, step: int) -> None:
+        index = self.message.version_number - 1 + step
+        if 0 <= index < len(self.message.version_ids):
+            self.versionRequested.emit(self.message.version_ids[index])
 
     def _toggle_reasoning(self, shown: bool) -> None:
         self.reasoning_toggle.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)

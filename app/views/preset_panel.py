@@ -19,13 +19,19 @@ from PySide6.QtWidgets import (
 from app.preset_state import format_value
 from engine.types import ResolvedPreset
 
-SOURCE_COLORS = {"override": "#c05a00", "saved preset": "#2a7ab8"}
+SOURCE_COLORS = {
+    "override": "#c05a00",
+    "saved preset": "#2a7ab8",
+    "implied by your sampling values": "#c05a00",
+}
 # Short labels so the value column keeps its room; the tooltip says it in full.
 SOURCE_LABELS = {
     "generation_config.json": "gen. config",
     "gguf metadata": "GGUF",
     "override": "you (unsaved)",
     "saved preset": "your preset",
+    "LocalChat chat defaults": "chat defaults",
+    "implied by your sampling values": "implied",
     "default": "default",
 }
 SOURCE_TIPS = {
@@ -33,6 +39,11 @@ SOURCE_TIPS = {
     "gguf metadata": "From the model file's general.sampling.* metadata",
     "override": "Changed by you in this session (not saved)",
     "saved preset": "From your saved preset for this model",
+    "LocalChat chat defaults": (
+        "LocalChat chat defaults: the model states no sampling values, so chat samples with "
+        "temperature 0.7, top_p 0.9, min_p 0.05 instead of greedy decoding (which loops)"
+    ),
+    "implied by your sampling values": "Implied by a sampling value you set (see below)",
     "default": "The engine's built-in default (no other source sets it)",
 }
 
@@ -67,6 +78,12 @@ class PresetPanel(QWidget):
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #c0392b;")
         self.error_label.setVisible(False)
+        # Why a value was implied rather than taken from a source (e.g. do_sample turned on by
+        # your temperature): said in words under the table, not only in a tooltip.
+        self.reasons_label = QLabel()
+        self.reasons_label.setObjectName("preset_reasons")
+        self.reasons_label.setWordWrap(True)
+        self.reasons_label.setVisible(False)
         buttons = QHBoxLayout()
         self.save_button = QPushButton("Save as model preset")
         self.save_button.setToolTip("Use these values every time this model is loaded")
@@ -80,6 +97,7 @@ class PresetPanel(QWidget):
         buttons.addWidget(self.reset_button)
         layout.addWidget(self.hint)
         layout.addWidget(self.table, 1)
+        layout.addWidget(self.reasons_label)
         layout.addWidget(self.error_label)
         layout.addLayout(buttons)
         self.view: ResolvedPreset | None = None
@@ -98,7 +116,7 @@ class PresetPanel(QWidget):
             value_item.setToolTip(f"{name} = {format_value(value)!r} — double-click to edit")
             source = view.sources.get(name, "default")
             source_item = QTableWidgetItem(SOURCE_LABELS.get(source, source))
-            source_item.setToolTip(SOURCE_TIPS.get(source, source))
+            source_item.setToolTip(view.reasons.get(name) or SOURCE_TIPS.get(source, source))
             source_item.setFlags(Qt.ItemIsEnabled)
             if source in SOURCE_COLORS:
                 source_item.setForeground(QBrush(QColor(SOURCE_COLORS[source])))
@@ -106,6 +124,9 @@ class PresetPanel(QWidget):
             self.table.setItem(row, 1, value_item)
             self.table.setItem(row, 2, source_item)
         self._filling = False
+        reasons = "\n".join(view.reasons.values())  # each names its field
+        self.reasons_label.setText(reasons)
+        self.reasons_label.setVisible(bool(reasons))
         self.setEnabled(True)
 
     def show_error(self, message: str, prefix: str = "Refused: ") -> None:

@@ -1,0 +1,126 @@
+"""Receipts and replay with the real engine on SmolLM2: a sampled reply (no seed in the preset,
+so the engine picks one and the receipt records it) replays token for token from its receipt;
+a receipt whose preset was changed behind its back replays into a divergence, located at the
+first token where a direct run with that preset differs, and the Details view says the preset
+was changed. The JSON export carries the receipt."""
+
+import hashlib
+import json
+
+from PySide6.QtCore import Qt
+
+from app.engine_bridge import RealEngine
+from engine.cancel import CancelToken
+from engine.generate import generate
+from engine.receipt import build_receipt, replay
+from engine.types import GenerationRequest
+from tests.app_fakes import WAIT_MS, close_window, make_window
+
+SAMPLED = {"do_sample": True, "temperature": 0.9, "top_p": 0.95, "max_new_tokens": 24}
+
+
+def test_a_reply_replays_exactly_and_a_changed_preset_is_located(
+    qtbot, tmp_path, smollm2_path, smollm2
+):
+    engine = RealEngine(digest_cache=tmp_path / "digests.json")
+    window = make_window(qtbot, tmp_path, engine, model_path=str(smollm2_path))
+    for name, value in SAMPLED.items():
+        assert window.session.set_preset_value(name, value) is None
+    window.input.setPlainText("Tell me about the sea.")
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        qtbot.keyClick(window.input, Qt.Key_Return)
+    reply = window.store.messages(window.session.conversation_id)[-1]
+    receipt = reply.receipt
+    assert receipt["model"]["sha256"] == hashlib.sha256(smollm2_path.read_bytes()).hexdigest()
+    assert receipt["model"]["file_name"] == smollm2_path.name
+    assert receipt["preset"]["seed_used"] is not None  # picked by the engine, recorded
+    assert receipt["preset"]["sources"]["temperature"] == "override"
+    assert receipt["prompt"]["messages"][-1] == {
+        "role": "user",
+        "content": "Tell me about the sea.",
+    }
+    assert receipt["output"]["token_ids"] == [t["token_id"] for t in reply.tokens]
+    assert receipt["prompt"]["n_tokens"] == reply.usage["prompt_tokens"]
+
+    # Details shows the receipt; Replay reproduces it exactly.
+    window.chat_view.widgets[-1].details_button.click()
+    dialog = window.details_dialog
+    assert receipt["model"]["sha256"] in dialog.body.toPlainText()
+    with qtbot.waitSignal(window.session.replayFinished, timeout=WAIT_MS) as done:
+        dialog.replay_button.click()
+    report = done.args[1]
+    assert report.identical and report.divergence is None and report.differences == ()
+    assert report.replayed_tokens == len(receipt["output"]["token_ids"])
+    assert "Reproduced exactly" in dialog.result.text()
+
+    # The preset changed behind the receipt's back: the replay runs what the receipt now says.
+    tampered = json.loads(json.dumps(receipt))
+    tampered["preset"]["values"]["temperature"] = 1.6
+    tampered["preset"]["values"]["top_p"] = 1.0
+    window.store.set_receipt(reply.id, tampered)
+    direct = generate(
+        smollm2,
+        GenerationRequest(
+            prompt_ids=receipt["prompt"]["token_ids"],
+            overrides={**tampered["preset"]["values"], "seed": receipt["preset"]["seed_used"]},
+        ),
+    )
+    direct_ids = list(list(direct)[-1].token_ids)
+    original_ids = receipt["output"]["token_ids"]
+    expected = next(
+        (i for i, (a, b) in enumerate(zip(original_ids, direct_ids, strict=False)) if a != b),
+        min(len(original_ids), len(direct_ids)),
+    )
+    dialog = window.show_details(reply.id)
+    with qtbot.waitSignal(window.session.replayFinished, timeout=WAIT_MS) as done:
+        dialog.replay_button.click()
+    report = done.args[1]
+    assert not report.identical
+    d = report.divergence
+    assert d.index == expected, expected
+    assert d.original.token_id == original_ids[expected]
+    assert d.original.logprob == reply.tokens[expected]["logprob"]
+    if expected < len(direct_ids):
+        assert d.replayed.token_id == direct_ids[expected]
+        assert d.replayed.logprob is not None and d.replayed.logprob <= 0
+    assert report.differences == ("the receipt's preset was changed after it was recorded",)
+    if d.original_logprob_in_replay is not None and d.replayed_logprob_in_original is not None:
+        # temperature/top_p change the sampler, not the model's probabilities
+        assert d.same_distribution is True
+    assert f"First difference at token {expected + 1}" in dialog.result.text()
+    assert "preset was changed" in dialog.result.text()
+
+    out = tmp_path / "chat.json"
+    window.export_to(str(out))
+    exported = json.loads(out.read_text())
+    assert (
+        exported["messages"][-1]["receipt"]["preset"]["seed_used"] == receipt["preset"]["seed_used"]
+    )
+    close_window(window)
+
+
+class StopsAfter(CancelToken):
+    """Reads as cancelled after `polls` checks: the user pressing Stop mid-replay."""
+
+    def __init__(self, polls):
+        super().__init__()
+        self.polls = polls
+
+    @property
+    def cancelled(self):
+        self.polls -= 1
+        return self.polls < 0 or super().cancelled
+
+
+def test_a_stopped_replay_gives_no_verdict(smollm2):
+    request = GenerationRequest(
+        messages=({"role": "user", "content": "Count to twenty."},),
+        overrides={**SAMPLED, "max_new_tokens": 20},
+    )
+    finished = list(generate(smollm2, request))[-1]
+    receipt = build_receipt(smollm2, request, finished, "0" * 64)
+    report = replay(smollm2, receipt, [], "0" * 64, StopsAfter(400))
+    assert report.stopped and not report.identical and report.divergence is None
+    assert report.replayed_tokens < report.original_tokens == len(finished.token_ids)
+    full = replay(smollm2, receipt, [], "0" * 64)
+    assert full.identical and not full.stopped
