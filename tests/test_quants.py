@@ -26,6 +26,18 @@ FP16_FIELDS = {
     Q.Q4_K: (0, 2),
     Q.Q5_K: (0, 2),
     Q.Q6_K: (208,),
+    Q.IQ4_NL: (0,),
+    Q.IQ4_XS: (0,),
+    Q.MXFP4: (),  # e8m0 exponent byte instead, see random_blocks
+    Q.TQ1_0: (52,),
+    Q.TQ2_0: (64,),
+    Q.IQ3_S: (0,),
+    Q.IQ3_XXS: (0,),
+    Q.IQ2_XS: (0,),
+    Q.IQ2_XXS: (0,),
+    Q.IQ2_S: (0,),
+    Q.IQ1_S: (0,),
+    Q.IQ1_M: (),  # fp16 split over the top nibbles of 4 words, see random_blocks
 }
 
 
@@ -38,6 +50,18 @@ def random_blocks(
     for at in FP16_FIELDS[qtype]:
         scale = rng.standard_normal((n_blocks, 1)).astype(np.float16)
         blocks[:, at : at + 2] = scale.view(np.uint8)
+    if qtype == Q.MXFP4:
+        # e8m0 exponents 2^-28..2^11 (an exponent near 255 would overflow to inf), plus the
+        # two subnormal codes 0 and 1
+        blocks[:, 0] = rng.integers(100, 140, size=n_blocks)
+        blocks[: min(2, n_blocks), 0] = [0, 1][:n_blocks]
+    if qtype == Q.IQ1_M:
+        # the fp16 scale's nibbles sit at the top of the u16 words at bytes 48, 50, 52, 54
+        scale = rng.standard_normal(n_blocks).astype(np.float16).view(np.uint16)
+        for k in range(4):
+            word = blocks[:, 48 + 2 * k : 50 + 2 * k].copy().view("<u2")[:, 0]
+            word = (word & 0x0FFF) | (((scale >> (4 * k)) & 0xF) << 12)
+            blocks[:, 48 + 2 * k : 50 + 2 * k] = word.astype("<u2").view(np.uint8).reshape(-1, 2)
     return blocks
 
 
@@ -56,6 +80,26 @@ def test_blocks_match_gguf_py(qtype):
     np.testing.assert_array_equal(
         dequantize_blocks(qtype, blocks), gguf_quants.dequantize(blocks, qtype)
     )
+
+
+def test_random_blocks_have_finite_scales():
+    # the block generator must not hide a broken dequantizer behind inf/nan on both sides
+    rng = np.random.default_rng(0)
+    for qtype in BLOCK_TYPES:
+        assert np.isfinite(gguf_quants.dequantize(random_blocks(rng, qtype, 64), qtype)).all()
+
+
+@pytest.mark.parametrize("qtype", [Q.TQ1_0, Q.TQ2_0, Q.MXFP4], ids=lambda t: t.name)
+def test_blocks_quantized_by_gguf_py(qtype):
+    # the types gguf-py can also quantize: blocks as a quantizer writes them
+    rng = np.random.default_rng(int(qtype))
+    block_size = GGML_QUANT_SIZES[qtype][0]
+    values = rng.standard_normal((64, 4 * block_size)).astype(np.float32)
+    values[0] = 0.0  # an all-zero block (scale 0)
+    data = gguf_quants.quantize(values, qtype)
+    blocks = data.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    expected = gguf_quants.dequantize(data, qtype).reshape(len(blocks), block_size)
+    np.testing.assert_array_equal(dequantize_blocks(qtype, blocks), expected)
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
