@@ -27,9 +27,12 @@ Rows are split across the pool's work chunks. A kernel's argument block holds th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from engine.kernels.ir import Fn, mask, splat, thread_range
+from engine.kernels.quant_chunk import Chunk
+from engine.kernels.quant_iq import LAYOUTS_IQ, UNPACK_IQ, globals_ir
 
 TILE = 8  # tokens per weight-row pass in prefill (4 x 8 tiles: best of 4x4, 2x8, 4x6, 4x8)
 ROWS = 4  # weight rows per pass (decode and prefill)
@@ -70,23 +73,8 @@ LAYOUTS = {
     "Q4_K": QuantLayout("Q4_K", 256, 144),
     "Q5_K": QuantLayout("Q5_K", 256, 176),
     "Q6_K": QuantLayout("Q6_K", 256, 210),
+    **{name: QuantLayout(name, block, size) for name, (block, size) in LAYOUTS_IQ.items()},
 }
-
-
-@dataclass
-class Chunk:
-    """32 unpacked weights: value_i = s_h * (u_i - offset) + b_h for half h = i // 16.
-
-    A constant integer `offset` is folded into the integer dot product (its accumulator starts
-    at -offset * sum(a), computed once per token and shared by all rows of the tile); the float
-    term b_h (per-row mins of Q4_1/Q5_1/Q2_K/Q4_K/Q5_K) costs two scalar fmas per row and token.
-    """
-
-    u: str  # <32 x i8>, unsigned values (or |q| when signed_src is set)
-    s: tuple[str, str]
-    b: tuple[str, str] | None  # None: no float offset term
-    signed_src: str | None = None  # the original signed <32 x i8> (Q8_0): sign moves to a
-    offset: int = 0
 
 
 # --- unpacking, one function per quant type ------------------------------------------------------
@@ -284,6 +272,14 @@ UNPACK = {
 }
 
 
+def unpacker(qname: str, isa: str):
+    """`(f, blk, c) -> Chunk` for values 32c..32c+31 of a block of `qname` (codebook types
+    look values up differently per ISA)."""
+    if qname in UNPACK_IQ:
+        return functools.partial(UNPACK_IQ[qname], isa=isa)
+    return UNPACK[qname]
+
+
 # --- the u8 x s8 dot product per ISA ------------------------------------------------------------
 
 
@@ -381,7 +377,8 @@ def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v,
         width = len(unit)
         lanes = 8 * width
         vf = f"<{lanes} x float>"
-        per_chunk = [[UNPACK[qname](f, blk, c) for blk in blk_of(db)] for db, c in unit]
+        unpack = unpacker(qname, isa)
+        per_chunk = [[unpack(f, blk, c) for blk in blk_of(db)] for db, c in unit]
         rows = list(zip(*per_chunk, strict=True))  # rows[i] = chunks of row i in this unit
         db0, c0 = unit[0]
         b0 = f.op(f"add i64 {b}, {db0}")
@@ -649,6 +646,7 @@ def module_ir(qname: str, isa: str) -> str:
         [
             DECLARATIONS,
             "declare float @llvm.fma.f32(float, float, float)",
+            *([globals_ir(qname)] if qname in UNPACK_IQ else []),
             *(tile_function(qname, isa, nr, nt) for nr in (ROWS, 1) for nt in (TILE, 1)),
             kernel_function(qname),
         ]
