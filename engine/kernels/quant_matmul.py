@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from engine.kernels.ir import Fn, mask, splat, thread_range
 from engine.kernels.quant_chunk import Chunk
-from engine.kernels.quant_iq import LAYOUTS_IQ, UNPACK_IQ, globals_ir
+from engine.kernels.quant_iq import LAYOUTS_IQ, TILE_ROWS_IQ, UNPACK_IQ, globals_ir
 
 TILE = 8  # tokens per weight-row pass in prefill (4 x 8 tiles: best of 4x4, 2x8, 4x6, 4x8)
 ROWS = 4  # weight rows per pass (decode and prefill)
@@ -595,6 +595,12 @@ def _token_loop(
     f(f"br label %{tag}_rh")
 
 
+def tile_rows(qname: str) -> int:
+    """Weight rows per tile: ROWS, or fewer for the grid types, whose table lookups for ROWS rows
+    of a whole super-block exhaust the registers (LLVM hoists every row's index math and spills)."""
+    return TILE_ROWS_IQ.get(qname, ROWS)
+
+
 def kernel_function(qname: str) -> str:
     """`mm_<type>(args, tid, n_threads)`: all tokens x this thread's rows, ROWS rows at a time."""
     f = Fn()
@@ -608,9 +614,10 @@ def kernel_function(qname: str) -> str:
     out = f.arg("%args", s.OUT, "ptr")
     n = f.arg("%args", s.N)
     ostride = f.arg("%args", s.OUT_STRIDE)
-    r0, r1 = thread_range(f, n_rows, "%tid", "%nth", ROWS)
+    nrows = tile_rows(qname)
+    r0, r1 = thread_range(f, n_rows, "%tid", "%nth", nrows)
     r1_tiles = f.op(f"sub i64 {r1}, {r0}")
-    r1_tiles = f.op(f"and i64 {r1_tiles}, {-ROWS}")
+    r1_tiles = f.op(f"and i64 {r1_tiles}, {-nrows}")
     r1_tiles = f.op(f"add i64 {r1_tiles}, {r0}")
     common = f"i64 {row_bytes}, i64 {nblocks}, ptr {aq}, ptr {ad}, ptr {as_}, i64 {n}"
     # rows ROWS at a time
@@ -621,9 +628,9 @@ def kernel_function(qname: str) -> str:
     f("br i1 %rfits, label %rtile, label %rrem")
     f.put_label("rtile")
     wrow = f.gep(w, f.op(f"mul i64 %r, {row_bytes}"), "wrow")
-    _token_loop(f, qname, ROWS, common, ntok, out, ostride, wrow, "rt", "rnext")
+    _token_loop(f, qname, nrows, common, ntok, out, ostride, wrow, "rt", "rnext")
     f.put_label("rnext")
-    f(f"%r_next = add i64 %r, {ROWS}")
+    f(f"%r_next = add i64 %r, {nrows}")
     f("br label %rh")
     # leftover rows one at a time
     f.put_label("rrem")
@@ -647,7 +654,11 @@ def module_ir(qname: str, isa: str) -> str:
             DECLARATIONS,
             "declare float @llvm.fma.f32(float, float, float)",
             *([globals_ir(qname)] if qname in UNPACK_IQ else []),
-            *(tile_function(qname, isa, nr, nt) for nr in (ROWS, 1) for nt in (TILE, 1)),
+            *(
+                tile_function(qname, isa, nr, nt)
+                for nr in dict.fromkeys((tile_rows(qname), 1))
+                for nt in (TILE, 1)
+            ),
             kernel_function(qname),
         ]
     )
