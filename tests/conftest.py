@@ -62,6 +62,21 @@ def gemma3(gemma3_path):
         yield lm
 
 
+@pytest.fixture(scope="session")
+def quant_variants(smollm2_path) -> dict[str, Path]:
+    """SmolLM2 requantized into each IQ/TQ/MXFP4 type by llama.cpp's quantizer, with llama.cpp's
+    greedy reply next to each file (tools/make_quant_variants.py). Built once into a cache dir
+    ($LOCALCHAT_QUANT_VARIANTS, else the user cache) and reused; needs llama-cpp-python."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python builds the requantized files")
+    import platformdirs
+
+    from tools.make_quant_variants import build
+
+    default = Path(platformdirs.user_cache_dir("localchat-tests")) / "quant-variants-v1"
+    out = Path(os.environ.get("LOCALCHAT_QUANT_VARIANTS", default))
+    return build(out, "smollm2", log=lambda line: None)
+
+
 REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "smollm2", "gemma3"})
 
 
