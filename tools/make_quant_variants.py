@@ -9,10 +9,11 @@ that exist. Generated files never go in git; tests/conftest.py runs this once pe
 
 How: every 2-D `blk.*` weight whose row length is a multiple of the type's block size is
 dequantized (gguf-py) to float32 and quantized with `ggml_quantize_chunk` (ggml-quants.c, the
-code `llama-quantize` runs), everything else is copied unchanged, metadata included. Types
-llama.cpp only quantizes with an importance matrix (IQ2_XXS, IQ2_XS, IQ1_S; IQ1_M and IQ2_S
-use one when given) get a uniform one (every column weighted 1): the quantizer's search runs
-as with a real imatrix, without the quality a real one buys. The models here are small and
+code `llama-quantize` runs), everything else is copied unchanged, metadata included. Every
+type is given a uniform importance matrix (every column weighted 1): IQ2_XXS, IQ2_XS and IQ1_S
+refuse to quantize without one (`ggml_quantize_requires_imatrix`), and one rule for all keeps
+the files comparable. The quantizer's search runs as with a real imatrix, without the quality
+a real one (activation statistics from text) would buy. The models here are small and
 already quantized, so low-bit variants talk nonsense; the smoke test compares against
 llama.cpp on the same file, which is what matters for the engine.
 
