@@ -67,10 +67,12 @@ def quant_variants(smollm2_path) -> dict[str, Path]:
     """SmolLM2 requantized into each IQ/TQ/MXFP4 type by llama.cpp's quantizer, with llama.cpp's
     greedy reply next to each file (tools/make_quant_variants.py). Built once into a cache dir
     ($LOCALCHAT_QUANT_VARIANTS, else the user cache) and reused; needs llama-cpp-python."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python builds the requantized files")
     import platformdirs
 
-    from tools.make_quant_variants import build
+    from tools.make_quant_variants import build, llama_cpp_dir
+
+    if llama_cpp_dir() is None:
+        pytest.skip("llama-cpp-python (which builds the requantized files) is not installed")
 
     default = Path(platformdirs.user_cache_dir("localchat-tests")) / "quant-variants-v1"
     out = Path(os.environ.get("LOCALCHAT_QUANT_VARIANTS", default))

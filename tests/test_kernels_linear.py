@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.kernels import quant_matmul
 from engine.kernels.compiler import KernelLibrary
-from engine.kernels.jit_backend import JitBackend, kernel_modules
+from engine.kernels.jit_backend import LAZY_QUANT_TYPES, JitBackend, kernel_modules, quant_module
 from engine.kernels.threads import ThreadPool
 from engine.qtensor import QTensor
 from tests.test_quants import random_blocks
@@ -133,6 +133,7 @@ def test_other_instruction_set_paths(isa):
     """The non-VNNI dot products give the same numbers (they run here too: AVX2 and plain IR)."""
     lib = KernelLibrary()
     lib.add_modules([m for m in kernel_modules(isa) if not m[0].startswith("mmf_")])
+    lib.add_modules([quant_module(q.name, isa) for q in IQ])  # compiled on first use in the app
     pool = ThreadPool(lib, 1)
     rng = np.random.default_rng(11)
     for qtype in SIMPLE + KQUANTS + IQ:
@@ -171,3 +172,11 @@ def test_other_instruction_set_paths(isa):
         )
     pool.close()
     assert set(quant_matmul.LAYOUTS) == {q.name for q in SIMPLE + KQUANTS + IQ}
+
+
+def test_new_types_compile_on_first_use_not_at_start_up():
+    # start-up compiles the classic types only; the 12 newer ones wait until a weight needs one
+    names = {name for name, _ in kernel_modules("vnni")}
+    assert {f"mm_{q.name}_vnni" for q in SIMPLE + KQUANTS} <= names
+    assert not any(f"mm_{q.name}_vnni" in names for q in IQ)
+    assert {q.name for q in IQ} == LAZY_QUANT_TYPES

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -42,10 +43,20 @@ PROMPT = "The capital of France is"
 N_GREEDY = 32  # steps; this small model's margins are mostly small, so take enough of them
 
 
-def _ggml() -> ctypes.CDLL:
-    import llama_cpp
+def llama_cpp_dir() -> Path | None:
+    """llama-cpp-python's package directory, found without importing it (its import leaves a
+    /dev/null handle open until exit)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
 
-    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+
+def _ggml() -> ctypes.CDLL:
+    package = llama_cpp_dir()
+    if package is None:
+        raise RuntimeError("llama-cpp-python is not installed (pip install llama-cpp-python)")
+    lib = ctypes.CDLL(str(package / "lib" / "libggml-base.so"))
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
     lib.ggml_quantize_chunk.argtypes = [
         ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
