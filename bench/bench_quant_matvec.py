@@ -30,8 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.kernels.jit_backend import JitBackend
 from engine.qtensor import QTensor
-from tests.test_kernels_linear import scale_down
-from tests.test_quants import random_blocks
+from tests.quant_blocks import random_blocks, scale_down
 
 Q = GGMLQuantizationType
 DEFAULT_TYPES = [

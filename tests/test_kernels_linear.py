@@ -17,7 +17,7 @@ from engine.kernels.compiler import KernelLibrary
 from engine.kernels.jit_backend import LAZY_QUANT_TYPES, JitBackend, kernel_modules, quant_module
 from engine.kernels.threads import ThreadPool
 from engine.qtensor import QTensor
-from tests.test_quants import random_blocks
+from tests.quant_blocks import random_blocks, scale_down
 
 SIMPLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 KQUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -50,13 +50,6 @@ def make_weight(qtype, rows, cols, rng) -> QTensor:
     scales = (rng.standard_normal((rows, cols // block, count)) * 0.01).astype(np.float16)
     raw[:, :, at : at + 2 * count] = scales.view(np.uint8)
     return QTensor("w", qtype, (rows, cols), raw.reshape(rows, -1))
-
-
-def scale_down(qtype, blocks: np.ndarray) -> None:
-    """Keep the random weights' scales near 1 (as the K-quant weights here): MXFP4's e8m0
-    exponents to 2^-8..2^4, other fp16 scales unchanged (standard normal)."""
-    if qtype == Q.MXFP4:
-        blocks[:, 0] = 120 + blocks[:, 0] % 12
 
 
 def oracle_weight(w: QTensor) -> np.ndarray:
