@@ -52,6 +52,8 @@ Q = GGMLQuantizationType
 SUPPORTED_QTYPES: tuple[GGMLQuantizationType, ...] = (
     Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0,
     Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+    Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.TQ1_0, Q.TQ2_0, Q.IQ3_S, Q.IQ3_XXS,
+    Q.IQ2_XS, Q.IQ2_XXS, Q.IQ2_S, Q.IQ1_S, Q.IQ1_M,
 )  # fmt: skip
 SUPPORTED_QTYPE_NAMES = ", ".join(t.name for t in SUPPORTED_QTYPES)
 

@@ -1,5 +1,6 @@
-"""numpy dequantizers for the 13 tensor types the engine runs: the reference the JIT kernels are
-tested against, and the embedding-row lookup of the forward pass.
+"""numpy dequantizers for the tensor types the engine runs: the reference the JIT kernels are
+tested against, and the embedding-row lookup of the forward pass. The classic and K-quant
+types are here; the codebook, ternary and MXFP4 types are in engine/quants_iq.py.
 
 Each `_blocks_<type>(blocks)` turns uint8 blocks (n_blocks, type_size) into float32
 (n_blocks, block_size) following ggml's block layouts (ggml-common.h / ggml-quants.c
@@ -15,6 +16,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.qtensor import QTensor
+from engine.quants_iq import BLOCK_DEQUANTIZERS as _IQ_DEQUANTIZERS
 
 Q = GGMLQuantizationType
 QK_K = 256
@@ -208,6 +210,7 @@ _BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[np.ndarray], np.ndarra
     Q.Q4_K: _blocks_q4_k,
     Q.Q5_K: _blocks_q5_k,
     Q.Q6_K: _blocks_q6_k,
+    **_IQ_DEQUANTIZERS,
 }
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 SUPPORTED = (*FLOAT_TYPES, *_BLOCK_DEQUANTIZERS)

@@ -62,6 +62,23 @@ def gemma3(gemma3_path):
         yield lm
 
 
+@pytest.fixture(scope="session")
+def quant_variants(smollm2_path) -> dict[str, Path]:
+    """SmolLM2 requantized into each IQ/TQ/MXFP4 type by llama.cpp's quantizer, with llama.cpp's
+    greedy reply next to each file (tools/make_quant_variants.py). Built once into a cache dir
+    ($LOCALCHAT_QUANT_VARIANTS, else the user cache) and reused; needs llama-cpp-python."""
+    import platformdirs
+
+    from tools.make_quant_variants import build, llama_cpp_dir
+
+    if llama_cpp_dir() is None:
+        pytest.skip("llama-cpp-python (which builds the requantized files) is not installed")
+
+    default = Path(platformdirs.user_cache_dir("localchat-tests")) / "quant-variants-v1"
+    out = Path(os.environ.get("LOCALCHAT_QUANT_VARIANTS", default))
+    return build(out, "smollm2", log=lambda line: None)
+
+
 REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "smollm2", "gemma3"})
 
 

@@ -298,7 +298,7 @@ def test_unknown_tensor_type_id(tmp_path):
     assert "Q4_K" in message and "BF16" in message  # lists what is supported
 
 
-@pytest.mark.parametrize("qtype", [Q.IQ2_XS, Q.Q8_1, Q.I32, Q.TQ1_0])
+@pytest.mark.parametrize("qtype", [Q.Q8_1, Q.I32, Q.Q8_K, Q.NVFP4])
 def test_known_but_unsupported_tensor_type(tmp_path, qtype):
     info = tensor_info("blk.0.ffn_up.weight", (256, 1), qtype, 0)
     message = refused(

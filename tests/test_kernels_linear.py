@@ -14,13 +14,20 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.kernels import quant_matmul
 from engine.kernels.compiler import KernelLibrary
-from engine.kernels.jit_backend import JitBackend, kernel_modules
+from engine.kernels.jit_backend import LAZY_QUANT_TYPES, JitBackend, kernel_modules, quant_module
 from engine.kernels.threads import ThreadPool
 from engine.qtensor import QTensor
+from tests.quant_blocks import random_blocks, scale_down
 
 SIMPLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 KQUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 FLOATS = [Q.F32, Q.F16, Q.BF16]
+# Codebook, ternary and MXFP4 types (engine/kernels/quant_iq.py); their random blocks come from
+# tests/test_quants.py's generator (finite scales, including MXFP4's e8m0 and IQ1_M's split fp16).
+IQ = [
+    Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.TQ2_0, Q.TQ1_0, Q.IQ3_S, Q.IQ3_XXS,
+    Q.IQ2_XS, Q.IQ2_XXS, Q.IQ2_S, Q.IQ1_S, Q.IQ1_M,
+]  # fmt: skip
 # Offset of the fp16 super-block scale(s) that random bytes must not turn into inf/nan.
 _K_SCALE_AT = {Q.Q2_K: (80, 2), Q.Q3_K: (108, 1), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, 1)}
 
@@ -34,6 +41,10 @@ def make_weight(qtype, rows, cols, rng) -> QTensor:
         data = quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
         return QTensor("w", qtype, (rows, cols), data)
     block, size = GGML_QUANT_SIZES[qtype]
+    if qtype in IQ:
+        blocks = random_blocks(rng, qtype, rows * (cols // block))
+        scale_down(qtype, blocks)
+        return QTensor("w", qtype, (rows, cols), blocks.reshape(rows, -1))
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     at, count = _K_SCALE_AT[qtype]
     scales = (rng.standard_normal((rows, cols // block, count)) * 0.01).astype(np.float16)
@@ -68,7 +79,7 @@ def backend():
 SHAPES = [(1, 1), (7, 1), (37, 3), (64, 4), (9, 9), (130, 17)]  # (rows, tokens)
 
 
-@pytest.mark.parametrize("qtype", SIMPLE + KQUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", SIMPLE + KQUANTS + IQ, ids=lambda q: q.name)
 @pytest.mark.parametrize("rows,tokens", SHAPES)
 def test_quantized_linear_matches_gguf_oracle(backend, qtype, rows, tokens):
     rng = np.random.default_rng(rows * 100 + tokens)
@@ -115,9 +126,10 @@ def test_other_instruction_set_paths(isa):
     """The non-VNNI dot products give the same numbers (they run here too: AVX2 and plain IR)."""
     lib = KernelLibrary()
     lib.add_modules([m for m in kernel_modules(isa) if not m[0].startswith("mmf_")])
+    lib.add_modules([quant_module(q.name, isa) for q in IQ])  # compiled on first use in the app
     pool = ThreadPool(lib, 1)
     rng = np.random.default_rng(11)
-    for qtype in SIMPLE + KQUANTS:
+    for qtype in SIMPLE + KQUANTS + IQ:
         block = GGML_QUANT_SIZES[qtype][0]
         w = make_weight(qtype, 6, block * 2, rng)
         x = rng.standard_normal((5, block * 2)).astype(np.float32)
@@ -152,4 +164,12 @@ def test_other_instruction_set_paths(isa):
             out, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max(), err_msg=f"{isa} {qtype.name}"
         )
     pool.close()
-    assert set(quant_matmul.LAYOUTS) == {q.name for q in SIMPLE + KQUANTS}
+    assert set(quant_matmul.LAYOUTS) == {q.name for q in SIMPLE + KQUANTS + IQ}
+
+
+def test_new_types_compile_on_first_use_not_at_start_up():
+    # start-up compiles the classic types only; the 12 newer ones wait until a weight needs one
+    names = {name for name, _ in kernel_modules("vnni")}
+    assert {f"mm_{q.name}_vnni" for q in SIMPLE + KQUANTS} <= names
+    assert not any(f"mm_{q.name}_vnni" in names for q in IQ)
+    assert {q.name for q in IQ} == LAZY_QUANT_TYPES

@@ -10,35 +10,10 @@ from gguf import quants as gguf_quants
 from engine.gguf import SUPPORTED_QTYPES, open_gguf
 from engine.qtensor import QTensor
 from engine.quants import dequantize, dequantize_blocks, dequantize_rows
+from tests.quant_blocks import random_blocks
 
 Q = GGMLQuantizationType
 BLOCK_TYPES = [t for t in SUPPORTED_QTYPES if t not in (Q.F32, Q.F16, Q.BF16)]
-
-# Byte offsets of the fp16 scale fields in each block layout (ggml-common.h).
-FP16_FIELDS = {
-    Q.Q4_0: (0,),
-    Q.Q4_1: (0, 2),
-    Q.Q5_0: (0,),
-    Q.Q5_1: (0, 2),
-    Q.Q8_0: (0,),
-    Q.Q2_K: (80, 82),
-    Q.Q3_K: (108,),
-    Q.Q4_K: (0, 2),
-    Q.Q5_K: (0, 2),
-    Q.Q6_K: (208,),
-}
-
-
-def random_blocks(
-    rng: np.random.Generator, qtype: GGMLQuantizationType, n_blocks: int
-) -> np.ndarray:
-    """Random bytes (every bit pattern is a valid block) with finite fp16 scales of both signs."""
-    type_size = GGML_QUANT_SIZES[qtype][1]
-    blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
-    for at in FP16_FIELDS[qtype]:
-        scale = rng.standard_normal((n_blocks, 1)).astype(np.float16)
-        blocks[:, at : at + 2] = scale.view(np.uint8)
-    return blocks
 
 
 def random_tensor(rng, qtype, rows: int, blocks_per_row: int) -> QTensor:
@@ -56,6 +31,26 @@ def test_blocks_match_gguf_py(qtype):
     np.testing.assert_array_equal(
         dequantize_blocks(qtype, blocks), gguf_quants.dequantize(blocks, qtype)
     )
+
+
+def test_random_blocks_have_finite_scales():
+    # the block generator must not hide a broken dequantizer behind inf/nan on both sides
+    rng = np.random.default_rng(0)
+    for qtype in BLOCK_TYPES:
+        assert np.isfinite(gguf_quants.dequantize(random_blocks(rng, qtype, 64), qtype)).all()
+
+
+@pytest.mark.parametrize("qtype", [Q.TQ1_0, Q.TQ2_0, Q.MXFP4], ids=lambda t: t.name)
+def test_blocks_quantized_by_gguf_py(qtype):
+    # the types gguf-py can also quantize: blocks as a quantizer writes them
+    rng = np.random.default_rng(int(qtype))
+    block_size = GGML_QUANT_SIZES[qtype][0]
+    values = rng.standard_normal((64, 4 * block_size)).astype(np.float32)
+    values[0] = 0.0  # an all-zero block (scale 0)
+    data = gguf_quants.quantize(values, qtype)
+    blocks = data.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    expected = gguf_quants.dequantize(data, qtype).reshape(len(blocks), block_size)
+    np.testing.assert_array_equal(dequantize_blocks(qtype, blocks), expected)
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)

@@ -53,10 +53,23 @@ def select_isa(cpu: HostCPU) -> str:
     return "generic"
 
 
+# Tensor types whose mat-mul module is compiled on first use, not at start-up: the codebook,
+# ternary and MXFP4 types (~0.5 s each, 6.5 s together on a cold cache, which would have made a
+# first launch 70% slower for types most files do not hold).
+LAZY_QUANT_TYPES = frozenset(quant_matmul.UNPACK_IQ)
+_lazy_compiled: set[str] = set()
+
+
+def quant_module(qname: str, isa: str) -> tuple[str, str]:
+    """The (name, IR) mat-mul module of one tensor type; the name also keys the disk cache."""
+    return f"mm_{qname}_{isa}", quant_matmul.module_ir(qname, isa)
+
+
 def kernel_modules(isa: str) -> list[tuple[str, str]]:
-    """Every (name, IR) module the backend needs; the name also keys the disk cache."""
+    """Every (name, IR) module the backend compiles at start-up (LAZY_QUANT_TYPES' modules come
+    later, from `lazy_quant_kernel`)."""
     modules = [("pool", pool_ir()), ("quantize_q8", act_quant.module_ir())]
-    modules += [(f"mm_{q}_{isa}", quant_matmul.module_ir(q, isa)) for q in quant_matmul.LAYOUTS]
+    modules += [quant_module(q, isa) for q in quant_matmul.LAYOUTS if q not in LAZY_QUANT_TYPES]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
     modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir())]
     return modules
@@ -73,6 +86,15 @@ def shared_library(progress: ProgressFn | None = None) -> KernelLibrary:
         elif progress is not None:
             progress("kernels: ready", 1.0)
         return _library
+
+
+def lazy_quant_kernel(lib: KernelLibrary, qname: str, isa: str) -> int:
+    """Address of `mm_<qname>` in the shared library, compiling its module the first time."""
+    with _library_lock:
+        if qname not in _lazy_compiled:
+            lib.add_modules([quant_module(qname, isa)])
+            _lazy_compiled.add(qname)
+        return lib.address(f"mm_{qname}")
 
 
 _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
@@ -145,7 +167,11 @@ class JitBackend(ReferenceBackend):
         self.n_threads = self.pool.n_threads
         self._quantize = self.library.address("quantize_q8")
         self._quantize_direct = _KERNEL_FN(self._quantize)
-        self._kernels = {q: self.library.address(f"mm_{q}") for q in quant_matmul.LAYOUTS}
+        self._kernels = {
+            q: self.library.address(f"mm_{q}")
+            for q in quant_matmul.LAYOUTS
+            if q not in LAZY_QUANT_TYPES
+        }
         self._float_kernels = {k: self.library.address(f"mmf_{k}") for k in float_matmul.ELEM}
         self._direct = {
             name: _KERNEL_FN(self.library.address(name))
@@ -203,7 +229,10 @@ class JitBackend(ReferenceBackend):
             args[s.N_ROWS] = w.rows
             args[s.N_BLOCKS] = w.cols // quant_matmul.LAYOUTS[kind].block
             args[s.N], args[s.OUT_STRIDE] = w.cols, w.rows
-            entry = _WeightCall(w, data, args, self._kernels[kind], True)
+            kernel = self._kernels.get(kind)
+            if kernel is None:
+                kernel = self._kernels[kind] = lazy_quant_kernel(self.library, kind, self.isa)
+            entry = _WeightCall(w, data, args, kernel, True)
         else:
             f = FloatMatmulSlots
             args = np.zeros(f.SIZE, np.int64)
@@ -225,7 +254,8 @@ class JitBackend(ReferenceBackend):
         # The decode path runs ~130-220 of these per token: keep the Python here minimal.
         call = self._weights.get(id(w))
         if call is None or call.weight is not w:
-            if w.qtype.name not in self._kernels and w.qtype.name not in self._float_kernels:
+            kind = w.qtype.name
+            if kind not in quant_matmul.LAYOUTS and kind not in self._float_kernels:
                 return super().linear(w, x, out)
             call = self._weight_args(w)
         rows, cols = call.rows, call.cols

@@ -27,9 +27,12 @@ Rows are split across the pool's work chunks. A kernel's argument block holds th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from engine.kernels.ir import Fn, mask, splat, thread_range
+from engine.kernels.quant_chunk import Chunk
+from engine.kernels.quant_iq import LAYOUTS_IQ, TILE_ROWS_IQ, UNPACK_IQ, globals_ir
 
 TILE = 8  # tokens per weight-row pass in prefill (4 x 8 tiles: best of 4x4, 2x8, 4x6, 4x8)
 ROWS = 4  # weight rows per pass (decode and prefill)
@@ -70,23 +73,8 @@ LAYOUTS = {
     "Q4_K": QuantLayout("Q4_K", 256, 144),
     "Q5_K": QuantLayout("Q5_K", 256, 176),
     "Q6_K": QuantLayout("Q6_K", 256, 210),
+    **{name: QuantLayout(name, block, size) for name, (block, size) in LAYOUTS_IQ.items()},
 }
-
-
-@dataclass
-class Chunk:
-    """32 unpacked weights: value_i = s_h * (u_i - offset) + b_h for half h = i // 16.
-
-    A constant integer `offset` is folded into the integer dot product (its accumulator starts
-    at -offset * sum(a), computed once per token and shared by all rows of the tile); the float
-    term b_h (per-row mins of Q4_1/Q5_1/Q2_K/Q4_K/Q5_K) costs two scalar fmas per row and token.
-    """
-
-    u: str  # <32 x i8>, unsigned values (or |q| when signed_src is set)
-    s: tuple[str, str]
-    b: tuple[str, str] | None  # None: no float offset term
-    signed_src: str | None = None  # the original signed <32 x i8> (Q8_0): sign moves to a
-    offset: int = 0
 
 
 # --- unpacking, one function per quant type ------------------------------------------------------
@@ -284,6 +272,14 @@ UNPACK = {
 }
 
 
+def unpacker(qname: str, isa: str):
+    """`(f, blk, c) -> Chunk` for values 32c..32c+31 of a block of `qname` (codebook types
+    look values up differently per ISA)."""
+    if qname in UNPACK_IQ:
+        return functools.partial(UNPACK_IQ[qname], isa=isa)
+    return UNPACK[qname]
+
+
 # --- the u8 x s8 dot product per ISA ------------------------------------------------------------
 
 
@@ -381,7 +377,8 @@ def _emit_units(f: Fn, qname: str, isa: str, blk_of, b: str, units, toks, cur_v,
         width = len(unit)
         lanes = 8 * width
         vf = f"<{lanes} x float>"
-        per_chunk = [[UNPACK[qname](f, blk, c) for blk in blk_of(db)] for db, c in unit]
+        unpack = unpacker(qname, isa)
+        per_chunk = [[unpack(f, blk, c) for blk in blk_of(db)] for db, c in unit]
         rows = list(zip(*per_chunk, strict=True))  # rows[i] = chunks of row i in this unit
         db0, c0 = unit[0]
         b0 = f.op(f"add i64 {b}, {db0}")
@@ -598,6 +595,12 @@ def _token_loop(
     f(f"br label %{tag}_rh")
 
 
+def tile_rows(qname: str) -> int:
+    """Weight rows per tile: ROWS, or fewer for the grid types, whose table lookups for ROWS rows
+    of a whole super-block exhaust the registers (LLVM hoists every row's index math and spills)."""
+    return TILE_ROWS_IQ.get(qname, ROWS)
+
+
 def kernel_function(qname: str) -> str:
     """`mm_<type>(args, tid, n_threads)`: all tokens x this thread's rows, ROWS rows at a time."""
     f = Fn()
@@ -611,9 +614,10 @@ def kernel_function(qname: str) -> str:
     out = f.arg("%args", s.OUT, "ptr")
     n = f.arg("%args", s.N)
     ostride = f.arg("%args", s.OUT_STRIDE)
-    r0, r1 = thread_range(f, n_rows, "%tid", "%nth", ROWS)
+    nrows = tile_rows(qname)
+    r0, r1 = thread_range(f, n_rows, "%tid", "%nth", nrows)
     r1_tiles = f.op(f"sub i64 {r1}, {r0}")
-    r1_tiles = f.op(f"and i64 {r1_tiles}, {-ROWS}")
+    r1_tiles = f.op(f"and i64 {r1_tiles}, {-nrows}")
     r1_tiles = f.op(f"add i64 {r1_tiles}, {r0}")
     common = f"i64 {row_bytes}, i64 {nblocks}, ptr {aq}, ptr {ad}, ptr {as_}, i64 {n}"
     # rows ROWS at a time
@@ -624,9 +628,9 @@ def kernel_function(qname: str) -> str:
     f("br i1 %rfits, label %rtile, label %rrem")
     f.put_label("rtile")
     wrow = f.gep(w, f.op(f"mul i64 %r, {row_bytes}"), "wrow")
-    _token_loop(f, qname, ROWS, common, ntok, out, ostride, wrow, "rt", "rnext")
+    _token_loop(f, qname, nrows, common, ntok, out, ostride, wrow, "rt", "rnext")
     f.put_label("rnext")
-    f(f"%r_next = add i64 %r, {ROWS}")
+    f(f"%r_next = add i64 %r, {nrows}")
     f("br label %rh")
     # leftover rows one at a time
     f.put_label("rrem")
@@ -649,7 +653,12 @@ def module_ir(qname: str, isa: str) -> str:
         [
             DECLARATIONS,
             "declare float @llvm.fma.f32(float, float, float)",
-            *(tile_function(qname, isa, nr, nt) for nr in (ROWS, 1) for nt in (TILE, 1)),
+            *([globals_ir(qname)] if qname in UNPACK_IQ else []),
+            *(
+                tile_function(qname, isa, nr, nt)
+                for nr in dict.fromkeys((tile_rows(qname), 1))
+                for nt in (TILE, 1)
+            ),
             kernel_function(qname),
         ]
     )
