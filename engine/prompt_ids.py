@@ -37,17 +37,22 @@ Span = tuple[int, int]
 
 
 def chat_prompt_ids(
-    template, tokenizer, messages: Sequence[Mapping[str, Any]], cancel: Any = None
+    template,
+    tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    cancel: Any = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> tuple[list[int], str]:
     """-> (token ids with BOS as the tokenizer adds it, the prompt text). `cancel` (the request's
-    CancelToken) stops a slow template render with TemplateCancelled."""
+    CancelToken) stops a slow template render with TemplateCancelled; `extra` are more template
+    variables (`tools`)."""
 
     def has_control_text(text: str) -> bool:
         literal = [(0, len(text))]
         plain = tokenizer.encode(text, add_special=False, literal_spans=literal)
         return plain != tokenizer.encode(text, add_special=False)
 
-    text, spans = render_with_message_spans(template, messages, has_control_text, cancel)
+    text, spans = render_with_message_spans(template, messages, has_control_text, cancel, extra)
     ids = tokenizer.encode(text, add_special=True, literal_spans=spans)
     return list(ids), text
 
@@ -57,14 +62,16 @@ def render_with_message_spans(
     messages: Sequence[Mapping[str, Any]],
     has_control_text: Callable[[str], bool],
     cancel: Any = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[Span]]:
     """The prompt text and (start, end) character spans in it that came from message text:
     every message's where the template keeps the text intact, else at least every message whose
     text `has_control_text`."""
-    text = template.render(messages, add_generation_prompt=True, cancel=cancel)
+    extra = dict(extra or {})
+    text = template.render(messages, add_generation_prompt=True, cancel=cancel, **extra)
     if not any(_message_texts(m) for m in messages):
         return text, []
-    spans = _marked_spans(template, messages, text, lambda _: True, cancel)
+    spans = _marked_spans(template, messages, text, lambda _: True, cancel, extra)
     if spans is not None:
         return text, spans
     suspicious = {
@@ -72,7 +79,7 @@ def render_with_message_spans(
     }
     if not suspicious:
         return text, []  # nothing in the messages would be parsed as a control token
-    spans = _marked_spans(template, messages, text, lambda i: i in suspicious, cancel)
+    spans = _marked_spans(template, messages, text, lambda i: i in suspicious, cancel, extra)
     if spans is not None:
         return text, spans
     log.info("chat template %r changes message text; locating messages by search", template)
@@ -91,7 +98,12 @@ def render_with_message_spans(
 
 
 def _marked_spans(
-    template, messages, text: str, wrap: Callable[[int], bool], cancel: Any = None
+    template,
+    messages,
+    text: str,
+    wrap: Callable[[int], bool],
+    cancel: Any = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> list[Span] | None:
     """Spans from a render with the chosen messages' text wrapped in markers, or None if that
     render, markers removed, is not exactly `text`."""
@@ -100,7 +112,9 @@ def _marked_spans(
         return None
     marked_messages = [_marked(m) if wrap(i) else m for i, m in enumerate(messages)]
     try:
-        marked = template.render(marked_messages, add_generation_prompt=True, cancel=cancel)
+        marked = template.render(
+            marked_messages, add_generation_prompt=True, cancel=cancel, **(extra or {})
+        )
     except TemplateCancelled:
         raise
     except ChatTemplateError:
