@@ -219,3 +219,41 @@ def _prepared(messages, tmpl):
 def test_every_format_passes_plain_text_through_unchanged(fmt):
     text = "Plain answer: 3 < 4, {braces} on a line\n{ and an open one"
     assert summary(run(fmt, text, [1]))["text"] == text
+
+
+# --- calls outside the format's own markup ----------------------------------------------------------
+# What Qwen2.5-Coder-1.5B-Instruct (greedy, this engine) wrote for "What is today's date? Use a
+# tool." with the built-in tools, instead of its template's <tool_call> tags.
+CODER_REPLY = (
+    '```json\n{\n  "name": "get_current_datetime",\n  "arguments": {\n    "timezone": "local"\n'
+    "  }\n}\n```"
+)
+
+
+@pytest.mark.parametrize(
+    "fmt", [ToolCallFormat.HERMES, ToolCallFormat.GENERIC_JSON, ToolCallFormat.LLAMA3_JSON]
+)
+def test_a_fenced_json_call_is_a_call(fmt):
+    got = check_all_cuts(fmt, "Let me check.\n" + CODER_REPLY + "\n")
+    assert got["text"] == "Let me check."
+    assert got["finished"] == [("get_current_datetime", {"timezone": "local"})]
+
+
+def test_a_fenced_block_that_is_not_a_call_stays_text():
+    for text in [
+        '```json\n{"city": "Paris"}\n```\ndone',
+        "```python\nprint({})\n```",
+        "``not a fence`` {x}",
+    ]:
+        for fmt in (ToolCallFormat.HERMES, ToolCallFormat.GENERIC_JSON):
+            assert check_all_cuts(fmt, text)["text"] == text, (fmt, text)
+
+
+def test_hermes_tag_call_and_fenced_call_in_one_reply_keep_their_order():
+    text = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\nand\n'
+        + CODER_REPLY
+    )
+    got = check_all_cuts(ToolCallFormat.HERMES, text)
+    assert [name for name, _ in got["finished"]] == ["get_weather", "get_current_datetime"]
+    assert got["text"] == "\nand"

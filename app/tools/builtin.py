@@ -30,9 +30,13 @@ class BuiltinTool:
         return self.schema["function"]["name"]
 
 
-def current_datetime(arguments: dict, now: Callable[..., datetime] = datetime.now) -> str:
+_clock: Callable[..., datetime] = datetime.now  # the wall clock (tests substitute a fixed one)
+
+
+def current_datetime(arguments: dict, now: Callable[..., datetime] | None = None) -> str:
+    now = now or _clock
     zone_name = arguments.get("timezone")
-    if zone_name:
+    if zone_name and str(zone_name).strip().lower() not in ("local", "localtime"):
         try:
             moment = now(ZoneInfo(str(zone_name)))
         except (ZoneInfoNotFoundError, ValueError):

@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engine.tool_calls.fallback import WithFallback
 from engine.tool_calls.hermes import HermesParser
 from engine.tool_calls.items import FormatParser
 from engine.tool_calls.json_lines import JsonLinesParser
@@ -35,7 +36,7 @@ def template_reads_tools(template_source: str) -> bool:
 
 def new_parser(fmt: ToolCallFormat) -> FormatParser:
     if fmt == ToolCallFormat.HERMES:
-        return HermesParser()
+        return WithFallback(HermesParser(), JsonLinesParser())
     if fmt == ToolCallFormat.MISTRAL:
         return MistralParser()
     return JsonLinesParser()
