@@ -90,6 +90,7 @@ from engine.events import (
     FINISH_LENGTH,
     FINISH_STOP,
     FINISH_STOP_SEQUENCE,
+    FINISH_TOOL_CALLS,
     Finished,
     ReasoningDelta,
     TextDelta,
@@ -112,7 +113,7 @@ from engine.sampling import (
 from engine.speculative import default_drafter
 from engine.stopping import StopStringMatcher, decide_finish_reason
 from engine.tool_calls.spec import ToolPlan, plan_tools
-from engine.types import FinishReason, GenerationRequest, JsonMode, PrefixHit, ToolCallFormat
+from engine.types import GenerationRequest, JsonMode, PrefixHit, ToolCallFormat
 
 PREFILL_CHUNK = 256  # tokens per prefill forward; the model also polls the cancel token per layer
 MAX_TOP_LOGPROBS = 20
@@ -564,7 +565,7 @@ def _events(
                     answer.append(event.text)
                 yield event
             if calls.ended_on_call and reason in (FINISH_STOP, FINISH_GRAMMAR_COMPLETE):
-                reason = FinishReason.TOOL_CALLS
+                reason = decide_finish_reason({reason, FINISH_TOOL_CALLS}) or reason
     except Exception as exc:  # after acceptance, every failure is reported as a Finished event
         reason = FINISH_ERROR
         error = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
