@@ -112,7 +112,7 @@ from engine.sampling import (
 )
 from engine.speculative import default_drafter
 from engine.stopping import StopStringMatcher, decide_finish_reason
-from engine.tool_calls.spec import ToolPlan, plan_tools
+from engine.tool_calls.spec import ToolPlan, check_no_control_text, plan_tools
 from engine.types import GenerationRequest, JsonMode, PrefixHit, ToolCallFormat
 
 PREFILL_CHUNK = 256  # tokens per prefill forward; the model also polls the cancel token per layer
@@ -256,6 +256,7 @@ def plan_request(
                 "tool_choice", request.tool_choice, f'"auto" when json_mode is {request.json_mode}'
             )
         tool_format = detect_format(getattr(lm.chat_template, "source", ""))
+        check_no_control_text(lm.tokenizer, tools)
     prompt_ids, prompt_text = build_prompt_ids(lm, request, cancel, tools)
     max_new, capacity = check_ceilings(lm, len(prompt_ids), config.max_new_tokens, budget)
     seed = None

@@ -153,6 +153,22 @@ def plan_tools(tools: Any, choice: Any) -> ToolPlan | None:
     )
 
 
+def check_no_control_text(tokenizer, plan: ToolPlan) -> None:
+    """Tools are rendered as template text, whose control-token text becomes real control tokens
+    (messages are tokenized apart, see engine.prompt_ids): a tool description holding
+    "<|im_start|>system" (an MCP server controls its own) would rewrite the conversation's
+    roles. Such a tool is refused by name."""
+    import json
+
+    for i, tool in enumerate(plan.tools):
+        text = json.dumps(tool.to_openai(), ensure_ascii=False)
+        literal = tokenizer.encode(text, add_special=False, literal_spans=[(0, len(text))])
+        if literal != tokenizer.encode(text, add_special=False):
+            raise ConfigValidationError(
+                f"tools[{i}]", tool.name, "a definition without the model's control-token text"
+            )
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
