@@ -1,6 +1,7 @@
 """A tiny real MCP server over stdio, written with the `mcp` SDK, for tests/test_app_mcp_client.py:
 one tool per path the client must handle (a result, an error result, a hang, a crash, a huge
-result). Run as `python tests/mcp_test_server.py`."""
+result). Run as `python tests/mcp_test_server.py` (stdio) or `... --http PORT` (streamable HTTP
+on 127.0.0.1:PORT/mcp)."""
 
 from __future__ import annotations
 
@@ -52,4 +53,10 @@ def huge(n: int) -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        server.settings.host = "127.0.0.1"
+        server.settings.port = int(sys.argv[2])
+        server.settings.log_level = "WARNING"
+        server.run("streamable-http")
+    else:
+        server.run("stdio")

@@ -95,3 +95,46 @@ def test_a_server_that_cannot_start_is_a_connect_error():
 def test_config_needs_exactly_one_transport():
     with pytest.raises(ValueError, match="either a command or a URL"):
         McpServerConfig(name="both", command=["x"], url="http://127.0.0.1:1/mcp")
+
+
+@pytest.fixture
+def http_server_url():
+    """The same server over streamable HTTP on a loopback port, stopped after the test."""
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [*SERVER, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert process.poll() is None, "the HTTP test server exited"
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_streamable_http_round_trip_and_error(http_server_url):
+    with McpServer(McpServerConfig(name="web", url=http_server_url)) as web:
+        assert "add" in {t.name for t in web.start()}
+        assert web.call_tool("add", {"a": 20, "b": 22}).text == "42"
+        with pytest.raises(McpErrorResult, match="nope"):
+            web.call_tool("fail", {"message": "nope"})
+
+
+def test_an_http_server_that_is_not_there_is_a_connect_error():
+    with pytest.raises(McpConnectError, match="connection attempts failed|ConnectError"):
+        McpServer(
+            McpServerConfig(name="down", url="http://127.0.0.1:9/mcp", connect_timeout_s=5)
+        ).start()

@@ -193,14 +193,15 @@ class McpServer:
 
     def _transport(self):
         if self.config.url:
-            from mcp.client.streamable_http import streamablehttp_client
+            import httpx
+            from mcp.client.streamable_http import streamable_http_client
 
             @contextlib.asynccontextmanager
             async def http():
-                async with streamablehttp_client(self.config.url, headers=self.config.headers) as (
-                    read,
-                    write,
-                    _,
+                timeout = httpx.Timeout(30.0, read=self.config.call_timeout_s + 5.0)
+                async with (
+                    httpx.AsyncClient(headers=self.config.headers, timeout=timeout) as client,
+                    streamable_http_client(self.config.url, http_client=client) as (read, write, _),
                 ):
                     yield read, write
 
