@@ -257,3 +257,53 @@ def test_hermes_tag_call_and_fenced_call_in_one_reply_keep_their_order():
     got = check_all_cuts(ToolCallFormat.HERMES, text)
     assert [name for name, _ in got["finished"]] == ["get_weather", "get_current_datetime"]
     assert got["text"] == "\nand"
+
+
+# --- the prompt side ------------------------------------------------------------------------------
+def test_history_calls_with_json_text_arguments_render_as_objects():
+    """OpenAI clients send arguments as JSON text; the templates write them with tojson, so they
+    must reach the template as objects or the model would see a quoted string."""
+    as_text = {
+        "id": "abcDEF123",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps(PARIS)},
+    }
+    reply = {"role": "assistant", "content": None, "tool_calls": [as_text]}
+    written = assistant_turn(qwen(), [USER], reply)
+    assert '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}' in written
+
+
+def test_a_tool_result_is_rendered_as_the_template_says():
+    from engine.tool_calls.formats import prepare_messages
+    from tests.tool_call_helpers import SPECS
+
+    history = [
+        USER,
+        {"role": "assistant", "content": None, "tool_calls": [call("get_weather", PARIS)]},
+        {"role": "tool", "tool_call_id": "abcDEF123", "content": "21 C, sunny"},
+    ]
+    for tmpl, expected in [
+        (qwen(), "<tool_response>\n21 C, sunny\n</tool_response>"),
+        # Meta's template tests `is iterable`, true of a string too, so it writes the text as JSON
+        (llama(), '<|start_header_id|>ipython<|end_header_id|>\n\n"21 C, sunny"<|eot_id|>'),
+        (
+            mistral(),
+            '[TOOL_RESULTS] {"content": 21 C, sunny, "call_id": "abcDEF123"}[/TOOL_RESULTS]',
+        ),
+    ]:
+        messages, extra = prepare_messages(history, SPECS, tmpl.source)
+        assert expected in tmpl.render(messages, **extra), tmpl.name
+
+
+def test_mistrals_hidden_marker_token_is_passed_to_the_parser():
+    from engine.tool_calls.stream import marker_token_texts
+
+    class Vocabulary:
+        def token_id(self, text):
+            return 5 if text == "[TOOL_CALLS]" else None
+
+        def piece_bytes(self, token_id):
+            return b""  # a control token: text decoding hides it
+
+    assert marker_token_texts(Vocabulary(), ToolCallFormat.MISTRAL) == {5: "[TOOL_CALLS]"}
+    assert marker_token_texts(Vocabulary(), ToolCallFormat.HERMES) == {}
