@@ -307,3 +307,11 @@ def test_mistrals_hidden_marker_token_is_passed_to_the_parser():
 
     assert marker_token_texts(Vocabulary(), ToolCallFormat.MISTRAL) == {5: "[TOOL_CALLS]"}
     assert marker_token_texts(Vocabulary(), ToolCallFormat.HERMES) == {}
+
+
+def test_text_after_a_fenced_call_keeps_its_line_break():
+    # Qwen2.5-Coder, round two: an explanation, a fenced call, more explanation
+    text = "Here's how:\n" + CODER_REPLY + "\nThis returns the time."
+    got = check_all_cuts(ToolCallFormat.HERMES, text)
+    assert got["text"] == "Here's how:\nThis returns the time."
+    assert [name for name, _ in got["finished"]] == ["get_current_datetime"]

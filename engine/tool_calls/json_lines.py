@@ -95,22 +95,26 @@ class JsonLinesParser:
         return rest
 
     def _skip_after_call(self, buffer: str) -> str:
+        """After a call: drop separators and a fenced call's closing ```, keep the whitespace
+        (the stream decides whether it is layout or text) and read on as text."""
         buffer, self._after_held = self._after_held + buffer, ""
-        stripped = buffer.lstrip(" \t\r\n" + self._separators)
+        skip = " \t\r\n" + self._separators
         if self._closing_fence:
-            if stripped and len(stripped) < 3 and "```".startswith(stripped):
-                self._after_held = stripped  # wait for the whole closing fence
-                return ""
-            if not stripped:
+            stripped = buffer.lstrip(skip)
+            if not stripped or (len(stripped) < 3 and "```".startswith(stripped)):
+                self._after_held = buffer  # wait for the whole closing fence
                 return ""
             if stripped.startswith("```"):
-                stripped = stripped[3:].lstrip(" \t\r\n" + self._separators)
+                buffer = stripped[3:]
             self._closing_fence = False
+        stripped = buffer.lstrip(skip)
         if not stripped:
+            self._after_held = buffer
             return ""
+        lead = buffer[: len(buffer) - len(stripped)]
         self._after_call = False
         self._line_start = True
-        return stripped
+        return "".join(c for c in lead if c not in self._separators) + stripped
 
     def _feed_candidate(self, buffer: str, items: list[Item]) -> str:
         body = self._body
