@@ -251,7 +251,9 @@ def plan_request(
 
         if request.messages is None:
             raise ConfigValidationError("tools", "with a raw prompt", "used with chat messages")
-        if tools.constrained and request.json_mode != JsonMode.OFF:
+        if (
+            tools.constrained or request.constrain_tool_calls
+        ) and request.json_mode != JsonMode.OFF:
             raise ConfigValidationError(
                 "tool_choice", request.tool_choice, f'"auto" when json_mode is {request.json_mode}'
             )
@@ -262,7 +264,7 @@ def plan_request(
     seed = None
     if config.do_sample:
         seed = config.seed if config.seed is not None else secrets.randbits(63)
-    constraint = None
+    constraint: Any = None  # a JsonConstraint, or the lazy tool-call constraint
     if request.json_mode != JsonMode.OFF:
         from engine.constrained import make_json_constraint
 
@@ -271,6 +273,10 @@ def plan_request(
         from engine.tool_calls.grammar import make_tool_call_constraint
 
         constraint = make_tool_call_constraint(lm.tokenizer, tool_format, tools.offered)
+    elif tools is not None and request.constrain_tool_calls:
+        from engine.tool_calls.grammar import LazyToolCallConstraint
+
+        constraint = LazyToolCallConstraint(lm.tokenizer, tool_format, tools.offered)
     return _Plan(
         prompt_ids=prompt_ids,
         preset=preset,

@@ -136,9 +136,11 @@ class GenerationRequest:
     # OpenAI function tools: [{"type": "function", "function": {"name", "description",
     # "parameters"}}, ...] (the bare {"name", ...} function dict is accepted too)
     tools: Sequence[dict] | None = None
-    tool_choice: Any = (
-        ToolChoice.AUTO
-    )  # a ToolChoice word or {"type": "function", "function": {"name": ...}}
+    # a ToolChoice word, or {"type": "function", "function": {"name": ...}} for one function
+    tool_choice: Any = ToolChoice.AUTO
+    # with "auto" too, decode each call under the call grammar once the model opens it (models
+    # whose calls open with one token: Hermes <tool_call>, Mistral [TOOL_CALLS])
+    constrain_tool_calls: bool = False
 
 
 @dataclass

@@ -180,3 +180,53 @@ def test_a_tool_whose_text_holds_control_tokens_is_refused(smollm2):
     ]
     done = events_of(smollm2, messages=history, tools=TOOLS, overrides={"max_new_tokens": 4})[-1]
     assert done.error is None
+
+
+def test_lazy_constraint_is_free_until_the_opener_then_holds_the_call_to_its_schema(
+    qwen_coder_path,
+):
+    """constrain_tool_calls with "auto" on Qwen's vocabulary: no mask before <tool_call>; after
+    it, the tokens of a valid call pass and a schema violation is masked; after the closing tag
+    the text is free again."""
+    import numpy as np
+
+    from engine.gguf import open_gguf
+    from engine.tokenizer import Tokenizer
+    from engine.tool_calls.grammar import LazyToolCallConstraint
+    from engine.tool_calls.spec import parse_tools
+    from engine.types import ToolCallFormat
+
+    tok = Tokenizer.from_gguf(open_gguf(qwen_coder_path))
+    constraint = LazyToolCallConstraint(tok, ToolCallFormat.HERMES, parse_tools(ALL_TOOLS))
+    assert constraint.opener_id == tok.token_id("<tool_call>")
+    n_vocab = tok.vocab_size
+
+    def allowed(tokens):
+        return np.isfinite(constraint(tokens, np.zeros(n_vocab, dtype=np.float32)))
+
+    tokens = list(tok.encode("Sure, booking it.\n", add_special=False))
+    assert allowed(tokens).all()
+    tokens.append(constraint.opener_id)
+    prefix = '\n{"name": "book_table", "arguments": {"restaurant": "Chez Paul", "people": '
+    for t in tok.encode(prefix, add_special=False):
+        assert allowed(tokens)[t], tok.piece(t)
+        constraint.accept(t)
+        tokens.append(t)
+    mask = allowed(tokens)
+    assert not mask[tok.encode('"', add_special=False)[0]]  # people is an integer
+    assert not mask[tok.encode("0", add_special=False)[0]]  # minimum 1
+    for t in tok.encode('4, "time": "19:30"}}\n</tool_call>', add_special=False):
+        assert allowed(tokens)[t], tok.piece(t)
+        constraint.accept(t)
+        tokens.append(t)
+    assert allowed(tokens).all()  # the call is closed: free text (or the end) again
+    assert not constraint.is_complete
+
+
+def test_constraining_auto_calls_needs_a_one_token_opener(smollm2):
+    from engine.errors import ConstraintError
+
+    with pytest.raises(ConstraintError, match="open with one token"):
+        generate(
+            smollm2, GenerationRequest(messages=QUESTION, tools=TOOLS, constrain_tool_calls=True)
+        )
