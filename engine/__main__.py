@@ -310,6 +310,45 @@ def json_mode_arguments(args) -> tuple[str, str | None]:
     return "schema", read_text_file(args.json_schema, "--json-schema", MAX_SCHEMA_BYTES)
 
 
+def tools_arguments(args) -> tuple[list | None, Any]:
+    """--tools FILE (a JSON list of OpenAI function tools) / --tool-choice -> (tools, tool_choice).
+    The file goes through the same input-file checks as --json-schema."""
+    if args.tools is None:
+        if args.tool_choice is not None:
+            raise ConfigValidationError("--tool-choice", args.tool_choice, "used with --tools FILE")
+        return None, "auto"
+    if not args.chat:
+        raise ConfigValidationError("--tools", args.tools, "used together with --chat")
+    text = read_text_file(args.tools, "--tools", MAX_SCHEMA_BYTES)
+    try:
+        tools = json.loads(text)
+    except ValueError as exc:
+        raise InputFileError("--tools", args.tools, f"not valid JSON ({exc})") from None
+    if isinstance(tools, dict):
+        tools = [tools]  # one function alone
+    if not isinstance(tools, list):
+        raise InputFileError("--tools", args.tools, "must hold a JSON list of function tools")
+    choice = args.tool_choice or "auto"
+    if choice not in ("auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
+    return tools, choice
+
+
+def print_tool_event(event, as_json: bool) -> None:
+    """A finished call on stdout (the call the CLI would make), a malformed one on stderr."""
+    from engine.events import ToolCallFinished, ToolCallMalformed
+
+    if as_json:
+        return
+    if isinstance(event, ToolCallFinished):
+        arguments = json.dumps(event.arguments, ensure_ascii=False)
+        sys.stdout.write(f"\n[tool call {event.id}] {event.name}({arguments})\n")
+        sys.stdout.flush()
+    elif isinstance(event, ToolCallMalformed):
+        name = event.name or "(no name)"
+        print(f"\n[malformed tool call, not executable] {name}: {event.problem}", file=sys.stderr)
+
+
 def warn_if_base_model(lm: LanguageModel) -> None:
     """A model without a chat template is usually a base (pretrained-only) model: wrapped in a
     borrowed template it tends to answer with nonsense, so --chat says so."""
@@ -325,7 +364,14 @@ def warn_if_base_model(lm: LanguageModel) -> None:
 
 def cmd_generate(args) -> int:
     from engine.cancel import CancelToken
-    from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled
+    from engine.events import (
+        Finished,
+        ReasoningDelta,
+        TextDelta,
+        TokenSampled,
+        ToolCallFinished,
+        ToolCallMalformed,
+    )
     from engine.generate import GenerationRequest, generate
 
     lm = _load(args)
@@ -342,6 +388,7 @@ def cmd_generate(args) -> int:
     request.top_logprobs = args.top_logprobs
     request.json_mode, request.json_schema = json_mode_arguments(args)
     request.speculative = args.speculative  # None: engine default (on for greedy requests)
+    request.tools, request.tool_choice = tools_arguments(args)
     cancel = CancelToken()
     done = None
     # Ctrl-C cancels the generation (finish reason "cancelled", usage still printed) instead of
@@ -353,7 +400,12 @@ def cmd_generate(args) -> int:
             raise
         # the schema the user gave is not usable: that is the command line's fault (exit 2)
         raise InputFileError("--json-schema", args.json_schema, str(exc)) from None
+    except ConfigValidationError as exc:
+        if request.tools is None or not str(exc.field).startswith(("tools", "tool_choice")):
+            raise
+        raise InputFileError("--tools", args.tools, str(exc)) from None
     sampled = []
+    malformed = []
     previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: cancel.cancel())
     try:
         for event in events:
@@ -365,6 +417,10 @@ def cmd_generate(args) -> int:
             elif isinstance(event, ReasoningDelta) and not args.json:
                 sys.stderr.write(event.text)
                 sys.stderr.flush()
+            elif isinstance(event, (ToolCallFinished, ToolCallMalformed)):
+                if isinstance(event, ToolCallMalformed):
+                    malformed.append(event)
+                print_tool_event(event, args.json)
             elif isinstance(event, Finished):
                 done = event
     finally:
@@ -372,6 +428,12 @@ def cmd_generate(args) -> int:
     assert done is not None  # generate() ends every request it accepted with one Finished event
     if args.json:
         record = finished_record(done)
+        if request.tools is not None:
+            record["tool_calls"] = [call.to_openai() for call in done.tool_calls]
+            record["malformed_tool_calls"] = [
+                {"id": m.id, "name": m.name, "text": m.text, "problem": m.problem}
+                for m in malformed
+            ]
         if args.top_logprobs:
             record["tokens"] = [token_record(t) for t in sampled]
         print(json.dumps(record, ensure_ascii=False))
@@ -578,6 +640,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--json-schema",
         metavar="FILE",
         help="JSON schema file the output must match (implies --json-mode schema)",
+    )
+    p.add_argument(
+        "--tools",
+        metavar="FILE",
+        help="JSON list of OpenAI function tools the model may call (with --chat); the calls it "
+        "makes are printed, not run",
+    )
+    p.add_argument(
+        "--tool-choice",
+        metavar="CHOICE",
+        help="auto (default), none, required, or a tool's name (a forced call)",
     )
     spec = p.add_mutually_exclusive_group()
     spec.add_argument(

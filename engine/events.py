@@ -1,7 +1,9 @@
 """What the generation loop yields. Plain frozen dataclasses: the app forwards them over Qt signals,
 the CLI prints them, tests compare them.
 
-Order for one request: zero or more TokenSampled / TextDelta / ReasoningDelta, then exactly one
+Order for one request: zero or more TokenSampled / TextDelta / ReasoningDelta and, when the
+request offered tools, ToolCallStarted -> ToolCallArgumentsDelta* -> ToolCallFinished or
+ToolCallMalformed per call (in stream order with the text around it), then exactly one
 Finished (also on cancel and on error; an error after the request was accepted is a Finished with
 finish_reason="error" and `error` set).
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.types import FinishReason
+from engine.types import FinishReason, ToolCall
 
 # The finish reasons under their long-standing names (the same members as FinishReason).
 FINISH_STOP = FinishReason.STOP
@@ -18,6 +20,7 @@ FINISH_STOP_SEQUENCE = FinishReason.STOP_SEQUENCE
 FINISH_LENGTH = FinishReason.LENGTH
 FINISH_CANCELLED = FinishReason.CANCELLED
 FINISH_GRAMMAR_COMPLETE = FinishReason.GRAMMAR_COMPLETE
+FINISH_TOOL_CALLS = FinishReason.TOOL_CALLS
 FINISH_ERROR = FinishReason.ERROR
 FINISH_REASONS = tuple(FinishReason)
 
@@ -34,6 +37,47 @@ class ReasoningDelta:
     """Text inside <think>...</think> for models that emit it; shown apart from the answer."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStarted:
+    """The model began a call of tool `name` (the name is known before its arguments)."""
+
+    id: str  # unique within the request; answer it with a {"role": "tool", "tool_call_id": id}
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArgumentsDelta:
+    """More of the call's arguments as JSON text, as the model writes it (the deltas of one call
+    concatenate to its arguments' JSON text). Show it; do not act on it before ToolCallFinished."""
+
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallFinished:
+    """A complete call whose arguments validate against the tool's schema: safe to execute."""
+
+    id: str
+    name: str
+    arguments: dict
+
+    @property
+    def call(self) -> ToolCall:
+        return ToolCall(self.id, self.name, self.arguments)
+
+
+@dataclass(frozen=True)
+class ToolCallMalformed:
+    """A call that must not be executed: not JSON, cut off, an unknown tool, or arguments that
+    do not validate against the tool's schema. `problem` says which, for a person."""
+
+    id: str
+    name: str  # "" when the model never wrote a readable name
+    text: str  # what the model wrote for the call
+    problem: str
 
 
 @dataclass(frozen=True)
@@ -91,3 +135,4 @@ class Finished:
     preset: dict = field(default_factory=dict)  # resolved sampling values with provenance
     prompt_ids: tuple[int, ...] = ()  # the prompt exactly as prefilled (template, trimming done)
     receipt: dict | None = None  # engine.receipt.build_receipt, when the caller asked for one
+    tool_calls: tuple[ToolCall, ...] = ()  # the executable calls (ToolCallFinished), in order

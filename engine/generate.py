@@ -15,8 +15,15 @@ The iterator is a stack of small generators, each adding one thing:
     _decode_steps       logits -> processors -> sampler -> Step(token, logprobs), one forward per
                         token, or a verified speculative draft per forward; cancel checked before
                         every sampled token
-    _events             steps -> end-of-generation ids, detokenizer, stop strings, <think> split
-                        -> TokenSampled / TextDelta / ReasoningDelta, then Finished with Usage
+    _events             steps -> end-of-generation ids, detokenizer, stop strings, <think> split,
+                        tool calls -> TokenSampled / TextDelta / ReasoningDelta / ToolCall*,
+                        then Finished with Usage
+
+Tools (`GenerationRequest.tools`, `tool_choice`; engine/tool_calls): planned with the request
+(typed errors name the field), rendered through the model's template as `tools=`, parsed from
+the answer text in the model's own format (detected from the template) after the <think> split,
+and, for tool_choice "required" or a named function, decoded under a call grammar (the same
+seam as the JSON constraint). A reply that ends on calls finishes with "tool_calls".
 
 Seams for decoding features (`GenerationRequest` and these seams are typed in engine/types.py):
 
@@ -83,6 +90,7 @@ from engine.events import (
     FINISH_LENGTH,
     FINISH_STOP,
     FINISH_STOP_SEQUENCE,
+    FINISH_TOOL_CALLS,
     Finished,
     ReasoningDelta,
     TextDelta,
@@ -104,7 +112,8 @@ from engine.sampling import (
 )
 from engine.speculative import default_drafter
 from engine.stopping import StopStringMatcher, decide_finish_reason
-from engine.types import GenerationRequest, JsonMode, PrefixHit
+from engine.tool_calls.spec import ToolPlan, check_no_control_text, plan_tools
+from engine.types import GenerationRequest, JsonMode, PrefixHit, ToolCallFormat
 
 PREFILL_CHUNK = 256  # tokens per prefill forward; the model also polls the cancel token per layer
 MAX_TOP_LOGPROBS = 20
@@ -130,6 +139,8 @@ class _Plan:
     constraint: Any
     drafter: Any
     prefix_cache: Any
+    tools: ToolPlan | None = None
+    tool_format: ToolCallFormat = ToolCallFormat.GENERIC_JSON
 
 
 def default_kv_budget_bytes() -> int:
@@ -147,7 +158,10 @@ def kv_bytes_needed(lm: LanguageModel, n_ctx: int) -> int:
 
 
 def build_prompt_ids(
-    lm: LanguageModel, request: GenerationRequest, cancel: CancelToken | None = None
+    lm: LanguageModel,
+    request: GenerationRequest,
+    cancel: CancelToken | None = None,
+    tools: ToolPlan | None = None,
 ) -> tuple[list[int], str]:
     """-> (token ids, the prompt text). Exactly one of messages / prompt / prompt_ids. `cancel`
     reaches the template render, so Stop also ends a slow template (TemplateCancelled)."""
@@ -164,13 +178,18 @@ def build_prompt_ids(
             text = request.prompt
             ids = list(lm.tokenizer.encode(text, add_special=True))
         elif request.messages is not None:  # always, here: exactly one of the three is given
+            from engine.tool_calls.formats import prepare_messages
+
             # message text is tokenized with control tokens not parsed (no role spoofing)
+            offered = tools.offered if tools is not None else ()
+            source = getattr(lm.chat_template, "source", "")
+            messages, extra = prepare_messages(request.messages, offered, source)
             ids, text = chat_prompt_ids(
                 lm.chat_template,
                 lm.tokenizer,
-                request.messages,
+                messages,
                 cancel,
-                template_kwargs(request),
+                {**extra, **template_kwargs(request)},
             )
         bos = getattr(lm.tokenizer, "bos_id", None)
         # a template that writes the BOS text itself plus the tokenizer adding one -> one BOS
@@ -244,16 +263,39 @@ def plan_request(
         if request.kv_budget_bytes is None
         else int(request.kv_budget_bytes)
     )
-    prompt_ids, prompt_text = build_prompt_ids(lm, request, cancel)
+    tools = plan_tools(request.tools, request.tool_choice)
+    tool_format = ToolCallFormat.GENERIC_JSON
+    if tools is not None:
+        from engine.tool_calls.formats import detect_format
+
+        if request.messages is None:
+            raise ConfigValidationError("tools", "with a raw prompt", "used with chat messages")
+        if (
+            tools.constrained or request.constrain_tool_calls
+        ) and request.json_mode != JsonMode.OFF:
+            raise ConfigValidationError(
+                "tool_choice", request.tool_choice, f'"auto" when json_mode is {request.json_mode}'
+            )
+        tool_format = detect_format(getattr(lm.chat_template, "source", ""))
+        check_no_control_text(lm.tokenizer, tools)
+    prompt_ids, prompt_text = build_prompt_ids(lm, request, cancel, tools)
     max_new, capacity = check_ceilings(lm, len(prompt_ids), config.max_new_tokens, budget)
     seed = None
     if config.do_sample:
         seed = config.seed if config.seed is not None else secrets.randbits(63)
-    constraint = None
+    constraint: Any = None  # a JsonConstraint, or the lazy tool-call constraint
     if request.json_mode != JsonMode.OFF:
         from engine.constrained import make_json_constraint
 
         constraint = make_json_constraint(lm.tokenizer, request.json_mode, request.json_schema)
+    elif tools is not None and tools.constrained:
+        from engine.tool_calls.grammar import make_tool_call_constraint
+
+        constraint = make_tool_call_constraint(lm.tokenizer, tool_format, tools.offered)
+    elif tools is not None and request.constrain_tool_calls:
+        from engine.tool_calls.grammar import LazyToolCallConstraint
+
+        constraint = LazyToolCallConstraint(lm.tokenizer, tool_format, tools.offered)
     return _Plan(
         prompt_ids=prompt_ids,
         preset=preset,
@@ -267,6 +309,8 @@ def plan_request(
         constraint=constraint,
         drafter=_choose_drafter(lm, request, config),
         prefix_cache=request.prefix_cache,
+        tools=tools,
+        tool_format=tool_format,
     )
 
 
@@ -483,6 +527,17 @@ def _events(
     n_sampled = 0
     reason = None
     error = None
+    calls, markers = _tool_call_stream(lm, plan)
+
+    def answer_events(part: str) -> Iterator[object]:
+        if calls is None:
+            answer.append(part)
+            yield TextDelta(part)
+            return
+        for event in calls.push(part):
+            if isinstance(event, TextDelta):
+                answer.append(event.text)
+            yield event
 
     def release(text: str) -> Iterator[object]:
         for kind, part in splitter.push(text):
@@ -490,8 +545,7 @@ def _events(
                 reasoning.append(part)
                 yield ReasoningDelta(part)
             else:
-                answer.append(part)
-                yield TextDelta(part)
+                yield from answer_events(part)
 
     steps = _decode_steps(lm, plan, cancel, progress)
     try:
@@ -502,7 +556,8 @@ def _events(
                 break
             token_ids.append(step.token_id)
             yield _token_event(tokenizer, step, len(token_ids) - 1, plan.top_logprobs)
-            text, matched = stops.push(detokenizer.add(step.token_id))
+            piece = detokenizer.add(step.token_id) + markers.get(step.token_id, "")
+            text, matched = stops.push(piece)
             yield from release(text)
             if matched:
                 reason = FINISH_STOP_SEQUENCE
@@ -525,8 +580,18 @@ def _events(
                 tail += stops.flush()
             yield from release(tail)
         for kind, part in splitter.flush():
-            (reasoning if kind == REASONING else answer).append(part)
-            yield ReasoningDelta(part) if kind == REASONING else TextDelta(part)
+            if kind == REASONING:
+                reasoning.append(part)
+                yield ReasoningDelta(part)
+            else:
+                yield from answer_events(part)
+        if calls is not None:
+            for event in calls.flush():
+                if isinstance(event, TextDelta):
+                    answer.append(event.text)
+                yield event
+            if calls.ended_on_call and reason in (FINISH_STOP, FINISH_GRAMMAR_COMPLETE):
+                reason = decide_finish_reason({reason, FINISH_TOOL_CALLS}) or reason
     except Exception as exc:  # after acceptance, every failure is reported as a Finished event
         reason = FINISH_ERROR
         error = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
@@ -543,7 +608,18 @@ def _events(
         error=error,
         preset={**plan.preset.to_dict(), "seed_used": plan.seed},
         prompt_ids=tuple(plan.prompt_ids),
+        tool_calls=tuple(calls.calls) if calls is not None else (),
     )
+
+
+def _tool_call_stream(lm: LanguageModel, plan: _Plan):
+    """-> (the request's ToolCallStream or None, control-token texts the parser must see)."""
+    if plan.tools is None:
+        return None, {}
+    from engine.tool_calls.stream import ToolCallStream, marker_token_texts
+
+    stream = ToolCallStream(plan.tool_format, plan.tools.offered)
+    return stream, marker_token_texts(lm.tokenizer, plan.tool_format)
 
 
 def new_detokenizer(tokenizer):

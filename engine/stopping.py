@@ -13,7 +13,10 @@ Two independent checks, in this order for every sampled token:
 
 Finish reason precedence (`decide_finish_reason`) when one step satisfies several conditions:
 
-    error > stop > stop_sequence > grammar_complete > length > cancelled
+    error > tool_calls > stop > stop_sequence > grammar_complete > length > cancelled
+
+(tool_calls is the end of a reply that ended on tool calls: it refines stop or grammar_complete,
+so it ranks above them.)
 
 A reason describing what the step produced (an end-of-generation token, a stop string, a
 complete JSON value) beats a budget running out on that same step, and the cancel flag is only
@@ -31,11 +34,13 @@ from engine.events import (
     FINISH_LENGTH,
     FINISH_STOP,
     FINISH_STOP_SEQUENCE,
+    FINISH_TOOL_CALLS,
 )
 from engine.types import FinishReason
 
 FINISH_PRECEDENCE = (
     FINISH_ERROR,
+    FINISH_TOOL_CALLS,
     FINISH_STOP,
     FINISH_STOP_SEQUENCE,
     FINISH_GRAMMAR_COMPLETE,

@@ -36,6 +36,7 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # max_new_tokens or the context limit was reached
     CANCELLED = "cancelled"  # the CancelToken was set; everything emitted so far is kept
     GRAMMAR_COMPLETE = "grammar_complete"  # JSON mode: the value is complete and valid
+    TOOL_CALLS = "tool_calls"  # the reply ended on one or more tool calls (Finished.tool_calls)
     ERROR = "error"  # an exception ended the request; `Finished.error` says what
 
 
@@ -56,6 +57,65 @@ class Role(StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"  # a tool's result, answering an assistant message's tool_calls
+
+
+class ToolChoice(StrEnum):
+    """`GenerationRequest.tool_choice` as a word; a named function is the OpenAI dict
+    {"type": "function", "function": {"name": ...}} instead."""
+
+    AUTO = "auto"  # the model decides; calls are parsed from its own format
+    NONE = "none"  # tools are not offered to the model (nor parsed)
+    REQUIRED = "required"  # the reply is one constrained call to one of the offered tools
+
+
+class ToolCallFormat(StrEnum):
+    """How a model writes tool calls, detected from its chat template (engine/tool_calls)."""
+
+    HERMES = "hermes"  # <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen2.5, Qwen3)
+    LLAMA3_JSON = "llama3_json"  # {"name": ..., "parameters": {...}} as the reply (Llama 3.1+)
+    MISTRAL = "mistral"  # [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
+    GENERIC_JSON = "generic_json"  # a {"name", "arguments"} object on its own line (fallback)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One offered function, validated (engine.tool_calls.spec.parse_tools)."""
+
+    name: str
+    description: str
+    parameters: dict  # a JSON schema for the arguments object
+
+    def to_openai(self) -> dict:
+        """The OpenAI function-tool dict, as chat templates receive it (`tools=`)."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete tool call the model made, with arguments that validate against its tool's
+    schema (only such calls are executable; others arrive as ToolCallMalformed)."""
+
+    id: str
+    name: str
+    arguments: dict
+
+    def to_openai(self) -> dict:
+        """The OpenAI `tool_calls` entry, for an assistant message in the history."""
+        import json
+
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
 
 
 @dataclass
@@ -75,6 +135,14 @@ class GenerationRequest:
     enable_thinking: bool | None = None
     kv_budget_bytes: int | None = None  # None: generate.default_kv_budget_bytes()
     prefix_cache: SupportsPrefixReuse | None = None
+    # OpenAI function tools: [{"type": "function", "function": {"name", "description",
+    # "parameters"}}, ...] (the bare {"name", ...} function dict is accepted too)
+    tools: Sequence[dict] | None = None
+    # a ToolChoice word, or {"type": "function", "function": {"name": ...}} for one function
+    tool_choice: Any = ToolChoice.AUTO
+    # with "auto" too, decode each call under the call grammar once the model opens it (models
+    # whose calls open with one token: Hermes <tool_call>, Mistral [TOOL_CALLS])
+    constrain_tool_calls: bool = False
 
 
 @dataclass

@@ -79,7 +79,30 @@ def quant_variants(smollm2_path) -> dict[str, Path]:
     return build(out, "smollm2", log=lambda line: None)
 
 
-REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "smollm2", "gemma3"})
+@pytest.fixture(scope="session")
+def qwen_coder_path() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2 arch, Hermes tool-call template, 1.1 GB), cached
+    by `python -m tools.fetch_qwen_coder` (not part of the default setup: skipped without it)."""
+    from tools.fetch_qwen_coder import qwen_coder_target
+
+    path = qwen_coder_target()
+    if not path.is_file():
+        pytest.skip(f"{path.name} is not cached: run `python -m tools.fetch_qwen_coder`")
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_coder(qwen_coder_path):
+    """Qwen2.5-Coder-1.5B loaded once per session with a 2048-token context."""
+    from engine.loader import load_model
+
+    with load_model(qwen_coder_path, n_ctx=2048) as lm:
+        yield lm
+
+
+REAL_MODEL_FIXTURES = frozenset(
+    {"smollm2_path", "gemma3_path", "smollm2", "gemma3", "qwen_coder_path", "qwen_coder"}
+)
 
 
 def pytest_collection_modifyitems(config, items):

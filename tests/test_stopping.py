@@ -95,6 +95,7 @@ def test_precedence_order_is_total_and_documented():
     assert decide_finish_reason({"grammar_complete", "length"}) == "grammar_complete"
     assert decide_finish_reason({"stop", "grammar_complete"}) == "stop"
     assert decide_finish_reason({"error", "stop"}) == "error"
+    assert decide_finish_reason({"tool_calls", "stop"}) == "tool_calls"
     assert decide_finish_reason(set()) is None
     with pytest.raises(ValueError):
         decide_finish_reason({"bogus"})

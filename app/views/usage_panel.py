@@ -12,6 +12,7 @@ FINISH_EXPLAINED = {
     FinishReason.LENGTH: "length limit reached",
     FinishReason.CANCELLED: "cancelled by you",
     FinishReason.GRAMMAR_COMPLETE: "JSON complete",
+    FinishReason.TOOL_CALLS: "tool calls made",
     FinishReason.ERROR: "error",
 }
 
