@@ -101,6 +101,11 @@ class EngineController(QObject):
     def cancel(self) -> None:
         if self._cancel is not None:
             self._cancel.cancel()
+            # A remote backend is blocked reading a socket, not polling the token between
+            # tokens: it stops the read itself (app/backends/remote.py RemoteEngine.interrupt).
+            interrupt = getattr(self.bridge, "interrupt", None)
+            if interrupt is not None:
+                interrupt()
 
     def resolve_preset(self, saved: dict | None, overrides: dict | None) -> ResolvedPreset:
         """Runs on the GUI thread: configuration logic only, from the loaded model's ModelInfo

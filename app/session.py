@@ -13,6 +13,7 @@ import time
 
 from PySide6.QtCore import QObject, Signal
 
+from app.backends.remote import REMOTE_ARCHITECTURE, parse_remote_path, remote_model_path
 from app.controller import EngineController
 from app.preset_state import PresetState
 from app.reply_recorder import ReplyRecorder
@@ -69,6 +70,9 @@ class ChatSession(QObject):
     presetChanged = Signal(object)  # ResolvedPreset
     presetProblem = Signal(str)  # the model's preset could not be resolved (message for the user)
     storageProblem = Signal(str)  # a database write failed (e.g. disk full); "" once saving works
+    # The opened chat is bound to another model than the one in use (a remote connection's
+    # model, or back to a local file): the window opens it (app/backends/router.py).
+    backendRequested = Signal(str)  # model path, "remote://connection/model" for a remote one
 
     def __init__(
         self,
@@ -119,6 +123,36 @@ class ChatSession(QObject):
             self.cancel()
         self.conversation_id = conversation_id
         self.conversationOpened.emit(conv, self.store.messages(conversation_id))
+        self._restore_backend(conversation_id)
+
+    # --- which backend answers (per chat, remembered in the store) ------------------------------
+    def _remember_backend(self, conversation_id: int) -> None:
+        info = self.controller.model
+        if info is None:
+            return
+        remote = parse_remote_path(info.path)
+        if remote is not None:
+            self.store.set_chat_backend(conversation_id, "remote", remote[0], remote[1])
+        else:
+            self.store.set_chat_backend(conversation_id, "local", None, info.path)
+
+    def _restore_backend(self, conversation_id: int) -> None:
+        """A chat last answered by another backend asks for it back; the history is the same
+        whichever model answers, so this only changes who answers the next message."""
+        binding = self.store.chat_backend(conversation_id)
+        current = self.controller.model
+        if binding is None:
+            return
+        if binding.kind == "remote" and binding.connection_id:
+            wanted = remote_model_path(binding.connection_id, binding.model)
+            if current is None or current.path != wanted:
+                self.backendRequested.emit(wanted)
+            return
+        if current is not None and current.architecture == REMOTE_ARCHITECTURE:
+            # back to the local engine: the model it has open, else the chat's own file
+            local = getattr(self.controller, "local", None)
+            local_model = local.model if local is not None else None
+            self.backendRequested.emit(local_model.path if local_model else binding.model)
 
     @_reports_write_errors
     def new_conversation(self) -> int:
@@ -261,6 +295,7 @@ class ChatSession(QObject):
         request = self.build_request(cid)
         reply_id = self.store.begin_reply(cid, json_mode=self.json_mode)
         self._recorder = ReplyRecorder(self.store, reply_id)
+        self._remember_backend(cid)
         self._reply_message = self.store.message(reply_id)
         self._started, self._first_token_at, self._n_tokens = time.perf_counter(), None, 0
         self._prompt_estimate = self._estimate_prompt_tokens(cid, request)
@@ -330,6 +365,7 @@ class ChatSession(QObject):
             "context_used": self._prompt_estimate + n,
             "context_limit": info.n_ctx if info else 0,
             "finish_reason": "generating…",
+            "measured_over_network": bool(info and info.architecture == REMOTE_ARCHITECTURE),
         }
 
     # --- controller callbacks -------------------------------------------------------------------
@@ -357,6 +393,8 @@ class ChatSession(QObject):
 
     def _on_text(self, text: str) -> None:
         if self._recorder is not None:
+            if self._first_token_at is None:  # a server that reports no tokens (no logprobs)
+                self._first_token_at = time.perf_counter()
             self._recorder.add_text(text)
             self.replyText.emit(text)
 

@@ -36,6 +36,8 @@ class Settings:
     last_model: str = ""
     presets: dict[str, dict] = field(default_factory=dict)  # model path -> saved overrides
     json_schema: str = ""  # last schema typed in the schema editor
+    # OpenAI-compatible servers (app/backends/openai_client.py Connection.to_dict); never a key
+    connections: list[dict] = field(default_factory=list)
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -49,6 +51,11 @@ class Settings:
         self.recent_models = [str(p) for p in self.recent_models][:MAX_RECENT_MODELS]
         if not isinstance(self.presets, dict):
             self.presets = {}
+        if not isinstance(self.connections, list):
+            self.connections = []
+        self.connections = [
+            c for c in self.connections if isinstance(c, dict) and c.get("id") and c.get("base_url")
+        ]
         return self
 
     def remember_model(self, path: str) -> None:
