@@ -8,14 +8,17 @@ the user set them (the panel shows the others as the server's default)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote
 
 from app.backends.errors import RemoteError, UnknownModelError
 from app.backends.openai_client import Connection, OpenAIClient
+from app.engine_bridge import StreamNotice
 from engine.cancel import CancelToken
-from engine.types import GenerationRequest, JsonMode, ModelInfo, ResolvedPreset
+from engine.events import Finished
+from engine.types import FinishReason, GenerationRequest, JsonMode, ModelInfo, ResolvedPreset
 
 REMOTE_SCHEME = "remote://"
 REMOTE_ARCHITECTURE = "remote"
@@ -177,9 +180,84 @@ class RemoteEngine:
         params = openai_params(request, preset)
         messages = [{"role": str(m["role"]), "content": m["content"]} for m in request.messages]
         self._active = handle.client
-        return handle.client.chat(handle.model, messages, params, cancel)
+        events = handle.client.chat(handle.model, messages, params, cancel)
+        if request.json_mode == JsonMode.OFF:
+            return events
+        return _checked_json(events, request, handle.connection.label)
 
     def interrupt(self) -> None:
         client = self._active
         if client is not None:
             client.interrupt()
+
+
+def _checked_json(events: Iterator[object], request: GenerationRequest, label: str):
+    """JSON mode on a server: the reply is checked here as a local one would be (the local
+    engine cannot produce anything else); a server that ignored response_format is said so
+    before the Finished event."""
+    for event in events:
+        if isinstance(event, Finished) and event.finish_reason in (
+            FinishReason.STOP,
+            FinishReason.STOP_SEQUENCE,
+        ):
+            problem = json_reply_problem(event.text, request)
+            if problem is not None:
+                yield StreamNotice(
+                    f"{label} did not follow the requested JSON format ({problem}); the server "
+                    "may not support response_format."
+                )
+        yield event
+
+
+def json_reply_problem(text: str, request: GenerationRequest) -> str | None:
+    """Why a JSON-mode reply is not what was asked for, or None."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return f"the reply is not valid JSON: {exc}"
+    schema = request.json_schema if request.json_mode == JsonMode.SCHEMA else {"type": "object"}
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            return None
+    return _schema_problem(value, schema if isinstance(schema, dict) else {}, "the reply")
+
+
+_JSON_TYPES = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "null": type(None),
+}
+
+
+def _schema_problem(value, schema: dict, where: str) -> str | None:
+    """The checks a server that ignored the schema fails: type, required keys, nested
+    properties and array items (not a full JSON Schema validator; the constrained local engine
+    needs none)."""
+    wanted = schema.get("type")
+    if isinstance(wanted, str) and wanted in _JSON_TYPES:
+        ok = isinstance(value, _JSON_TYPES[wanted])
+        if wanted in ("integer", "number") and isinstance(value, bool):
+            ok = False
+        if not ok:
+            return f"{where} is {type(value).__name__}, the schema asks for {wanted}"
+    if isinstance(value, dict):
+        for key in schema.get("required", []) or []:
+            if key not in value:
+                return f"{where} lacks the required key '{key}'"
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value and isinstance(sub, dict):
+                problem = _schema_problem(value[key], sub, f"'{key}'")
+                if problem:
+                    return problem
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            problem = _schema_problem(item, schema["items"], f"{where}[{i}]")
+            if problem:
+                return problem
+    return None

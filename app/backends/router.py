@@ -46,6 +46,9 @@ class BackendRouter(QObject):
         self._make_remote = make_remote
         self.remote: EngineController | None = None
         self.active: EngineController = local
+        # The backend of the latest load_model: a slower load the user has since superseded
+        # (a remote server answering after a local file was opened) must not take over.
+        self._wanted: EngineController = local
         self._wire(local)
 
     def _wire(self, controller: EngineController) -> None:
@@ -90,6 +93,7 @@ class BackendRouter(QObject):
         """Open a local GGUF or connect to a remote model ("remote://..."); the backend becomes
         active when it has loaded. A model already loaded in its backend is switched to at once."""
         controller = self._remote() if is_remote_path(path) else self.local
+        self._wanted = controller
         if controller.model is not None and controller.model.path == str(path):
             self._on_loaded(controller, controller.model)
             return
@@ -112,5 +116,7 @@ class BackendRouter(QObject):
             self.remote.shutdown()
 
     def _on_loaded(self, controller: EngineController, info: ModelInfo) -> None:
+        if controller is not self._wanted:
+            return  # still loaded in its backend: switching back to it is instant
         self.active = controller
         self.modelLoaded.emit(info)

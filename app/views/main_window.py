@@ -288,7 +288,10 @@ class MainWindow(QMainWindow):
 
     # --- model ----------------------------------------------------------------------------------
     def start(self, model_path: str | None = None) -> None:
-        """Load the requested model, else the last one, else the embedded default."""
+        """Load the requested model, else the last one, else the embedded default. A chat bound
+        to a remote model has already asked for it (ChatSession.backendRequested)."""
+        if model_path is None and self._open_chat_is_remote():
+            return
         path = model_path or self.settings.last_model
         if not path or not Path(path).is_file():
             from engine.model_files import ModelNotInstalledError, default_model_path
@@ -420,6 +423,10 @@ class MainWindow(QMainWindow):
 
     def _on_notice(self, message: str) -> None:
         self.notice = message
+        if self.backends.kind == "remote":
+            # A remote server's notice (a refused field, a JSON format it ignored): in words.
+            self.notice_banner.show_notice("remote", message)
+            return
         self.state_label.setText("Older turns left out to fit the context")
         self.state_label.setToolTip(message)
 
@@ -442,6 +449,10 @@ class MainWindow(QMainWindow):
         self.frame_timer.stop()
         if stored is not None and stored.conversation_id == self.session.conversation_id:
             self.chat_view.finish_stream(stored)
+        if self.backends.kind == "remote" and ("(HTTP 400)" in message or "(HTTP 422)" in message):
+            # The server refused a value of the request: its own words, where the values are.
+            self.preset_panel.show_error(message, prefix="")
+            self.tabs.setCurrentWidget(self.preset_panel)
         self.show_error("Generation failed", message)
 
     def select_message(self, message_id: int) -> None:
@@ -542,6 +553,11 @@ class MainWindow(QMainWindow):
             apply_theme(QApplication.instance(), self.settings.theme, self.settings.font_size)
 
     # --- remote connections (Settings > Connections) ---------------------------------------------
+    def _open_chat_is_remote(self) -> bool:
+        cid = self.session.conversation_id
+        binding = self.store.chat_backend(cid) if cid is not None else None
+        return binding is not None and binding.kind == "remote"
+
     def _connections_from_settings(self) -> list[Connection]:
         connections = []
         for raw in self.settings.connections:

@@ -41,8 +41,18 @@ class UsagePanel(QGroupBox):
         self.context_bar.setFormat("no reply yet")
         self.context_bar.setValue(0)
         form.addRow("Context", self.context_bar)
+        # Remote replies: the server counts the tokens, the app times the stream.
+        self.network_note = QLabel("Times measured by the app over the network")
+        self.network_note.setObjectName("usage_network_note")
+        self.network_note.setToolTip(
+            "Token counts are the server's; time to first token and speeds are measured here "
+            "from the stream, so they include the network round trip"
+        )
+        self.network_note.setVisible(False)
+        form.addRow(self.network_note)
 
     def clear(self) -> None:
+        self.network_note.setVisible(False)
         for label in self.fields.values():
             label.setText("—")
         self.context_bar.setRange(0, 1)
@@ -59,6 +69,7 @@ class UsagePanel(QGroupBox):
                 self.fields["finish_reason"].setText("error")
             return
         f = self.fields
+        self.network_note.setVisible(bool(usage.get("measured_over_network")))
         f["prompt_tokens"].setText(_int(usage.get("prompt_tokens")))
         f["completion_tokens"].setText(_int(usage.get("completion_tokens")))
         cached = usage.get("cached_tokens")

@@ -1,0 +1,181 @@
+"""End to end in the window with a real OpenAI-compatible server (llama-cpp-python on loopback):
+add a connection, pick its model, chat, stop, restart the app on the same data directory, and
+the chat is there and still bound to that connection."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox
+
+from app.backends.remote import remote_model_path
+from engine.types import MessageStatus, Role
+from tests.app_fakes import FakeEngine, close_window, make_window
+
+WAIT_MS = 120_000  # a real model on a busy shared machine
+
+
+@pytest.fixture
+def dialogs(monkeypatch):
+    shown = []
+    monkeypatch.setattr(
+        QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append((title, text))
+    )
+    return shown
+
+
+def add_connection(qtbot, window, base_url: str, key: str = "") -> None:
+    dialog = window.open_connections()
+    qtbot.mouseClick(dialog.findChild(type(dialog.test_button), "add_connection"), Qt.LeftButton)
+    qtbot.keyClicks(dialog.name, "loopback llama")
+    qtbot.keyClicks(dialog.base_url, base_url)
+    if key:
+        qtbot.keyClicks(dialog.api_key, key)
+    qtbot.mouseClick(dialog.test_button, Qt.LeftButton)
+    qtbot.waitUntil(
+        lambda: dialog.models.count() > 0 or "Cannot" in dialog.status.text(), timeout=WAIT_MS
+    )
+    assert [dialog.models.item(i).text() for i in range(dialog.models.count())] == ["smollm2"]
+    assert "Connected" in dialog.status.text()
+    dialog.accept()
+
+
+def pick_remote_model(qtbot, window) -> str:
+    qtbot.waitUntil(lambda: bool(window.model_bar.remote_paths()), timeout=WAIT_MS)
+    action = next(a for a in window.model_bar.remote_menu.actions() if a.data())
+    assert "remote" in action.text() and "127.0.0.1" in action.text()
+    path = action.data()  # a later listing may rebuild the menu (and delete the action)
+    with qtbot.waitSignal(window.backends.modelLoaded, timeout=WAIT_MS):
+        action.trigger()
+    return path
+
+
+def send(qtbot, window, text: str) -> None:
+    window.input.setPlainText(text)
+    qtbot.keyClick(window.input, Qt.Key_Return)
+
+
+def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_server, dialogs):
+    window = make_window(qtbot, tmp_path, FakeEngine())  # a local model is open first
+    add_connection(qtbot, window, f"127.0.0.1:{openai_server.port}")
+    connection = window.book.connections[0]
+    assert connection.base_url == openai_server.base_url  # "/v1" added, http:// assumed
+    path = pick_remote_model(qtbot, window)
+    assert path == remote_model_path(connection.id, "smollm2")
+    assert window.backends.kind == "remote"
+    assert "remote on 127.0.0.1" in window.model_bar.model_label.text()
+
+    # A reply, streamed from the server into the same views.
+    window.session.set_preset_value("max_new_tokens", 16)
+    window.session.set_preset_value("do_sample", False)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, window, "Name three colors.")
+    reply = window.chat_view.widgets[-1]
+    assert reply.text.strip()
+    assert window.usage_panel.text_of("prompt_tokens") not in ("—", "0")
+    assert window.usage_panel.text_of("completion_tokens") == "16"
+    assert window.usage_panel.network_note.isVisibleTo(window.usage_panel)
+
+    # Stop mid-stream: the partial reply stays, marked cancelled.
+    window.session.set_preset_value("max_new_tokens", 400)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as finished:
+        send(qtbot, window, "Write a long story about a dragon.")
+        qtbot.waitUntil(
+            lambda: (
+                window.chat_view.streaming_widget is not None
+                and len(window.chat_view.streaming_widget.text) > 20
+            ),
+            timeout=WAIT_MS,
+        )
+        qtbot.mouseClick(window.cancel_button, Qt.LeftButton)
+    stopped = finished.args[0]
+    assert stopped.status == MessageStatus.CANCELLED and stopped.content
+    cid = window.session.conversation_id
+    binding = window.store.chat_backend(cid)
+    assert (binding.kind, binding.connection_id, binding.model) == (
+        "remote",
+        connection.id,
+        "smollm2",
+    )
+    messages_before = [(m.role, m.content) for m in window.store.messages(cid)]
+    assert dialogs == []
+    close_window(window)
+
+    # Restart on the same data directory: the chat reopens bound to the same server's model.
+    again = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    again.start()  # what the app does at start-up: the remote chat's model, not the last file
+    qtbot.waitUntil(
+        lambda: again.backends.model is not None and again.backends.model.path == path,
+        timeout=WAIT_MS,
+    )
+    assert again.session.conversation_id == cid
+    assert [(m.role, m.content) for m in again.store.messages(cid)] == messages_before
+    assert again.store.messages(cid)[-1].status == MessageStatus.CANCELLED
+    # And it still chats there: the history goes to the server.
+    again.session.set_preset_value("max_new_tokens", 8)
+    with qtbot.waitSignal(again.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, again, "Thanks.")
+    assert again.store.messages(cid)[-1].role == Role.ASSISTANT
+    assert again.store.messages(cid)[-1].content.strip()
+    close_window(again)
+
+
+def test_a_chat_continues_locally_and_back(qtbot, tmp_path, openai_server, dialogs):
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=["local answer"]))
+    add_connection(qtbot, window, openai_server.base_url)
+    remote_path = pick_remote_model(qtbot, window)
+    window.session.set_preset_value("max_new_tokens", 8)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, window, "Hello there.")
+    cid = window.session.conversation_id
+    # Back to the local file: the same chat, answered locally, its binding now local.
+    with qtbot.waitSignal(window.backends.modelLoaded, timeout=WAIT_MS):
+        window.open_model("/models/fake-model.gguf")
+    assert window.backends.kind == "local"
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, window, "And locally?")
+    contents = [m.content for m in window.store.messages(cid)]
+    assert contents[0] == "Hello there." and contents[-1] == "local answer" and len(contents) == 4
+    assert window.store.chat_backend(cid).kind == "local"
+    # Another chat on the remote model; opening the first chat again goes back to local.
+    window.new_chat()
+    with qtbot.waitSignal(window.backends.modelLoaded, timeout=WAIT_MS):
+        window.open_model(remote_path)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, window, "Hi.")
+    with qtbot.waitSignal(window.backends.modelLoaded, timeout=WAIT_MS):
+        window.session.open_conversation(cid)
+    assert window.backends.kind == "local"
+    close_window(window)
+
+
+def test_wrong_key_is_named_and_never_stored_in_the_clear(
+    qtbot, tmp_path, openai_server_with_key, dialogs
+):
+    server = openai_server_with_key
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    dialog = window.open_connections()
+    assert "0600" in dialog.key_note.text()  # this machine has no keychain service
+    qtbot.mouseClick(dialog.findChild(type(dialog.test_button), "add_connection"), Qt.LeftButton)
+    qtbot.keyClicks(dialog.base_url, server.base_url)
+    qtbot.keyClicks(dialog.api_key, "sk-wrong-key-987")
+    qtbot.mouseClick(dialog.test_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: dialog.test_button.isEnabled(), timeout=WAIT_MS)
+    assert "refused the API key" in dialog.status.text()
+    assert "sk-wrong-key-987" not in dialog.status.text()
+    dialog.api_key.clear()
+    qtbot.keyClicks(dialog.api_key, server.api_key)
+    qtbot.mouseClick(dialog.test_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: dialog.models.count() > 0, timeout=WAIT_MS)
+    dialog.accept()
+    pick_remote_model(qtbot, window)
+    window.session.set_preset_value("max_new_tokens", 8)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, window, "Hello.")
+    key_file = tmp_path / "api-keys.json"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert server.api_key in key_file.read_text()
+    assert server.api_key not in (tmp_path / "settings.json").read_text()
+    close_window(window)
+    assert server.api_key.encode() not in (tmp_path / "chats.sqlite3").read_bytes()
+    assert dialogs == []
