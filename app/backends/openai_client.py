@@ -81,15 +81,20 @@ FINISH_REASONS = {
 
 def normalized_base_url(url: str) -> str:
     """'http://host:8080' and 'http://host:8080/v1/' both become 'http://host:8080/v1'."""
-    url = url.strip().rstrip("/")
+    url = url.strip()
     if not url:
         raise ValueError("The base URL is empty")
     if "://" not in url:
         url = "http://" + url
     parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        raise ValueError(f"The base URL {url!r} has a port that is not a number") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"The base URL {url!r} is not an http:// or https:// address")
-    if parts.path in ("", "/"):
+    url = url.rstrip("/")
+    if parts.path.strip("/") == "":
         url += "/v1"
     return url
 
