@@ -21,6 +21,9 @@ class Fault:
     malformed_after_bytes: int | None = None  # insert a broken SSE chunk at that body offset
     status_429_retry_after: str | None = None  # answer 429 with this Retry-After, no upstream
     first_byte_delay_s: float = 0.0  # wait this long before forwarding the first byte
+    # an SSE chunk to send just before `data: [DONE]` (e.g. the usage chunk of
+    # stream_options.include_usage, which llama-cpp-python does not send)
+    before_done: bytes | None = None
 
 
 MALFORMED_CHUNK = b'data: {"choices": [{"delta": {"content": "oops"\n\n'
@@ -52,6 +55,11 @@ class FaultProxy:
     def stop(self) -> None:
         async def shutdown():
             self._server.close()
+            # handlers still running (a first byte held back, a stream being relayed) end now
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._server.wait_closed()
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
@@ -140,6 +148,8 @@ class FaultProxy:
                 writer.write(_chunked(part) if chunked and part else part)
                 await writer.drain()
                 return  # drop both connections mid-stream, no terminating chunk
+            if fault.before_done is not None and data.startswith(b"data: [DONE]"):
+                writer.write(_chunked(fault.before_done) if chunked else fault.before_done)
             writer.write(_chunked(data) if chunked else data)
             sent += len(data)
             if (

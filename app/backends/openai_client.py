@@ -259,6 +259,11 @@ class OpenAIClient:
                     return
                 if response.status_code >= 400:
                     text = response.read().decode("utf-8", "replace")
+                    fallback = _json_schema_fallback(response.status_code, text, body)
+                    if fallback is not None:
+                        dropped.append("response_format json_schema")
+                        body = fallback
+                        continue
                     refused = _refused_optional_field(response.status_code, text, body)
                     if refused:
                         dropped.append(refused)
@@ -268,6 +273,13 @@ class OpenAIClient:
                         continue
                     raise self._http_error(response.status_code, response.headers, text, model)
                 for name in dropped:
+                    if name.startswith("response_format"):
+                        yield StreamNotice(
+                            f"{self.connection.label} does not accept response_format "
+                            "json_schema; the schema was sent the way llama.cpp's servers take "
+                            "it (json_object with a schema)."
+                        )
+                        continue
                     yield StreamNotice(
                         f"{self.connection.label} does not accept the field '{name}'; "
                         "it was left out of the request."
@@ -476,7 +488,7 @@ class OpenAIClient:
             return RateLimitedError(
                 label, f"{label} is rate limiting requests (HTTP 429){said}.{wait}", retry_after
             )
-        if status >= 500:
+        if status >= 500 and not _is_validation_failure(detail):
             return ServerError(label, f"{label} failed to answer (HTTP {status}){said}.")
         return RequestRejectedError(label, f"{label} refused the request (HTTP {status}){said}")
 
@@ -493,8 +505,32 @@ def _is_tls_failure(exc: BaseException) -> bool:
     return False
 
 
+# Statuses with which servers refuse a request's content: 400/422, and 500 from
+# llama-cpp-python, whose request validation errors come back as internal server errors.
+REFUSAL_STATUSES = (400, 422, 500)
+
+
+def _json_schema_fallback(status: int, text: str, body: dict) -> dict | None:
+    """llama-cpp-python (and older llama.cpp servers) take a schema as
+    {"type": "json_object", "schema": ...} and refuse the OpenAI json_schema form."""
+    fmt = body.get("response_format")
+    if (
+        status in REFUSAL_STATUSES
+        and isinstance(fmt, dict)
+        and fmt.get("type") == "json_schema"
+        and ("json_schema" in text or "response_format" in text)
+    ):
+        schema = (fmt.get("json_schema") or {}).get("schema", {})
+        return {**body, "response_format": {"type": "json_object", "schema": schema}}
+    return None
+
+
+def _is_validation_failure(text: str) -> bool:
+    return "validation error" in text.lower()
+
+
 def _refused_optional_field(status: int, text: str, body: dict) -> str | None:
-    if status not in (400, 422):
+    if status not in REFUSAL_STATUSES:
         return None
     lowered = text.lower()
     for name in OPTIONAL_FIELDS:

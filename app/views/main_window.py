@@ -449,7 +449,7 @@ class MainWindow(QMainWindow):
         self.frame_timer.stop()
         if stored is not None and stored.conversation_id == self.session.conversation_id:
             self.chat_view.finish_stream(stored)
-        if self.backends.kind == "remote" and ("(HTTP 400)" in message or "(HTTP 422)" in message):
+        if self.backends.kind == "remote" and "refused the request" in message:
             # The server refused a value of the request: its own words, where the values are.
             self.preset_panel.show_error(message, prefix="")
             self.tabs.setCurrentWidget(self.preset_panel)

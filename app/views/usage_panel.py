@@ -70,10 +70,16 @@ class UsagePanel(QGroupBox):
             return
         f = self.fields
         self.network_note.setVisible(bool(usage.get("measured_over_network")))
-        f["prompt_tokens"].setText(_int(usage.get("prompt_tokens")))
+        remote = bool(usage.get("measured_over_network"))
+        # A server that sends no usage leaves the prompt uncounted (no prompt has 0 tokens).
+        unreported = remote and not usage.get("prompt_tokens") and not live
+        f["prompt_tokens"].setText(
+            "not reported by the server" if unreported else _int(usage.get("prompt_tokens"))
+        )
         f["completion_tokens"].setText(_int(usage.get("completion_tokens")))
         cached = usage.get("cached_tokens")
-        f["cached_tokens"].setText("not used" if cached is None else str(cached))
+        not_known = "not reported" if remote else "not used"
+        f["cached_tokens"].setText(not_known if cached is None else str(cached))
         f["prompt_tok_s"].setText(_rate(usage.get("prompt_tok_s")))
         f["decode_tok_s"].setText(_rate(usage.get("decode_tok_s")))
         reason = usage.get("finish_reason", finish_reason)
