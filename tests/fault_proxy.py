@@ -24,6 +24,7 @@ class Fault:
     # an SSE chunk to send just before `data: [DONE]` (e.g. the usage chunk of
     # stream_options.include_usage, which llama-cpp-python does not send)
     before_done: bytes | None = None
+    drop_done: bool = False  # leave out `data: [DONE]` but end the HTTP body cleanly
 
 
 MALFORMED_CHUNK = b'data: {"choices": [{"delta": {"content": "oops"\n\n'
@@ -148,6 +149,8 @@ class FaultProxy:
                 writer.write(_chunked(part) if chunked and part else part)
                 await writer.drain()
                 return  # drop both connections mid-stream, no terminating chunk
+            if fault.drop_done and data.startswith(b"data: [DONE]"):
+                continue
             if fault.before_done is not None and data.startswith(b"data: [DONE]"):
                 writer.write(_chunked(fault.before_done) if chunked else fault.before_done)
             writer.write(_chunked(data) if chunked else data)

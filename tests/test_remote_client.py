@@ -236,6 +236,16 @@ def test_stream_cut_after_n_bytes_keeps_the_partial_reply(proxy):
     assert finished.text and finished.text == _text(events)
 
 
+def test_stream_without_done_is_named_even_when_the_body_ends_cleanly(proxy):
+    proxy.fault = Fault(drop_done=True)
+    with _client(proxy.base_url) as client:
+        events = _run(client, QUESTION, GREEDY)
+    finished = _finished(events)
+    assert finished.finish_reason == FinishReason.ERROR
+    assert "no [DONE]" in finished.error
+    assert finished.text and finished.text == _text(events)
+
+
 def test_malformed_chunk_is_named_and_the_partial_reply_kept(proxy):
     proxy.fault = Fault(malformed_after_bytes=700)
     with _client(proxy.base_url) as client:
