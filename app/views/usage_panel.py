@@ -86,7 +86,10 @@ class UsagePanel(QGroupBox):
         f["finish_reason"].setText(FINISH_EXPLAINED.get(reason, reason or "—"))
         used, limit = int(usage.get("context_used") or 0), int(usage.get("context_limit") or 0)
         self.context_bar.setRange(0, max(limit, 1))
-        self.context_bar.setValue(min(used, max(limit, 1)))
+        self.context_bar.setValue(min(used, limit))
+        if not limit and remote:  # most servers do not say how long their context window is
+            self.context_bar.setFormat("size not reported")
+            return
         approx = "≈" if live else ""
         self.context_bar.setFormat(f"{approx}{used:,} / {limit:,} tokens" if limit else "—")
 
