@@ -13,8 +13,8 @@ import time
 
 from PySide6.QtCore import QObject, Signal
 
+from app.backends.protocol import ChatBackend
 from app.backends.remote import REMOTE_ARCHITECTURE, parse_remote_path, remote_model_path
-from app.controller import EngineController
 from app.preset_state import PresetState
 from app.reply_recorder import ReplyRecorder
 from app.settings import Settings, SettingsFile
@@ -76,7 +76,7 @@ class ChatSession(QObject):
 
     def __init__(
         self,
-        controller: EngineController,
+        controller: ChatBackend,  # EngineController, or BackendRouter for local + remote
         store: Store,
         settings: Settings,
         settings_file: SettingsFile,

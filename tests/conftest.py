@@ -118,7 +118,10 @@ class OpenAIServer:
         if api_key:
             command += ["--api_key", api_key]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its log lines arrive as they happen
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
 
     @property
     def base_url(self) -> str:

@@ -25,6 +25,7 @@ class Fault:
     # stream_options.include_usage, which llama-cpp-python does not send)
     before_done: bytes | None = None
     drop_done: bool = False  # leave out `data: [DONE]` but end the HTTP body cleanly
+    after_head: bytes | None = None  # SSE events to send before the server's first chunk
 
 
 MALFORMED_CHUNK = b'data: {"choices": [{"delta": {"content": "oops"\n\n'
@@ -42,6 +43,7 @@ class FaultProxy:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._server: asyncio.base_events.Server | None = None
+        self._handlers: set[asyncio.Task] = set()
         self._thread = threading.Thread(target=self._run, name="fault-proxy", daemon=True)
 
     def start(self) -> FaultProxy:
@@ -80,6 +82,16 @@ class FaultProxy:
         self._loop.run_forever()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # asyncio keeps only a weak hold on a connection's handler once its transport closes:
+        # without this reference a handler still awaiting upstream could be collected mid-await.
+        task = asyncio.current_task()
+        self._handlers.add(task)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self._handlers.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.requests += 1
         fault = self.fault
         try:
@@ -130,6 +142,8 @@ class FaultProxy:
             await asyncio.sleep(fault.first_byte_delay_s)
         writer.write(head)
         chunked = b"transfer-encoding: chunked" in head.lower()
+        if fault.after_head is not None:
+            writer.write(_chunked(fault.after_head) if chunked else fault.after_head)
         sent = 0
         malformed_done = False
         while True:

@@ -184,3 +184,32 @@ def test_wrong_key_is_named_and_never_stored_in_the_clear(
     close_window(window)
     assert server.api_key.encode() not in (tmp_path / "chats.sqlite3").read_bytes()
     assert dialogs == []
+
+
+def test_a_stream_cut_short_is_named_kept_and_the_chat_goes_on(
+    qtbot, tmp_path, openai_server, dialogs
+):
+    from tests.fault_proxy import Fault, FaultProxy
+
+    proxy = FaultProxy("127.0.0.1", openai_server.port).start()
+    try:
+        window = make_window(qtbot, tmp_path, FakeEngine())
+        add_connection(qtbot, window, proxy.base_url)
+        pick_remote_model(qtbot, window)
+        window.session.set_preset_value("max_new_tokens", 24)
+        proxy.fault = Fault(cut_after_bytes=1500)
+        with qtbot.waitSignal(window.session.replyFailed, timeout=WAIT_MS) as failed:
+            send(qtbot, window, "Name three colors.")
+        message, stored = failed.args
+        assert "127.0.0.1" in message and dialogs[-1] == ("Generation failed", message)
+        assert stored.status == MessageStatus.ERROR and stored.content  # the partial reply
+        cid = window.session.conversation_id
+        assert window.store.messages(cid)[-1].content == stored.content
+        proxy.fault = Fault()
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as done:
+            send(qtbot, window, "Again, please.")
+        assert done.args[0].status == MessageStatus.COMPLETE and done.args[0].content
+        assert len(window.store.messages(cid)) == 4
+        close_window(window)
+    finally:
+        proxy.stop()

@@ -107,6 +107,28 @@ def test_the_servers_usage_chunk_is_used(proxy):
     assert u.prompt_tok_s == pytest.approx(34 / (u.ttft_ms / 1000))
 
 
+def _delta(**delta) -> bytes:
+    chunk = {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def test_reasoning_from_reasoning_content_and_think_tags(proxy, openai_server):
+    """Chunks as vLLM/DeepSeek (reasoning_content) and Qwen3 on llama.cpp (<think> split across
+    chunks) send them, ahead of the real server's answer."""
+    proxy.fault = Fault(
+        after_head=_delta(reasoning_content="Colors first.")
+        + _delta(content="<thi")
+        + _delta(content="nk>\n\nhidden plan</th")
+        + _delta(content="ink>\n\n")
+    )
+    with _client(proxy.base_url) as client:
+        events = _run(client, QUESTION, GREEDY)
+    finished = _finished(events)
+    assert finished.reasoning == "Colors first.hidden plan"
+    golden = _non_streamed(openai_server, QUESTION, GREEDY)["choices"][0]["message"]["content"]
+    assert finished.text == _text(events) == golden
+
+
 def test_a_value_the_server_refuses_comes_back_in_its_own_words(openai_server):
     with _client(openai_server.base_url) as client, pytest.raises(RequestRejectedError) as caught:
         _run(client, QUESTION, {"max_tokens": "many"})
@@ -188,7 +210,9 @@ def test_wrong_key_is_refused_and_never_shown(openai_server_with_key):
         assert _finished(_run(client, QUESTION, GREEDY)).text
 
 
-def test_stop_mid_stream_keeps_the_partial_reply_and_closes_the_servers_connection(proxy):
+def test_stop_mid_stream_keeps_the_partial_reply_and_closes_the_servers_connection(
+    proxy, openai_server
+):
     cancel = CancelToken()
     events = []
     with _client(proxy.base_url) as client:
@@ -202,6 +226,11 @@ def test_stop_mid_stream_keeps_the_partial_reply_and_closes_the_servers_connecti
     assert finished.text and finished.text == _text(events)
     assert proxy.client_left_mid_stream.wait(30)  # the server was still streaming
     assert proxy.upstream_closed.wait(30)  # and its connection was closed
+    # and the server noticed and stopped generating (llama-cpp-python logs it)
+    deadline = time.monotonic() + 60
+    while "Disconnected from client" not in openai_server.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "the server never saw the client go"
+        time.sleep(0.1)
 
 
 def test_stop_before_the_first_byte_does_not_wait_for_it(proxy):

@@ -620,9 +620,18 @@ class MainWindow(QMainWindow):
                 self.keys.set(connection_id, key or None)
         except EngineError as exc:
             self.show_error("The API key was not saved", str(exc))
+        before = {c.id: c for c in self.book.connections}
         self.settings.connections = dialog.result_connections()
         self.settings_file.save(self.settings)
         self.book.connections = self._connections_from_settings()
+        active = self.backends.model
+        remote = parse_remote_path(active.path) if active is not None else None
+        if remote is not None and self.backends.kind == "remote":
+            connection = self.book.get(remote[0])
+            if connection != before.get(remote[0]) or remote[0] in dialog.key_edits:
+                # its address, timeout or key changed: connect again with the new ones
+                self.model_bar.show_loading(f"{remote[1]} (remote)")
+                self.backends.remote.load_model(active.path)
         self.catalog.models = {
             k: v for k, v in self.catalog.models.items() if self.book.get(k) is not None
         }
