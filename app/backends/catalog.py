@@ -7,10 +7,11 @@ and the result comes back as a queued Qt signal, so the window never waits for a
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from app.backends.openai_client import Connection, OpenAIClient
+from app.backends.connection import Connection
 from engine.errors import EngineError
 
 
@@ -26,10 +27,18 @@ class RemoteCatalog(QObject):
         self._threads: list[threading.Thread] = []
         self.listed.connect(self._remember)
 
-    def refresh(self, connection: Connection, api_key: str | None) -> None:
+    def refresh(
+        self, connection: Connection, api_key: str | Callable[[], str | None] | None
+    ) -> None:
+        """List the connection's models; `api_key` may be a function, then the key is read on the
+        helper thread too (the first keychain access can take a while)."""
+
         def run() -> None:
+            from app.backends.openai_client import OpenAIClient  # httpx loads here, not at start
+
             try:
-                with OpenAIClient(connection, api_key) as client:
+                key = api_key() if callable(api_key) else api_key
+                with OpenAIClient(connection, key) as client:
                     models = client.list_models()
             except EngineError as exc:
                 self.listed.emit(connection.id, [], str(exc))

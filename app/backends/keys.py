@@ -33,7 +33,18 @@ def _system_keyring():
 class KeyStore:
     def __init__(self, fallback_path: Path, *, use_keychain: bool = True):
         self.fallback_path = Path(fallback_path)
-        self._keyring = _system_keyring() if use_keychain else None
+        self._use_keychain = use_keychain
+        self._backend_found = False
+        self._backend = None
+
+    @property
+    def _keyring(self):
+        """Found on first use: keyring's backend discovery takes a few hundred ms, which the
+        window's start-up must not pay."""
+        if not self._backend_found:
+            self._backend = _system_keyring() if self._use_keychain else None
+            self._backend_found = True
+        return self._backend
 
     @property
     def uses_keychain(self) -> bool:

@@ -26,10 +26,10 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import httpx
 
+from app.backends.connection import DEFAULT_TIMEOUT_S, Connection, RemoteModel, normalized_base_url
 from app.backends.errors import (
     AuthError,
     MalformedChunkError,
@@ -51,8 +51,8 @@ from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Top
 from engine.reasoning import ANSWER, ReasoningSplitter
 from engine.types import FinishReason
 
-DEFAULT_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
+__all__ = ["DEFAULT_TIMEOUT_S", "Connection", "OpenAIClient", "RemoteModel", "normalized_base_url"]
 MAX_ERROR_TEXT = 600  # characters of a server's error body shown to the user
 # Request fields a server may refuse without the request being wrong; on a 400 that names one of
 # them, the request is sent once more without it and the user is told (OPTIONAL_FIELDS' notice).
@@ -77,69 +77,6 @@ FINISH_REASONS = {
     "tool_calls": FinishReason.STOP,
     "function_call": FinishReason.STOP,
 }
-
-
-def normalized_base_url(url: str) -> str:
-    """'http://host:8080' and 'http://host:8080/v1/' both become 'http://host:8080/v1'."""
-    url = url.strip()
-    if not url:
-        raise ValueError("The base URL is empty")
-    if "://" not in url:
-        url = "http://" + url
-    parts = urlsplit(url)
-    try:
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        raise ValueError(f"The base URL {url!r} has a port that is not a number") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"The base URL {url!r} is not an http:// or https:// address")
-    url = url.rstrip("/")
-    if parts.path.strip("/") == "":
-        url += "/v1"
-    return url
-
-
-@dataclass(frozen=True)
-class Connection:
-    """A server the user added (Settings > Connections). The API key is not part of it: it lives
-    in the keychain (app/backends/keys.py) and only the client holds it, in memory."""
-
-    id: str
-    name: str
-    base_url: str
-    timeout_s: float = DEFAULT_TIMEOUT_S
-
-    @property
-    def host(self) -> str:
-        return urlsplit(self.base_url).netloc
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} ({self.host})" if self.name != self.host else self.host
-
-    def to_dict(self) -> dict:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "base_url": self.base_url,
-            "timeout_s": self.timeout_s,
-        }
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> Connection:
-        return cls(
-            id=str(raw["id"]),
-            name=str(raw.get("name") or raw["base_url"]),
-            base_url=normalized_base_url(str(raw["base_url"])),
-            timeout_s=float(raw.get("timeout_s") or DEFAULT_TIMEOUT_S),
-        )
-
-
-@dataclass(frozen=True)
-class RemoteModel:
-    id: str
-    owned_by: str = ""
-    context_length: int | None = None  # when the server reports one (vLLM: max_model_len)
 
 
 @dataclass

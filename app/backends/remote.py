@@ -11,14 +11,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
+from app.backends.connection import Connection
 from app.backends.errors import RemoteError, UnknownModelError
-from app.backends.openai_client import Connection, OpenAIClient
 from app.engine_bridge import StreamNotice
 from engine.cancel import CancelToken
 from engine.events import Finished
 from engine.types import FinishReason, GenerationRequest, JsonMode, ModelInfo, ResolvedPreset
+
+if TYPE_CHECKING:
+    from app.backends.openai_client import OpenAIClient
 
 REMOTE_SCHEME = "remote://"
 REMOTE_ARCHITECTURE = "remote"
@@ -69,6 +73,8 @@ class ConnectionBook:
         return next((c for c in self.connections if c.id == connection_id), None)
 
     def client(self, connection: Connection) -> OpenAIClient:
+        from app.backends.openai_client import OpenAIClient  # httpx loads on first use
+
         return OpenAIClient(connection, self.keys.get(connection.id))
 
 

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.backends.openai_client import DEFAULT_TIMEOUT_S, normalized_base_url
+from app.backends.connection import DEFAULT_TIMEOUT_S, normalized_base_url
 
 UNCHANGED = None  # key_edits value: keep the stored key
 

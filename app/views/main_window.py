@@ -30,8 +30,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.backends.catalog import RemoteCatalog
+from app.backends.connection import Connection
 from app.backends.keys import KeyStore
-from app.backends.openai_client import Connection
 from app.backends.remote import (
     REMOTE_ARCHITECTURE,
     ConnectionBook,
@@ -578,7 +578,7 @@ class MainWindow(QMainWindow):
         """List every connection's models (off the GUI thread); the Remote menu fills in."""
         self._show_remote_models()
         for connection in self.book.connections:
-            self.catalog.refresh(connection, self._key_for(connection.id))
+            self.catalog.refresh(connection, lambda c=connection.id: self.keys.get(c))
 
     def _on_models_listed(self, connection_id: str, models: list, error: str) -> None:
         self._show_remote_models()
