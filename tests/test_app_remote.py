@@ -65,9 +65,12 @@ def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_s
     assert window.backends.kind == "remote"
     assert "remote on 127.0.0.1" in window.model_bar.model_label.text()
 
+    # The sampling panel: what is sent (the user's values) and what is left to the server.
+    assert window.preset_panel.view.sources["top_k"] == "server's default (not sent)"
     # A reply, streamed from the server into the same views.
     window.session.set_preset_value("max_new_tokens", 16)
     window.session.set_preset_value("do_sample", False)
+    assert window.preset_panel.view.sources["max_new_tokens"] == "override"
     with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as done:
         send(qtbot, window, "Name three colors.")
     stored = done.args[0]
@@ -213,3 +216,24 @@ def test_a_stream_cut_short_is_named_kept_and_the_chat_goes_on(
         close_window(window)
     finally:
         proxy.stop()
+
+
+def test_settings_leads_to_connections_and_names_where_keys_go(qtbot, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QPushButton
+
+    from app.views.settings_dialog import SettingsDialog
+
+    def click_connections(dialog):
+        dialog.findChild(QPushButton, "open_connections").click()
+        return dialog.result()
+
+    monkeypatch.setattr(SettingsDialog, "exec", click_connections)
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    window.open_settings()
+    dialog = window.connections_dialog
+    assert dialog.isVisible()
+    # No keychain service on a headless box: the dialog says where keys go instead.
+    assert str(tmp_path / "api-keys.json") in dialog.key_note.text()
+    assert "0600" in dialog.key_note.text()
+    dialog.reject()
+    close_window(window)

@@ -55,7 +55,7 @@ from app.views.json_mode_bar import JsonModeBar
 from app.views.model_bar import ModelBar
 from app.views.notice_banner import NoticeBanner
 from app.views.preset_panel import PresetPanel
-from app.views.settings_dialog import SettingsDialog
+from app.views.settings_dialog import OPEN_CONNECTIONS, SettingsDialog
 from app.views.sidebar import Sidebar
 from app.views.token_inspector import TokenInspector
 from app.views.ttft_panel import TtftPanel
@@ -545,12 +545,15 @@ class MainWindow(QMainWindow):
     # --- settings -------------------------------------------------------------------------------
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.settings, self)
-        if dialog.exec():
+        result = dialog.exec()
+        if result:
             new = dialog.result_settings()
             for name in ("threads", "context_size", "theme", "font_size"):
                 setattr(self.settings, name, getattr(new, name))
             self.settings_file.save(self.settings)
             apply_theme(QApplication.instance(), self.settings.theme, self.settings.font_size)
+        if result == OPEN_CONNECTIONS:
+            self.open_connections()
 
     # --- remote connections (Settings > Connections) ---------------------------------------------
     def _open_chat_is_remote(self) -> bool:
