@@ -184,6 +184,12 @@ def test_wrong_key_is_named_and_never_stored_in_the_clear(
     assert key_file.stat().st_mode & 0o777 == 0o600
     assert server.api_key in key_file.read_text()
     assert server.api_key not in (tmp_path / "settings.json").read_text()
+    # The dialog never shows a stored key; "Forget stored key" removes it.
+    again = window.open_connections()
+    assert again.api_key.text() == "" and "stored" in again.api_key.placeholderText()
+    qtbot.mouseClick(again.forget_key, Qt.LeftButton)
+    again.accept()
+    assert server.api_key not in key_file.read_text()
     close_window(window)
     assert server.api_key.encode() not in (tmp_path / "chats.sqlite3").read_bytes()
     assert dialogs == []

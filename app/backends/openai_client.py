@@ -184,7 +184,9 @@ class OpenAIClient:
             **params,
         }
         with self._lock:
-            self._interrupted = False
+            # A Stop that came before this request started still counts (its socket is shut
+            # down as soon as it connects).
+            self._interrupted = cancel.cancelled
         dropped: list[str] = []
         while True:
             stream = _Stream(started=time.perf_counter())
@@ -230,6 +232,9 @@ class OpenAIClient:
                     self._socket = None
 
     def _open(self, body: dict, cancel: CancelToken) -> httpx.Response | None:
+        if cancel.cancelled:
+            return None
+
         def trace(name: str, info: dict) -> None:
             if name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
                 stream = info.get("return_value")
@@ -258,7 +263,7 @@ class OpenAIClient:
         splitter = ReasoningSplitter()
         error: RemoteError | None = None
         try:
-            for chunk in response.iter_raw():
+            for chunk in response.iter_bytes():  # decoded if a proxy compressed the stream
                 for event in parser.feed(chunk):
                     yield from self._on_event(event, stream, splitter, body)
                     if stream.done:

@@ -68,6 +68,9 @@ class ConnectionsDialog(QDialog):
         self.base_url.setPlaceholderText("http://127.0.0.1:8080/v1")
         self.api_key = QLineEdit()
         self.api_key.setEchoMode(QLineEdit.Password)
+        self.forget_key = QPushButton("Forget stored key")
+        self.forget_key.setObjectName("forget_key")
+        self.forget_key.clicked.connect(self._forget_key)
         self.timeout = QDoubleSpinBox()
         self.timeout.setRange(1.0, 3600.0)
         self.timeout.setDecimals(0)
@@ -77,7 +80,10 @@ class ConnectionsDialog(QDialog):
         form = QFormLayout()
         form.addRow("Name", self.name)
         form.addRow("Base URL", self.base_url)
-        form.addRow("API key", self.api_key)
+        key_row = QHBoxLayout()
+        key_row.addWidget(self.api_key, 1)
+        key_row.addWidget(self.forget_key)
+        form.addRow("API key", key_row)
         form.addRow("Timeout", self.timeout)
         self.key_note = QLabel(key_note)
         self.key_note.setObjectName("key_note")
@@ -163,6 +169,15 @@ class ConnectionsDialog(QDialog):
         self.api_key.setPlaceholderText(
             "a key is stored (type to replace it)" if stored else "optional"
         )
+        self.forget_key.setEnabled(stored)
+
+    def _forget_key(self) -> None:
+        if self._current is None:
+            return
+        self.key_edits[self.entries[self._current]["id"]] = ""
+        self.api_key.clear()
+        self.api_key.setPlaceholderText("no key (the stored one is removed on OK)")
+        self.forget_key.setEnabled(False)
 
     def _store_fields(self, *_args) -> None:
         if self._current is None:
@@ -193,7 +208,8 @@ class ConnectionsDialog(QDialog):
         self.models.clear()
         self.status.setText(f"Testing {entry['base_url']}…")
         self.test_button.setEnabled(False)
-        self.testRequested.emit(entry, self.key_edits.get(entry["id"]) or UNCHANGED)
+        # a typed key, "" for a forgotten one (test without), or UNCHANGED for the stored one
+        self.testRequested.emit(entry, self.key_edits.get(entry["id"], UNCHANGED))
 
     def show_test_result(self, connection_id: str, models: list, error: str) -> None:
         self.test_button.setEnabled(True)
