@@ -26,6 +26,8 @@ class Fault:
     before_done: bytes | None = None
     drop_done: bool = False  # leave out `data: [DONE]` but end the HTTP body cleanly
     after_head: bytes | None = None  # SSE events to send before the server's first chunk
+    # answer 400 naming this request field when the request carries it (a server without it)
+    refuse_field: str | None = None
 
 
 MALFORMED_CHUNK = b'data: {"choices": [{"delta": {"content": "oops"\n\n'
@@ -101,6 +103,19 @@ class FaultProxy:
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":", 1)[1])
             body = await reader.readexactly(length) if length else b""
+            if fault.refuse_field is not None and f'"{fault.refuse_field}"'.encode() in body:
+                payload = (
+                    b'{"error": {"message": "Unrecognized request argument supplied: '
+                    + fault.refuse_field.encode()
+                    + b'", "type": "invalid_request_error"}}'
+                )
+                writer.write(
+                    b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+                    + payload
+                )
+                await writer.drain()
+                return
             if fault.status_429_retry_after is not None:
                 payload = b'{"error": {"message": "slow down", "type": "rate_limit"}}'
                 writer.write(

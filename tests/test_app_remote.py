@@ -214,11 +214,22 @@ def test_a_stream_cut_short_is_named_kept_and_the_chat_goes_on(
         assert stored.status == MessageStatus.ERROR and stored.content  # the partial reply
         cid = window.session.conversation_id
         assert window.store.messages(cid)[-1].content == stored.content
-        proxy.fault = Fault()
+        # Refused before the stream: named (with the wait), stored as a failed reply.
+        proxy.fault = Fault(status_429_retry_after="7")
+        with qtbot.waitSignal(window.session.replyFailed, timeout=WAIT_MS) as failed:
+            send(qtbot, window, "And now?")
+        assert "rate limiting" in failed.args[0] and "Try again in 7 s" in failed.args[0]
+        assert window.store.messages(cid)[-1].status == MessageStatus.ERROR
+        # A server without logprobs: asked once more without them, said so, and the inspector
+        # says there is nothing to inspect.
+        proxy.fault = Fault(refuse_field="logprobs")
         with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as done:
             send(qtbot, window, "Again, please.")
         assert done.args[0].status == MessageStatus.COMPLETE and done.args[0].content
-        assert len(window.store.messages(cid)) == 4
+        assert done.args[0].tokens == []
+        assert "'logprobs'" in window.notice
+        assert "does not report token probabilities" in window.token_inspector.hint.text()
+        assert len(window.store.messages(cid)) == 6
         close_window(window)
     finally:
         proxy.stop()

@@ -436,6 +436,7 @@ class MainWindow(QMainWindow):
             return  # the user moved to another chat while it streamed (and so stopped it)
         self.chat_view.finish_stream(stored)
         self.token_inspector.flush()
+        self._note_remote_tokens(stored)
         usage = stored.usage or {}
         self.ttft_panel.add_reply(usage.get("ttft_ms"), usage.get("prefill_ms"))
         self.selected_message_id = stored.id
@@ -466,8 +467,13 @@ class MainWindow(QMainWindow):
         if message.usage and "ttft_ms" in message.usage:
             self.ttft_panel.show_reply(message.usage["ttft_ms"], message.usage.get("prefill_ms"))
         self.token_inspector.set_tokens(message.tokens)
-        if not message.tokens and self.backends.kind == "remote":
-            self.token_inspector.hint.setText(REMOTE_NO_TOKENS_HINT)
+        self._note_remote_tokens(message)
+
+    def _note_remote_tokens(self, message: StoredMessage) -> None:
+        """A server that sends no logprobs leaves nothing to inspect: say so, not just 'none'."""
+        if self.backends.kind == "remote":
+            hint = REMOTE_TOKENS_HINT if message.tokens else REMOTE_NO_TOKENS_HINT
+            self.token_inspector.hint.setText(hint)
 
     def _set_busy(self, busy: bool) -> None:
         ready = self.backends.model is not None and not self.backends.loading
