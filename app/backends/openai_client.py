@@ -314,7 +314,7 @@ class OpenAIClient:
             ) from None
         if not isinstance(chunk, dict):
             raise MalformedChunkError(label, f"{label} sent a stream chunk that is not an object")
-        if event.event == "error" or "error" in chunk:
+        if event.event == "error" or chunk.get("error"):  # some servers send "error": null
             detail = _error_text(chunk) or event.data
             raise ServerError(
                 label, f"{label} failed while streaming: {redact(detail, self._key)[:600]}"
