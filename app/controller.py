@@ -109,6 +109,11 @@ class EngineController(QObject):
     def cancel(self) -> None:
         if self._cancel is not None:
             self._cancel.cancel()
+            # A remote backend is blocked reading a socket, not polling the token between
+            # tokens: it stops the read itself (app/backends/remote.py RemoteEngine.interrupt).
+            interrupt = getattr(self.bridge, "interrupt", None)
+            if interrupt is not None:
+                interrupt()
         if self._replay_cancel is not None:
             self._replay_cancel.cancel()
 

@@ -40,6 +40,14 @@ class ContextTrimmed:
         )
 
 
+@dataclass(frozen=True)
+class StreamNotice:
+    """App-level stream event: something the user should know about this reply that is not part
+    of it (e.g. a request field a remote server refused and that was left out)."""
+
+    message: str
+
+
 ProgressCallback = Callable[[str, float], None]
 
 

@@ -21,7 +21,8 @@ import time
 
 from PySide6.QtCore import QObject, Signal
 
-from app.controller import EngineController
+from app.backends.protocol import ChatBackend
+from app.backends.remote import REMOTE_ARCHITECTURE, parse_remote_path, remote_model_path
 from app.preset_state import PresetState
 from app.reply_recorder import ReplyRecorder
 from app.settings import Settings, SettingsFile
@@ -80,10 +81,13 @@ class ChatSession(QObject):
     replayStarted = Signal(int)  # message id
     replayFinished = Signal(int, object)  # message id, engine.types.ReplayReport
     replayFailed = Signal(int, str)  # message id, message for the user
+    # The opened chat is bound to another model than the one in use (a remote connection's
+    # model, or back to a local file): the window opens it (app/backends/router.py).
+    backendRequested = Signal(str)  # model path, "remote://connection/model" for a remote one
 
     def __init__(
         self,
-        controller: EngineController,
+        controller: ChatBackend,  # EngineController, or BackendRouter for local + remote
         store: Store,
         settings: Settings,
         settings_file: SettingsFile,
@@ -136,12 +140,42 @@ class ChatSession(QObject):
         self.conversation_id = conversation_id
         self.branch = self.store.branch(conversation_id)
         self.conversationOpened.emit(conv, list(self.branch))
+        self._restore_backend(conversation_id)
 
     def _redraw(self) -> None:
         """Show the in-memory branch again (after it changed shape: a new version, a switch)."""
         conv = self.store.conversation(self.conversation_id)
         if conv is not None:
             self.conversationOpened.emit(conv, list(self.branch))
+
+    # --- which backend answers (per chat, remembered in the store) ------------------------------
+    def _remember_backend(self, conversation_id: int) -> None:
+        info = self.controller.model
+        if info is None:
+            return
+        remote = parse_remote_path(info.path)
+        if remote is not None:
+            self.store.set_chat_backend(conversation_id, "remote", remote[0], remote[1])
+        else:
+            self.store.set_chat_backend(conversation_id, "local", None, info.path)
+
+    def _restore_backend(self, conversation_id: int) -> None:
+        """A chat last answered by another backend asks for it back; the history is the same
+        whichever model answers, so this only changes who answers the next message."""
+        binding = self.store.chat_backend(conversation_id)
+        current = self.controller.model
+        if binding is None:
+            return
+        if binding.kind == "remote" and binding.connection_id:
+            wanted = remote_model_path(binding.connection_id, binding.model)
+            if current is None or current.path != wanted:
+                self.backendRequested.emit(wanted)
+            return
+        if current is not None and current.architecture == REMOTE_ARCHITECTURE:
+            # back to the local engine: the model it has open, else the chat's own file
+            local = getattr(self.controller, "local", None)
+            local_model = local.model if local is not None else None
+            self.backendRequested.emit(local_model.path if local_model else binding.model)
 
     @_reports_write_errors
     def new_conversation(self) -> int:
@@ -325,6 +359,12 @@ class ChatSession(QObject):
         says how it compares. False when it cannot start (no receipt, busy, no model)."""
         if self.busy or self.controller.replaying or self.controller.model is None:
             return False
+        if self.controller.model.architecture == REMOTE_ARCHITECTURE:
+            self.replayFailed.emit(
+                message_id,
+                "Replay runs on the local engine: open this reply's model file, then replay.",
+            )
+            return False
         receipt = self.store.receipt(message_id)
         if receipt is None:
             self.replayFailed.emit(message_id, "This reply has no receipt to replay from.")
@@ -388,6 +428,7 @@ class ChatSession(QObject):
         parent = self.branch[-1].id if self.branch else None
         reply_id = self.store.begin_reply(cid, json_mode=self.json_mode, parent_id=parent)
         self._recorder = ReplyRecorder(self.store, reply_id)
+        self._remember_backend(cid)
         self._reply_message = self.store.message(reply_id)
         self.branch.append(self._reply_message)
         self._started, self._first_token_at, self._n_tokens = time.perf_counter(), None, 0
@@ -458,6 +499,7 @@ class ChatSession(QObject):
             "context_used": self._prompt_estimate + n,
             "context_limit": info.n_ctx if info else 0,
             "finish_reason": "generating…",
+            "measured_over_network": bool(info and info.architecture == REMOTE_ARCHITECTURE),
         }
 
     # --- controller callbacks -------------------------------------------------------------------
@@ -485,6 +527,8 @@ class ChatSession(QObject):
 
     def _on_text(self, text: str) -> None:
         if self._recorder is not None:
+            if self._first_token_at is None:  # a server that reports no tokens (no logprobs)
+                self._first_token_at = time.perf_counter()
             self._recorder.add_text(text)
             self.replyText.emit(text)
 

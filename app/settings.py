@@ -39,6 +39,8 @@ class Settings:
     presets: dict[str, dict] = field(default_factory=dict)  # model path -> saved overrides
     json_schema: str = ""  # last schema typed in the schema editor
     personas: dict[str, str] = field(default_factory=dict)  # name -> saved system prompt
+    # OpenAI-compatible servers (app/backends/openai_client.py Connection.to_dict); never a key
+    connections: list[dict] = field(default_factory=list)
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -63,6 +65,11 @@ class Settings:
                 and len(prompt) <= MAX_PERSONA_CHARS
             )[:MAX_PERSONAS]
         )
+        if not isinstance(self.connections, list):
+            self.connections = []
+        self.connections = [
+            c for c in self.connections if isinstance(c, dict) and c.get("id") and c.get("base_url")
+        ]
         return self
 
     def remember_model(self, path: str) -> None:

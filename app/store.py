@@ -60,6 +60,16 @@ class Conversation:
     updated_at: float
 
 
+@dataclass(frozen=True)
+class ChatBackend:
+    """What answers a chat: kind "local" (model is the GGUF path) or "remote" (connection id and
+    the server's model id)."""
+
+    kind: str
+    connection_id: str | None
+    model: str
+
+
 @dataclass
 class StoredMessage:
     id: int
@@ -220,6 +230,7 @@ class Store:
             self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
+        self._create_chat_backends()
         if mark_interrupted:
             # A reply that was streaming when the app died is kept, marked so the user can see
             # why it stops mid-sentence.
@@ -332,6 +343,43 @@ class Store:
 
     def _transaction(self):
         return _Transaction(self._db)
+
+    # --- which backend answers each chat (issue 12) -----------------------------------------------
+    # Its own table, created when missing, so the schema versions of the message tables stay
+    # untouched: kind is "local" (model = the GGUF path) or "remote" (connection_id + model id).
+    _CHAT_BACKENDS = """CREATE TABLE IF NOT EXISTS chat_backends (
+        conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+        kind TEXT NOT NULL,
+        connection_id TEXT,
+        model TEXT NOT NULL
+    )"""
+
+    def _create_chat_backends(self) -> None:
+        # e.g. a full disk: set_chat_backend tries again and reports it
+        with contextlib.suppress(sqlite3.OperationalError):
+            self._db.execute(self._CHAT_BACKENDS)
+
+    def chat_backend(self, conversation_id: int) -> ChatBackend | None:
+        try:
+            row = self._db.execute(
+                "SELECT kind, connection_id, model FROM chat_backends WHERE conversation_id=?",
+                (conversation_id,),
+            ).fetchone()
+        except sqlite3.OperationalError:  # the table could not be created
+            return None
+        return ChatBackend(row["kind"], row["connection_id"], row["model"]) if row else None
+
+    def set_chat_backend(
+        self, conversation_id: int, kind: str, connection_id: str | None, model: str
+    ) -> None:
+        with self._writing():
+            self._db.execute(self._CHAT_BACKENDS)
+            self._db.execute(
+                "INSERT INTO chat_backends(conversation_id, kind, connection_id, model) "
+                "VALUES (?,?,?,?) ON CONFLICT(conversation_id) DO UPDATE SET "
+                "kind=excluded.kind, connection_id=excluded.connection_id, model=excluded.model",
+                (conversation_id, kind, connection_id, model),
+            )
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:

@@ -19,7 +19,7 @@ import traceback
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from app.engine_bridge import ContextTrimmed, EngineBridge
+from app.engine_bridge import ContextTrimmed, EngineBridge, StreamNotice
 from engine.cancel import CancelToken
 from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Usage
 from engine.types import GenerationRequest
@@ -46,7 +46,7 @@ class EventBatch:
         self.reasoning: list[str] = []
         self.tokens: list[TokenSampled] = []
         self.usage: Usage | None = None
-        self.notices: list[str] = []  # ContextTrimmed messages
+        self.notices: list[str] = []  # ContextTrimmed / StreamNotice messages
 
     def add(self, event) -> bool:
         """False for events that are not stream events (Finished, failures)."""
@@ -58,7 +58,7 @@ class EventBatch:
             self.reasoning.append(event.text)
         elif isinstance(event, Usage):
             self.usage = event
-        elif isinstance(event, ContextTrimmed):
+        elif isinstance(event, (ContextTrimmed, StreamNotice)):
             self.notices.append(event.message)
         else:
             return False

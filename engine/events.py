@@ -116,6 +116,9 @@ class Usage:
     context_limit: int
     draft_tokens_proposed: int = 0  # speculative decoding
     draft_tokens_accepted: int = 0
+    # True for a remote server's reply: the times are the app's, taken from the stream over the
+    # network (time to first delta includes the round trip), not the engine's own clock.
+    measured_over_network: bool = False
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -30,6 +30,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.backends.catalog import RemoteCatalog
+from app.backends.connection import Connection
+from app.backends.keys import KeyStore
+from app.backends.remote import (
+    REMOTE_ARCHITECTURE,
+    ConnectionBook,
+    RemoteEngine,
+    parse_remote_path,
+    remote_model_path,
+)
+from app.backends.router import BackendRouter
 from app.controller import EngineController
 from app.export import export_file_name, render_export, safe_export_path, write_export
 from app.icon import app_icon
@@ -40,19 +51,28 @@ from app.settings import Settings, SettingsFile
 from app.store import Store, StoredMessage
 from app.theme import apply_theme
 from app.views.chat_view import ChatView
+from app.views.connections_dialog import ConnectionsDialog
 from app.views.json_mode_bar import JsonModeBar
 from app.views.model_bar import ModelBar
 from app.views.notice_banner import NoticeBanner
 from app.views.persona_picker import PersonaPicker
 from app.views.preset_panel import PresetPanel
 from app.views.receipt_dialog import ReceiptDialog
-from app.views.settings_dialog import SettingsDialog
+from app.views.settings_dialog import OPEN_CONNECTIONS, SettingsDialog
 from app.views.sidebar import Sidebar
 from app.views.token_inspector import TokenInspector
 from app.views.ttft_panel import TtftPanel
 from app.views.usage_panel import UsagePanel
+from engine.errors import EngineError
 from engine.types import MessageStatus, ModelInfo, ResolvedPreset, Role
 
+LOCAL_TOKENS_HINT = (
+    "Click a token to see the alternatives the model considered. Darker = less certain."
+)
+REMOTE_TOKENS_HINT = "Remote model: tokens and their alternatives as the server reports them."
+REMOTE_NO_TOKENS_HINT = (
+    "This server does not report token probabilities (logprobs), so there is nothing to inspect."
+)
 FRAME_MS = 33  # ~30 Hz: smooth enough for text, cheap enough for markdown re-rendering
 SAVE_RETRY_MS = 5000  # while a save fails (disk full): how often to try again
 
@@ -83,7 +103,15 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.controller, self.store = controller, store
         self.settings, self.settings_file = settings, settings_file
-        self.session = ChatSession(controller, store, settings, settings_file, self)
+        # Remote models (issue 12): the user's servers, their keys, their model lists, and the
+        # router that hands ChatSession whichever backend the chat uses.
+        self.keys = KeyStore(settings_file.path.parent / "api-keys.json")
+        self.book = ConnectionBook(self._connections_from_settings(), self.keys)
+        self.catalog = RemoteCatalog(self)
+        self.backends = BackendRouter(
+            controller, lambda: EngineController(RemoteEngine(self.book)), self
+        )
+        self.session = ChatSession(self.backends, store, settings, settings_file, self)
         self.selected_message_id: int | None = None
         self.details_dialog: ReceiptDialog | None = None  # the open "Details" of a reply
         self.notice = ""  # the last notice about the current reply (e.g. context trimming)
@@ -103,6 +131,7 @@ class MainWindow(QMainWindow):
         self.save_retry_timer.setInterval(SAVE_RETRY_MS)
         self.save_retry_timer.timeout.connect(self.session.retry_saves)
         self.model_bar.set_recent(settings.recent_models)
+        self.refresh_remote_models()
         self._refresh_sidebar()
         self.session.ensure_conversation()
         self._set_busy(False)
@@ -199,9 +228,12 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(root)
 
     def _connect(self) -> None:
-        s, c = self.session, self.controller
+        s, c = self.session, self.backends
         self.model_bar.openRequested.connect(self.open_model)
         self.model_bar.settingsRequested.connect(self.open_settings)
+        self.model_bar.connectionsRequested.connect(self.open_connections)
+        self.catalog.listed.connect(self._on_models_listed)
+        s.backendRequested.connect(self.open_model)
         c.loadProgress.connect(self.model_bar.show_progress)
         c.modelLoaded.connect(self._on_model_loaded)
         c.loadFailed.connect(self._on_load_failed)
@@ -271,6 +303,7 @@ class MainWindow(QMainWindow):
         action(file_menu, "Open model…", "Ctrl+O", self.model_bar.ask_open, "open_action")
         action(file_menu, "Export chat…", "Ctrl+E", self.ask_export, "export_action")
         action(file_menu, "Settings…", "Ctrl+,", self.open_settings, "settings_action")
+        action(file_menu, "Connections…", "", self.open_connections, "connections_action")
         file_menu.addSeparator()
         action(file_menu, "Quit", "Ctrl+Q", self.close, "quit_action")
         action(chat_menu, "New chat", "Ctrl+N", self.new_chat, "new_chat_action")
@@ -280,7 +313,10 @@ class MainWindow(QMainWindow):
 
     # --- model ----------------------------------------------------------------------------------
     def start(self, model_path: str | None = None) -> None:
-        """Load the requested model, else the last one, else the embedded default."""
+        """Load the requested model, else the last one, else the embedded default. A chat bound
+        to a remote model has already asked for it (ChatSession.backendRequested)."""
+        if model_path is None and self._open_chat_is_remote():
+            return
         path = model_path or self.settings.last_model
         if not path or not Path(path).is_file():
             from engine.model_files import ModelNotInstalledError, default_model_path
@@ -293,23 +329,37 @@ class MainWindow(QMainWindow):
         self.open_model(path)
 
     def open_model(self, path: str) -> None:
-        self.model_bar.show_loading(path)
+        remote = parse_remote_path(path)
+        if remote is not None:
+            connection = self.book.get(remote[0])
+            host = connection.host if connection else "a removed connection"
+            self.model_bar.show_loading(f"{remote[1]} (remote · {host})")
+        else:
+            self.model_bar.show_loading(path)
         self._set_busy(self.session.busy)
-        self.controller.load_model(path, self.settings.context_size, self.settings.threads)
+        self.backends.load_model(path, self.settings.context_size, self.settings.threads)
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
-        self.settings.remember_model(info.path)
-        self.settings_file.save(self.settings)
-        self.model_bar.set_recent(self.settings.recent_models)
-        self.model_bar.show_loaded(
-            info.name, f"{info.architecture} · context {info.n_ctx:,} · {info.template}"
-        )
+        if info.architecture == REMOTE_ARCHITECTURE:
+            # A server's model is not a file: it is in the Remote menu, not the recent files.
+            context = f" · context {info.n_ctx:,}" if info.n_ctx else ""
+            self.model_bar.show_loaded(info.name, f"{info.template}{context}")
+            self.model_bar.setToolTip(info.summary)
+            self.token_inspector.hint.setText(REMOTE_TOKENS_HINT)
+        else:
+            self.settings.remember_model(info.path)
+            self.settings_file.save(self.settings)
+            self.model_bar.set_recent(self.settings.recent_models)
+            self.model_bar.show_loaded(
+                info.name, f"{info.architecture} · context {info.n_ctx:,} · {info.template}"
+            )
+            self.token_inspector.hint.setText(LOCAL_TOKENS_HINT)
         self.thinking_box.setVisible(info.thinking_switch)
         self._set_busy(self.session.busy)
         self.input.setFocus()
 
     def _on_load_failed(self, path: str, message: str) -> None:
-        previous = self.controller.model
+        previous = self.backends.model
         self.model_bar.show_failed(f"<b>{previous.name}</b>" if previous else None)
         self._set_busy(self.session.busy)
         self.show_error("Could not open the model", f"{Path(path).name}\n\n{message}")
@@ -350,9 +400,9 @@ class MainWindow(QMainWindow):
         text = self.input.toPlainText()
         if not text.strip():
             return
-        if self.controller.model is None:
+        if self.backends.model is None:
             self.state_label.setText(
-                "The model is still loading…" if self.controller.loading else "Open a model first"
+                "The model is still loading…" if self.backends.loading else "Open a model first"
             )
             return
         self.session.set_system_prompt(self.system_prompt.text())
@@ -400,6 +450,10 @@ class MainWindow(QMainWindow):
 
     def _on_notice(self, message: str) -> None:
         self.notice = message
+        if self.backends.kind == "remote":
+            # A remote server's notice (a refused field, a JSON format it ignored): in words.
+            self.notice_banner.show_notice("remote", message)
+            return
         self.state_label.setText("Older turns left out to fit the context")
         self.state_label.setToolTip(message)
 
@@ -409,6 +463,7 @@ class MainWindow(QMainWindow):
             return  # the user moved to another chat while it streamed (and so stopped it)
         self.chat_view.finish_stream(stored)
         self.token_inspector.flush()
+        self._note_remote_tokens(stored)
         usage = stored.usage or {}
         self.ttft_panel.add_reply(usage.get("ttft_ms"), usage.get("prefill_ms"))
         self.selected_message_id = stored.id
@@ -422,6 +477,10 @@ class MainWindow(QMainWindow):
         self.frame_timer.stop()
         if stored is not None and stored.conversation_id == self.session.conversation_id:
             self.chat_view.finish_stream(stored)
+        if self.backends.kind == "remote" and "refused the request" in message:
+            # The server refused a value of the request: its own words, where the values are.
+            self.preset_panel.show_error(message, prefix="")
+            self.tabs.setCurrentWidget(self.preset_panel)
         self.show_error("Generation failed", message)
 
     def select_message(self, message_id: int) -> None:
@@ -435,6 +494,13 @@ class MainWindow(QMainWindow):
         if message.usage and "ttft_ms" in message.usage:
             self.ttft_panel.show_reply(message.usage["ttft_ms"], message.usage.get("prefill_ms"))
         self.token_inspector.set_tokens(message.tokens)
+        self._note_remote_tokens(message)
+
+    def _note_remote_tokens(self, message: StoredMessage) -> None:
+        """A server that sends no logprobs leaves nothing to inspect: say so, not just 'none'."""
+        if self.backends.kind == "remote":
+            hint = REMOTE_TOKENS_HINT if message.tokens else REMOTE_NO_TOKENS_HINT
+            self.token_inspector.hint.setText(hint)
 
     # --- personas -------------------------------------------------------------------------------
     def use_persona(self, name: str) -> None:
@@ -500,7 +566,7 @@ class MainWindow(QMainWindow):
             dialog.show_replay_failed(message)
 
     def _set_busy(self, busy: bool) -> None:
-        ready = self.controller.model is not None and not self.controller.loading
+        ready = self.backends.model is not None and not self.backends.loading
         self.send_button.setEnabled(ready and not busy)
         self.cancel_button.setEnabled(busy)
         self.regenerate_action.setEnabled(ready and not busy)
@@ -577,12 +643,100 @@ class MainWindow(QMainWindow):
     # --- settings -------------------------------------------------------------------------------
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.settings, self)
-        if dialog.exec():
+        result = dialog.exec()
+        if result:
             new = dialog.result_settings()
             for name in ("threads", "context_size", "theme", "font_size"):
                 setattr(self.settings, name, getattr(new, name))
             self.settings_file.save(self.settings)
             apply_theme(QApplication.instance(), self.settings.theme, self.settings.font_size)
+        if result == OPEN_CONNECTIONS:
+            self.open_connections()
+
+    # --- remote connections (Settings > Connections) ---------------------------------------------
+    def _open_chat_is_remote(self) -> bool:
+        cid = self.session.conversation_id
+        binding = self.store.chat_backend(cid) if cid is not None else None
+        return binding is not None and binding.kind == "remote"
+
+    def _connections_from_settings(self) -> list[Connection]:
+        connections = []
+        for raw in self.settings.connections:
+            try:
+                connections.append(Connection.from_dict(raw))
+            except (KeyError, TypeError, ValueError):
+                continue  # a hand-edited entry that is not a connection
+        return connections
+
+    def _key_for(self, connection_id: str) -> str | None:
+        try:
+            return self.keys.get(connection_id)
+        except EngineError as exc:
+            self.notice_banner.show_notice("keys", str(exc), "error")
+            return None
+
+    def refresh_remote_models(self) -> None:
+        """List every connection's models (off the GUI thread); the Remote menu fills in."""
+        self._show_remote_models()
+        for connection in self.book.connections:
+            self.catalog.refresh(connection, lambda c=connection.id: self.keys.get(c))
+
+    def _on_models_listed(self, connection_id: str, models: list, error: str) -> None:
+        self._show_remote_models()
+
+    def _show_remote_models(self) -> None:
+        entries, problems = [], {}
+        for connection in self.book.connections:
+            for model in self.catalog.models.get(connection.id, []):
+                entries.append(
+                    (remote_model_path(connection.id, model.id), model.id, connection.host)
+                )
+            if connection.id in self.catalog.errors and connection.id not in self.catalog.models:
+                problems[connection.label] = self.catalog.errors[connection.id]
+        self.model_bar.set_remote_models(entries, problems)
+
+    def open_connections(self) -> ConnectionsDialog:
+        stored = {c.id for c in self.book.connections if self._key_for(c.id)}
+        dialog = ConnectionsDialog(
+            [c.to_dict() for c in self.book.connections], stored, self.keys.where, self
+        )
+
+        def test(entry: dict, typed_key) -> None:
+            key = typed_key if typed_key is not None else self._key_for(entry["id"])
+            self.catalog.refresh(Connection.from_dict(entry), key)
+
+        dialog.testRequested.connect(test)
+        self.catalog.listed.connect(dialog.show_test_result)
+        dialog.finished.connect(lambda result: self._connections_closed(dialog, result))
+        self.connections_dialog = dialog
+        dialog.open()  # window-modal, not exec(): the window keeps streaming meanwhile
+        return dialog
+
+    def _connections_closed(self, dialog: ConnectionsDialog, result: int) -> None:
+        self.catalog.listed.disconnect(dialog.show_test_result)
+        if not result:
+            return
+        try:
+            for connection_id, key in dialog.key_edits.items():
+                self.keys.set(connection_id, key or None)
+        except EngineError as exc:
+            self.show_error("The API key was not saved", str(exc))
+        before = {c.id: c for c in self.book.connections}
+        self.settings.connections = dialog.result_connections()
+        self.settings_file.save(self.settings)
+        self.book.connections = self._connections_from_settings()
+        active = self.backends.model
+        remote = parse_remote_path(active.path) if active is not None else None
+        if remote is not None and self.backends.kind == "remote":
+            connection = self.book.get(remote[0])
+            if connection != before.get(remote[0]) or remote[0] in dialog.key_edits:
+                # its address, timeout or key changed: connect again with the new ones
+                self.model_bar.show_loading(f"{remote[1]} (remote)")
+                self.backends.remote.load_model(active.path)
+        self.catalog.models = {
+            k: v for k, v in self.catalog.models.items() if self.book.get(k) is not None
+        }
+        self.refresh_remote_models()
 
     # --- errors, drag and drop, close -----------------------------------------------------------
     def show_startup_notices(self, notices: list[str]) -> None:
@@ -627,6 +781,6 @@ class MainWindow(QMainWindow):
         self.session.tick()  # last partial save before the thread goes away
         self.session.retry_saves()  # and a last try for replies a full disk kept in memory
         self.save_retry_timer.stop()
-        self.controller.shutdown()
+        self.backends.shutdown()
         self.settings_file.save(self.settings)
         super().closeEvent(event)

@@ -19,8 +19,9 @@ from PySide6.QtWidgets import (
 
 
 class ModelBar(QWidget):
-    openRequested = Signal(str)  # path
+    openRequested = Signal(str)  # path; "remote://connection/model" for a server's model
     settingsRequested = Signal()
+    connectionsRequested = Signal()  # Settings > Connections
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -34,6 +35,15 @@ class ModelBar(QWidget):
         self.recent_button.setPopupMode(QToolButton.InstantPopup)
         self.recent_menu = QMenu(self)
         self.recent_button.setMenu(self.recent_menu)
+        # The models of the user's OpenAI-compatible servers, beside the local files.
+        self.remote_button = QToolButton()
+        self.remote_button.setObjectName("remote_models_button")
+        self.remote_button.setText("Remote")
+        self.remote_button.setToolTip("Models on your OpenAI-compatible servers")
+        self.remote_button.setPopupMode(QToolButton.InstantPopup)
+        self.remote_menu = QMenu(self)
+        self.remote_button.setMenu(self.remote_menu)
+        self.set_remote_models([], {})
         self.model_label = QLabel("No model loaded")
         self.model_label.setObjectName("model_label")
         self.stage_label = QLabel()
@@ -46,6 +56,7 @@ class ModelBar(QWidget):
         self.settings_button.clicked.connect(self.settingsRequested)
         layout.addWidget(self.open_button)
         layout.addWidget(self.recent_button)
+        layout.addWidget(self.remote_button)
         layout.addWidget(self.model_label, 1)
         layout.addWidget(self.stage_label)
         layout.addWidget(self.progress)
@@ -58,6 +69,29 @@ class ModelBar(QWidget):
             action.setToolTip(path)
             action.triggered.connect(lambda _=False, p=path: self.openRequested.emit(p))
         self.recent_button.setEnabled(bool(paths))
+
+    def set_remote_models(
+        self, models: list[tuple[str, str, str]], problems: dict[str, str]
+    ) -> None:
+        """models: (path, model id, host) per remote model; problems: connection label ->
+        why its models could not be listed."""
+        self.remote_menu.clear()
+        for path, model, host in models:
+            action = self.remote_menu.addAction(f"{model}  —  remote · {host}")
+            action.setToolTip(f"{model} on the server at {host}")
+            action.setData(path)
+            action.triggered.connect(lambda _=False, p=path: self.openRequested.emit(p))
+        for label, problem in problems.items():
+            action = self.remote_menu.addAction(f"{label}: not reachable")
+            action.setToolTip(problem)
+            action.setEnabled(False)
+        if models or problems:
+            self.remote_menu.addSeparator()
+        manage = self.remote_menu.addAction("Connections…")
+        manage.triggered.connect(self.connectionsRequested)
+
+    def remote_paths(self) -> list[str]:
+        return [a.data() for a in self.remote_menu.actions() if a.data()]
 
     def ask_open(self) -> None:
         path, _ = QFileDialog.getOpenFileName(

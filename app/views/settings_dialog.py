@@ -1,4 +1,5 @@
-"""Settings: threads, context size, theme, font size."""
+"""Settings: threads, context size, theme, font size, and the way to Connections (remote
+servers, app/views/connections_dialog.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QLabel,
+    QPushButton,
     QSpinBox,
     QWidget,
 )
 
 from app.settings import CONTEXT_SIZE_RANGE, FONT_SIZE_RANGE, THEMES, Settings
+
+# exec() result: the settings were accepted and the user asked for Settings > Connections
+OPEN_CONNECTIONS = 2
 
 
 class SettingsDialog(QDialog):
@@ -47,6 +52,11 @@ class SettingsDialog(QDialog):
         form.addRow(note)
         form.addRow("Theme", self.theme)
         form.addRow("Font size", self.font_size)
+        connections = QPushButton("Connections…")
+        connections.setObjectName("open_connections")
+        connections.setToolTip("OpenAI-compatible servers whose models you can chat with")
+        connections.clicked.connect(lambda: self.done(OPEN_CONNECTIONS))
+        form.addRow("Remote servers", connections)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)

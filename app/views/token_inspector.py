@@ -128,7 +128,10 @@ class TokenInspector(QWidget):
         ]
         self.table.setRowCount(len(rows))
         for r, alt in enumerate(rows):
-            marker = "▶ " if alt["token_id"] == token["token_id"] else ""
+            # A remote server names tokens by text only (id -1): match those by text.
+            known = alt["token_id"] >= 0
+            same = alt["token_id"] == token["token_id"] if known else alt["text"] == token["text"]
+            marker = "▶ " if same else ""
             self.table.setItem(r, 0, QTableWidgetItem(marker + _visible(alt["text"])))
             self.table.setItem(r, 1, QTableWidgetItem(f"{math.exp(alt['logprob']):.1%}"))
-            self.table.setItem(r, 2, QTableWidgetItem(str(alt["token_id"])))
+            self.table.setItem(r, 2, QTableWidgetItem(str(alt["token_id"]) if known else "—"))

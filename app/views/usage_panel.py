@@ -42,8 +42,18 @@ class UsagePanel(QGroupBox):
         self.context_bar.setFormat("no reply yet")
         self.context_bar.setValue(0)
         form.addRow("Context", self.context_bar)
+        # Remote replies: the server counts the tokens, the app times the stream.
+        self.network_note = QLabel("Times measured by the app over the network")
+        self.network_note.setObjectName("usage_network_note")
+        self.network_note.setToolTip(
+            "Token counts are the server's; time to first token and speeds are measured here "
+            "from the stream, so they include the network round trip"
+        )
+        self.network_note.setVisible(False)
+        form.addRow(self.network_note)
 
     def clear(self) -> None:
+        self.network_note.setVisible(False)
         for label in self.fields.values():
             label.setText("—")
         self.context_bar.setRange(0, 1)
@@ -60,17 +70,27 @@ class UsagePanel(QGroupBox):
                 self.fields["finish_reason"].setText("error")
             return
         f = self.fields
-        f["prompt_tokens"].setText(_int(usage.get("prompt_tokens")))
+        self.network_note.setVisible(bool(usage.get("measured_over_network")))
+        remote = bool(usage.get("measured_over_network"))
+        # A server that sends no usage leaves the prompt uncounted (no prompt has 0 tokens).
+        unreported = remote and not usage.get("prompt_tokens") and not live
+        f["prompt_tokens"].setText(
+            "not reported by the server" if unreported else _int(usage.get("prompt_tokens"))
+        )
         f["completion_tokens"].setText(_int(usage.get("completion_tokens")))
         cached = usage.get("cached_tokens")
-        f["cached_tokens"].setText("not used" if cached is None else str(cached))
+        not_known = "not reported" if remote else "not used"
+        f["cached_tokens"].setText(not_known if cached is None else str(cached))
         f["prompt_tok_s"].setText(_rate(usage.get("prompt_tok_s")))
         f["decode_tok_s"].setText(_rate(usage.get("decode_tok_s")))
         reason = usage.get("finish_reason", finish_reason)
         f["finish_reason"].setText(FINISH_EXPLAINED.get(reason, reason or "—"))
         used, limit = int(usage.get("context_used") or 0), int(usage.get("context_limit") or 0)
         self.context_bar.setRange(0, max(limit, 1))
-        self.context_bar.setValue(min(used, max(limit, 1)))
+        self.context_bar.setValue(min(used, limit))
+        if not limit and remote:  # most servers do not say how long their context window is
+            self.context_bar.setFormat("size not reported")
+            return
         approx = "≈" if live else ""
         self.context_bar.setFormat(f"{approx}{used:,} / {limit:,} tokens" if limit else "—")
 

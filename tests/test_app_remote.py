@@ -1,0 +1,256 @@
+"""End to end in the window with a real OpenAI-compatible server (llama-cpp-python on loopback):
+add a connection, pick its model, chat, stop, restart the app on the same data directory, and
+the chat is there and still bound to that connection."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox
+
+from app.backends.remote import remote_model_path
+from engine.types import MessageStatus, Role
+from tests.app_fakes import FakeEngine, close_window, make_window
+
+WAIT_MS = 120_000  # a real model on a busy shared machine
+
+
+@pytest.fixture
+def dialogs(monkeypatch):
+    shown = []
+    monkeypatch.setattr(
+        QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append((title, text))
+    )
+    return shown
+
+
+def add_connection(qtbot, window, base_url: str, key: str = "") -> None:
+    dialog = window.open_connections()
+    qtbot.mouseClick(dialog.findChild(type(dialog.test_button), "add_connection"), Qt.LeftButton)
+    qtbot.keyClicks(dialog.name, "loopback llama")
+    qtbot.keyClicks(dialog.base_url, base_url)
+    if key:
+        qtbot.keyClicks(dialog.api_key, key)
+    qtbot.mouseClick(dialog.test_button, Qt.LeftButton)
+    qtbot.waitUntil(
+        lambda: dialog.models.count() > 0 or "Cannot" in dialog.status.text(), timeout=WAIT_MS
+    )
+    assert [dialog.models.item(i).text() for i in range(dialog.models.count())] == ["smollm2"]
+    assert "Connected" in dialog.status.text()
+    dialog.accept()
+
+
+def pick_remote_model(qtbot, window) -> str:
+    qtbot.waitUntil(lambda: bool(window.model_bar.remote_paths()), timeout=WAIT_MS)
+    action = next(a for a in window.model_bar.remote_menu.actions() if a.data())
+    assert "remote" in action.text() and "127.0.0.1" in action.text()
+    path = action.data()  # a later listing may rebuild the menu (and delete the action)
+    with qtbot.waitSignal(window.backends.modelLoaded, timeout=WAIT_MS):
+        action.trigger()
+    return path
+
+
+def send(qtbot, window, text: str) -> None:
+    window.input.setPlainText(text)
+    qtbot.keyClick(window.input, Qt.Key_Return)
+
+
+def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_server, dialogs):
+    window = make_window(qtbot, tmp_path, FakeEngine())  # a local model is open first
+    add_connection(qtbot, window, f"127.0.0.1:{openai_server.port}")
+    connection = window.book.connections[0]
+    assert connection.base_url == openai_server.base_url  # "/v1" added, http:// assumed
+    path = pick_remote_model(qtbot, window)
+    assert path == remote_model_path(connection.id, "smollm2")
+    assert window.backends.kind == "remote"
+    assert "remote on 127.0.0.1" in window.model_bar.model_label.text()
+
+    # The sampling panel: what is sent (the user's values) and what is left to the server.
+    assert window.preset_panel.view.sources["top_k"] == "server's default (not sent)"
+    # A reply, streamed from the server into the same views.
+    window.session.set_preset_value("max_new_tokens", 16)
+    window.session.set_preset_value("do_sample", False)
+    assert window.preset_panel.view.sources["max_new_tokens"] == "override"
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as done:
+        send(qtbot, window, "Name three colors.")
+    stored = done.args[0]
+    reply = window.chat_view.widgets[-1]
+    assert reply.text.strip() and reply.text == stored.content
+    # The server's logprobs are the token inspector's tokens, one per streamed token.
+    assert 0 < len(stored.tokens) <= 16
+    assert "".join(t["text"] for t in stored.tokens) == stored.content
+    assert window.usage_panel.text_of("completion_tokens") == str(len(stored.tokens))
+    # llama-cpp-python sends no usage in a stream: said so, not shown as 0.
+    assert window.usage_panel.text_of("prompt_tokens") == "not reported by the server"
+    assert window.usage_panel.network_note.isVisibleTo(window.usage_panel)
+
+    # Stop mid-stream: the partial reply stays, marked cancelled.
+    window.session.set_preset_value("max_new_tokens", 400)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as finished:
+        send(qtbot, window, "Write a long story about a dragon.")
+        qtbot.waitUntil(
+            lambda: (
+                window.chat_view.streaming_widget is not None
+                and len(window.chat_view.streaming_widget.text) > 20
+            ),
+            timeout=WAIT_MS,
+        )
+        qtbot.mouseClick(window.cancel_button, Qt.LeftButton)
+    stopped = finished.args[0]
+    assert stopped.status == MessageStatus.CANCELLED and stopped.content
+    cid = window.session.conversation_id
+    binding = window.store.chat_backend(cid)
+    assert (binding.kind, binding.connection_id, binding.model) == (
+        "remote",
+        connection.id,
+        "smollm2",
+    )
+    messages_before = [(m.role, m.content) for m in window.store.messages(cid)]
+    assert dialogs == []
+    close_window(window)
+
+    # Restart on the same data directory: the chat reopens bound to the same server's model.
+    again = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    again.start()  # what the app does at start-up: the remote chat's model, not the last file
+    qtbot.waitUntil(
+        lambda: again.backends.model is not None and again.backends.model.path == path,
+        timeout=WAIT_MS,
+    )
+    assert again.session.conversation_id == cid
+    assert [(m.role, m.content) for m in again.store.messages(cid)] == messages_before
+    assert again.store.messages(cid)[-1].status == MessageStatus.CANCELLED
+    # And it still chats there: the history goes to the server.
+    again.session.set_preset_value("max_new_tokens", 8)
+    with qtbot.waitSignal(again.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, again, "Thanks.")
+    assert again.store.messages(cid)[-1].role == Role.ASSISTANT
+    assert again.store.messages(cid)[-1].content.strip()
+    close_window(again)
+
+
+def test_a_chat_continues_locally_and_back(qtbot, tmp_path, openai_server, dialogs):
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=["local answer"]))
+    add_connection(qtbot, window, openai_server.base_url)
+    remote_path = pick_remote_model(qtbot, window)
+    window.session.set_preset_value("max_new_tokens", 8)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, window, "Hello there.")
+    cid = window.session.conversation_id
+    # Back to the local file: the same chat, answered locally, its binding now local.
+    with qtbot.waitSignal(window.backends.modelLoaded, timeout=WAIT_MS):
+        window.open_model("/models/fake-model.gguf")
+    assert window.backends.kind == "local"
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, window, "And locally?")
+    contents = [m.content for m in window.store.messages(cid)]
+    assert contents[0] == "Hello there." and contents[-1] == "local answer" and len(contents) == 4
+    assert window.store.chat_backend(cid).kind == "local"
+    # Another chat on the remote model; opening the first chat again goes back to local.
+    window.new_chat()
+    with qtbot.waitSignal(window.backends.modelLoaded, timeout=WAIT_MS):
+        window.open_model(remote_path)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, window, "Hi.")
+    with qtbot.waitSignal(window.backends.modelLoaded, timeout=WAIT_MS):
+        window.session.open_conversation(cid)
+    assert window.backends.kind == "local"
+    close_window(window)
+
+
+def test_wrong_key_is_named_and_never_stored_in_the_clear(
+    qtbot, tmp_path, openai_server_with_key, dialogs
+):
+    server = openai_server_with_key
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    dialog = window.open_connections()
+    assert "0600" in dialog.key_note.text()  # this machine has no keychain service
+    qtbot.mouseClick(dialog.findChild(type(dialog.test_button), "add_connection"), Qt.LeftButton)
+    qtbot.keyClicks(dialog.base_url, server.base_url)
+    qtbot.keyClicks(dialog.api_key, "sk-wrong-key-987")
+    qtbot.mouseClick(dialog.test_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: dialog.test_button.isEnabled(), timeout=WAIT_MS)
+    assert "refused the API key" in dialog.status.text()
+    assert "sk-wrong-key-987" not in dialog.status.text()
+    dialog.api_key.clear()
+    qtbot.keyClicks(dialog.api_key, server.api_key)
+    qtbot.mouseClick(dialog.test_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: dialog.models.count() > 0, timeout=WAIT_MS)
+    dialog.accept()
+    pick_remote_model(qtbot, window)
+    window.session.set_preset_value("max_new_tokens", 8)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        send(qtbot, window, "Hello.")
+    key_file = tmp_path / "api-keys.json"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert server.api_key in key_file.read_text()
+    assert server.api_key not in (tmp_path / "settings.json").read_text()
+    # The dialog never shows a stored key; "Forget stored key" removes it.
+    again = window.open_connections()
+    assert again.api_key.text() == "" and "stored" in again.api_key.placeholderText()
+    qtbot.mouseClick(again.forget_key, Qt.LeftButton)
+    again.accept()
+    assert server.api_key not in key_file.read_text()
+    close_window(window)
+    assert server.api_key.encode() not in (tmp_path / "chats.sqlite3").read_bytes()
+    assert dialogs == []
+
+
+def test_a_stream_cut_short_is_named_kept_and_the_chat_goes_on(
+    qtbot, tmp_path, openai_server, dialogs
+):
+    from tests.fault_proxy import Fault, FaultProxy
+
+    proxy = FaultProxy("127.0.0.1", openai_server.port).start()
+    try:
+        window = make_window(qtbot, tmp_path, FakeEngine())
+        add_connection(qtbot, window, proxy.base_url)
+        pick_remote_model(qtbot, window)
+        window.session.set_preset_value("max_new_tokens", 24)
+        proxy.fault = Fault(cut_after_bytes=1500)
+        with qtbot.waitSignal(window.session.replyFailed, timeout=WAIT_MS) as failed:
+            send(qtbot, window, "Name three colors.")
+        message, stored = failed.args
+        assert "127.0.0.1" in message and dialogs[-1] == ("Generation failed", message)
+        assert stored.status == MessageStatus.ERROR and stored.content  # the partial reply
+        cid = window.session.conversation_id
+        assert window.store.messages(cid)[-1].content == stored.content
+        # Refused before the stream: named (with the wait), stored as a failed reply.
+        proxy.fault = Fault(status_429_retry_after="7")
+        with qtbot.waitSignal(window.session.replyFailed, timeout=WAIT_MS) as failed:
+            send(qtbot, window, "And now?")
+        assert "rate limiting" in failed.args[0] and "Try again in 7 s" in failed.args[0]
+        assert window.store.messages(cid)[-1].status == MessageStatus.ERROR
+        # A server without logprobs: asked once more without them, said so, and the inspector
+        # says there is nothing to inspect.
+        proxy.fault = Fault(refuse_field="logprobs")
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as done:
+            send(qtbot, window, "Again, please.")
+        assert done.args[0].status == MessageStatus.COMPLETE and done.args[0].content
+        assert done.args[0].tokens == []
+        assert "'logprobs'" in window.notice
+        assert "does not report token probabilities" in window.token_inspector.hint.text()
+        assert len(window.store.messages(cid)) == 6
+        close_window(window)
+    finally:
+        proxy.stop()
+
+
+def test_settings_leads_to_connections_and_names_where_keys_go(qtbot, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QPushButton
+
+    from app.views.settings_dialog import SettingsDialog
+
+    def click_connections(dialog):
+        dialog.findChild(QPushButton, "open_connections").click()
+        return dialog.result()
+
+    monkeypatch.setattr(SettingsDialog, "exec", click_connections)
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    window.open_settings()
+    dialog = window.connections_dialog
+    assert dialog.isVisible()
+    # No keychain service on a headless box: the dialog says where keys go instead.
+    assert str(tmp_path / "api-keys.json") in dialog.key_note.text()
+    assert "0600" in dialog.key_note.text()
+    dialog.reject()
+    close_window(window)
