@@ -18,7 +18,7 @@ from app.backends.remote import (
     remote_model_path,
 )
 from app.backends.sse import SseEvent, SseParser
-from app.store import Store
+from app.store import SCHEMA_VERSION, Store
 from engine.types import GenerationRequest, JsonMode, ModelInfo
 
 STREAM = (
@@ -159,5 +159,5 @@ def test_chat_backend_binding_persists_and_goes_with_its_chat(tmp_path):
     assert (binding.kind, binding.connection_id, binding.model) == ("remote", "c1", "qwen")
     store.delete_conversation(cid)
     assert store.chat_backend(cid) is None
-    assert store.schema_version == 2  # the message tables' version is not touched
+    assert store.schema_version == SCHEMA_VERSION  # the binding table adds no version
     store.close()
