@@ -443,6 +443,7 @@ def cmd_score(args) -> int:
 # --- serve ---------------------------------------------------------------------------------------
 SERVE_DEFAULT_PORT = 8080
 SERVE_MAX_CONCURRENCY = 64
+SERVE_MAX_QUEUE = 4096
 
 
 def serve_options(args) -> dict:
@@ -454,12 +455,20 @@ def serve_options(args) -> dict:
         raise ConfigValidationError(
             "--max-concurrency", args.max_concurrency, f"an integer in [1, {SERVE_MAX_CONCURRENCY}]"
         )
+    if not 0 <= args.max_queue <= SERVE_MAX_QUEUE:
+        raise ConfigValidationError(
+            "--max-queue", args.max_queue, f"an integer in [0, {SERVE_MAX_QUEUE}]"
+        )
     if args.kv_budget_mb is not None and args.kv_budget_mb <= 0:
         raise ConfigValidationError("--kv-budget-mb", args.kv_budget_mb, "a number of MiB > 0")
     if not 0 <= args.port <= 65535:
         raise ConfigValidationError("--port", args.port, "an integer in [0, 65535] (0: any free)")
     kv_budget = None if args.kv_budget_mb is None else int(args.kv_budget_mb * 2**20)
-    return {"max_concurrency": args.max_concurrency, "kv_budget_bytes": kv_budget}
+    return {
+        "max_concurrency": args.max_concurrency,
+        "max_queue": args.max_queue,
+        "kv_budget_bytes": kv_budget,
+    }
 
 
 def cmd_serve(args) -> int:
@@ -644,6 +653,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=4,
         help="requests decoded together (default 4); more wait in a bounded queue",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests that may wait for a slot (default 16); beyond that: 429",
     )
     p.add_argument(
         "--kv-budget-mb",

@@ -50,6 +50,7 @@ from engine.model_protocol import LanguageModel
 from engine.server.api_errors import SERVER_ERROR, ApiError, error_body, from_engine_error
 from engine.server.protocol import CHAT, ParsedRequest, parse_chat, parse_completion
 from engine.server.responses import ResponseWriter
+from engine.types import FinishReason
 
 DEFAULT_MAX_BODY_BYTES = 2**20  # 1 MiB: a long chat is a few hundred KiB of JSON
 QUEUE_POSITION_HEADER = "X-Queue-Position"
@@ -75,6 +76,10 @@ class LocalChatServer:
         self.started = int(time.time())
         self._in_flight: set[CancelToken] = set()
         self._lock = threading.Lock()
+        # /health counts: every admitted request ends as exactly one of completed, cancelled or
+        # failed; refused ones are counted by HTTP status
+        self._counts = {"admitted": 0, "completed": 0, "cancelled": 0, "failed": 0}
+        self._refused: dict[str, int] = {}
         self._api_key = options.api_key.encode("utf-8") if options.api_key else None
 
     def cancel_all(self) -> None:
@@ -95,7 +100,12 @@ class LocalChatServer:
             values = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
         else:
             values = dict(vars(stats))
-        return JSONResponse({"status": "ok", "model": self.options.model_id, **values})
+        with self._lock:
+            requests: dict[str, Any] = {**self._counts, "in_flight": len(self._in_flight)}
+            requests["refused"] = dict(self._refused)
+        return JSONResponse(
+            {"status": "ok", "model": self.options.model_id, **values, "requests": requests}
+        )
 
     async def models(self, request: Request) -> Response:
         self._authorize(request)
@@ -120,6 +130,17 @@ class LocalChatServer:
     async def _generate(
         self, request: Request, parse: Callable[[Any, Collection[str]], ParsedRequest]
     ) -> Response:
+        try:
+            return await self._admit_and_run(request, parse)
+        except ApiError as exc:
+            with self._lock:
+                key = str(exc.status)
+                self._refused[key] = self._refused.get(key, 0) + 1
+            raise
+
+    async def _admit_and_run(
+        self, request: Request, parse: Callable[[Any, Collection[str]], ParsedRequest]
+    ) -> Response:
         self._authorize(request)
         body = await self._read_json(request)
         try:
@@ -139,6 +160,7 @@ class LocalChatServer:
             headers[QUEUE_POSITION_HEADER] = str(ticket.queue_position)
         with self._lock:
             self._in_flight.add(cancel)
+            self._counts["admitted"] += 1
         pump = EventPump(ticket, asyncio.get_running_loop())
         writer = ResponseWriter(parsed, self.options.model_id, self._token_bytes)
         if parsed.stream:
@@ -150,13 +172,16 @@ class LocalChatServer:
                 group.start_soon(cancel_on_disconnect, request.receive, cancel)
                 finished = await self._drain(writer, pump)
                 group.cancel_scope.cancel()
-        finally:
-            self._finish(cancel)
+        except BaseException:
+            self._finish(cancel, None)
+            raise
+        self._finish(cancel, finished)
         if finished.error is not None:
             raise ApiError(500, finished.error, type=SERVER_ERROR)
         return JSONResponse(writer.response(finished), headers=headers)
 
     async def _drain(self, writer: ResponseWriter, pump: EventPump) -> Finished:
+        """Every event up to the request's Finished (kept in `writer`)."""
         async for event in pump:
             writer.chunks(event)
             if isinstance(event, Finished):
@@ -166,6 +191,7 @@ class LocalChatServer:
     async def _sse(
         self, writer: ResponseWriter, pump: EventPump, cancel: CancelToken
     ) -> AsyncIterator[bytes]:
+        finished = None
         try:
             for chunk in writer.opening_chunks():
                 yield sse(chunk)
@@ -173,6 +199,7 @@ class LocalChatServer:
                 for chunk in writer.chunks(event):
                     yield sse(chunk)
                 if isinstance(event, Finished):
+                    finished = event
                     if event.error is not None:
                         yield sse(error_body(event.error, type=SERVER_ERROR))
                     else:
@@ -182,11 +209,19 @@ class LocalChatServer:
             yield b"data: [DONE]\n\n"
         finally:
             cancel.cancel()  # a no-op after Finished; on a stream torn down early, it ends it
-            self._finish(cancel)
+            self._finish(cancel, finished)
 
-    def _finish(self, cancel: CancelToken) -> None:
+    def _finish(self, cancel: CancelToken, finished: Finished | None) -> None:
+        """Count how an admitted request ended (None: torn down before its final event)."""
+        if finished is None or finished.error is not None:
+            outcome = "failed" if finished is not None else "cancelled"
+        elif finished.finish_reason == FinishReason.CANCELLED:
+            outcome = "cancelled"
+        else:
+            outcome = "completed"
         with self._lock:
             self._in_flight.discard(cancel)
+            self._counts[outcome] += 1
 
     # --- request plumbing --------------------------------------------------------------------
     def _authorize(self, request: Request) -> None:
