@@ -139,3 +139,17 @@ class ModelInfo:
     template: str  # chat template name, "(fallback)" appended when the model has none
     sampling_metadata: dict = field(default_factory=dict)  # engine.presets.sampling_metadata
     summary: str = ""  # one line: name, architecture, quant, kernel path (printed on stderr)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """A snapshot of the batch scheduler (engine/batching): what a server's status line and
+    /health show. Idle means running == queued == kv_bytes_reserved == 0."""
+
+    running: int  # admitted requests not finished yet
+    queued: int  # waiting for KV memory or a concurrency slot, in FIFO order
+    kv_bytes_reserved: int  # worst-case KV bytes of the running requests
+    kv_budget_bytes: int
+    steps: int  # batched forward passes run so far
+    max_concurrency: int
+    max_queue: int
