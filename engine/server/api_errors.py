@@ -82,14 +82,14 @@ def from_engine_error(exc: Exception, prompt_param: str) -> ApiError:
 
 
 def _mapping_for(exc: Exception, prompt_param: str) -> _Mapping:
-    queue_full = getattr(errors, "QueueFullError", None)
-    kv_admission = getattr(errors, "KVAdmissionError", None)
-    if queue_full is not None and isinstance(exc, queue_full):
+    if isinstance(exc, errors.QueueFullError):
         return _Mapping(429, None, "queue_full", RATE_LIMIT)
-    if kv_admission is not None and isinstance(exc, kv_admission):
-        if getattr(exc, "never_fits", True):
+    if isinstance(exc, errors.KVAdmissionError):  # before MemoryBudgetError, its base
+        if exc.never_fits:
             return _Mapping(400, "max_tokens", "kv_budget_exceeded")
         return _Mapping(429, None, "kv_budget_busy", RATE_LIMIT)
+    if isinstance(exc, errors.SchedulerClosedError):
+        return _Mapping(503, None, "shutting_down", SERVER_ERROR)
     if isinstance(exc, errors.ContextOverflowError):
         return _Mapping(400, prompt_param, "context_length_exceeded")
     if isinstance(exc, errors.MemoryBudgetError):
