@@ -316,3 +316,21 @@ def test_a_host_beyond_loopback_needs_an_api_key():
         check_bind(host, "secret")
     with pytest.raises(ConfigValidationError):
         check_bind("127.0.0.1", "  ")
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--host", "0.0.0.0"], "--host"),
+        (["--host", "192.168.1.4", "--api-key", ""], "--api-key"),
+        (["--max-concurrency", "0"], "--max-concurrency"),
+        (["--max-queue", "-1"], "--max-queue"),
+        (["--kv-budget-mb", "0"], "--kv-budget-mb"),
+        (["--port", "70000"], "--port"),
+    ],
+)
+def test_serve_refuses_bad_flags_before_loading_the_model(flags, named, capsys):
+    from engine.__main__ import EXIT_USAGE, main
+
+    assert main(["serve", "no-such-model.gguf", *flags]) == EXIT_USAGE
+    assert named in capsys.readouterr().err
