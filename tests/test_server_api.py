@@ -31,6 +31,7 @@ from engine.generate import generate
 from engine.types import GenerationRequest
 
 KEY = "test-key-1234"
+ORIGIN = "http://localhost:3000"
 KV_BUDGET_MB = 9
 MAX_CONCURRENCY = 4
 MAX_QUEUE = 8
@@ -71,6 +72,8 @@ def server(smollm2_path, tmp_path_factory):
                 str(MAX_QUEUE),
                 "--kv-budget-mb",
                 str(KV_BUDGET_MB),
+                "--cors",
+                ORIGIN,
             ],
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -459,6 +462,20 @@ def test_wrong_or_missing_api_key(server, model_id):
         wrong.models.list()
     status, _, _ = raw(server, "GET", "/health", key=None)
     assert status == 200  # health needs no key (it tells nothing about the conversations)
+
+
+def test_cors_only_for_the_named_origin(server, model_id):
+    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST"}
+    preflight["Access-Control-Request-Headers"] = "authorization,content-type"
+    status, headers, _ = raw(server, "OPTIONS", "/v1/chat/completions", key=None, headers=preflight)
+    assert status == 200 and headers.get("access-control-allow-origin") == ORIGIN
+    status, headers, _ = raw(server, "GET", "/v1/models", headers={"Origin": ORIGIN})
+    assert status == 200 and headers.get("access-control-allow-origin") == ORIGIN
+    other = {**preflight, "Origin": "http://evil.example"}
+    status, headers, _ = raw(server, "OPTIONS", "/v1/chat/completions", key=None, headers=other)
+    assert status == 400 and "access-control-allow-origin" not in headers
+    status, headers, _ = raw(server, "GET", "/v1/models", headers={"Origin": "http://evil.example"})
+    assert "access-control-allow-origin" not in headers
 
 
 # --- cancellation, queueing, load -------------------------------------------------------------------

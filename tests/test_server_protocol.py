@@ -334,3 +334,16 @@ def test_serve_refuses_bad_flags_before_loading_the_model(flags, named, capsys):
 
     assert main(["serve", "no-such-model.gguf", *flags]) == EXIT_USAGE
     assert named in capsys.readouterr().err
+
+
+def test_no_cors_unless_an_origin_is_named():
+    from starlette.middleware.cors import CORSMiddleware
+
+    from engine.server.app import LocalChatServer, ServerOptions, build_app
+
+    def middleware(origin):
+        server = LocalChatServer(None, None, ServerOptions(model_id="m", cors_origin=origin))
+        return [m.cls for m in build_app(server).user_middleware]
+
+    assert middleware(None) == []
+    assert middleware("http://localhost:3000") == [CORSMiddleware]
