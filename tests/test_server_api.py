@@ -9,6 +9,7 @@ Token counts stay small so the module runs in well under a minute on a quiet mac
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -49,32 +50,14 @@ class Server:
     port: int
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_path, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "stderr.txt"
+@contextlib.contextmanager
+def running_server(model_path, log, *flags):
+    """`python -m engine serve MODEL --port 0 ...` until the block ends; then Ctrl-C, which must
+    stop it cleanly (exit 0)."""
+    command = [sys.executable, "-m", "engine", "serve", str(model_path), "--port", "0", *flags]
     with open(log, "wb") as stderr:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "engine",
-                "serve",
-                str(smollm2_path),
-                "--port",
-                "0",
-                "--n-ctx",
-                "512",
-                "--api-key",
-                KEY,
-                "--max-concurrency",
-                str(MAX_CONCURRENCY),
-                "--max-queue",
-                str(MAX_QUEUE),
-                "--kv-budget-mb",
-                str(KV_BUDGET_MB),
-                "--cors",
-                ORIGIN,
-            ],
+            command,
             stdout=subprocess.PIPE,
             stderr=stderr,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -84,7 +67,8 @@ def server(smollm2_path, tmp_path_factory):
         host, port = re.match(r"http://([\d.]+):(\d+)/v1$", url).groups()
         yield Server(process, url, host, int(port))
     finally:
-        process.send_signal(signal.SIGINT)  # Ctrl-C: a clean stop, exit 0
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
         try:
             code = process.wait(timeout=WAIT_DEADLINE_S)
         except subprocess.TimeoutExpired:
@@ -93,6 +77,16 @@ def server(smollm2_path, tmp_path_factory):
             code = None
         process.stdout.close()
     assert code == 0, log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "stderr.txt"
+    flags = ["--n-ctx", "512", "--api-key", KEY, "--cors", ORIGIN]
+    flags += ["--max-concurrency", str(MAX_CONCURRENCY), "--max-queue", str(MAX_QUEUE)]
+    flags += ["--kv-budget-mb", str(KV_BUDGET_MB)]
+    with running_server(smollm2_path, log, *flags) as started:
+        yield started
 
 
 def _wait_for_url(process: subprocess.Popen, log) -> str:
@@ -523,6 +517,26 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request(client, server
     assert after["completed"] == before["completed"]
 
 
+def test_a_client_that_disconnects_while_waiting_for_a_whole_reply_cancels_it(server, model_id):
+    before = wait_until_idle(server)["requests"]
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=WAIT_DEADLINE_S)
+    body = {"model": model_id, "prompt": COUNTING, "max_tokens": 250, "temperature": 0}
+    connection.request(
+        "POST",
+        "/v1/completions",
+        body=json.dumps(body),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    deadline = time.monotonic() + WAIT_DEADLINE_S
+    while health(server)["running"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    connection.close()  # gone before the reply was ready
+    after = wait_until_idle(server)["requests"]
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["completed"] == before["completed"]
+
+
 def test_queued_requests_are_told_their_place_and_a_full_queue_answers_429(server, model_id):
     wait_until_idle(server)
     # three long streams reserve 3 x 127 of the budget's 409 positions: the next ones have to wait
@@ -625,3 +639,19 @@ def test_load_40_requests_8_at_a_time(server, model_id):
     assert new["completed"] + new["cancelled"] == new["admitted"]
     assert new["completed"] >= sum(r["kind"] in ("stream", "whole") for r in admitted)
     assert after["kv_bytes_reserved"] == 0 and after["running"] == after["queued"] == 0
+
+
+def test_ctrl_c_ends_running_streams_as_cancelled_and_exits_cleanly(smollm2_path, tmp_path):
+    with running_server(smollm2_path, tmp_path / "stderr.txt", "--n-ctx", "512") as own:
+        connection, response = open_stream(own, smollm2_path.stem, 300)
+        try:
+            first = json.loads(read_data_line(response))
+            assert first["choices"][0]["finish_reason"] is None
+            own.process.send_signal(signal.SIGINT)
+            finish = None
+            while (data := read_data_line(response)) != "[DONE]":
+                finish = json.loads(data)["choices"][0]["finish_reason"] or finish
+            assert finish == "cancelled"
+        finally:
+            connection.close()
+        assert own.process.wait(timeout=WAIT_DEADLINE_S) == 0

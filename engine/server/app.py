@@ -286,7 +286,8 @@ def _too_large(size: int, limit: int) -> ApiError:
 
 
 def sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + text.encode("utf-8") + b"\n\n"
 
 
 async def cancel_on_disconnect(receive: Receive, cancel: CancelToken) -> None:
@@ -315,16 +316,23 @@ class CancellingStreamingResponse(StreamingResponse):
         self.cancel = cancel
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client_gone = anyio.Event()
+
+        async def watch() -> None:
+            await cancel_on_disconnect(receive, self.cancel)
+            client_gone.set()
+
         async def send_while_connected(message) -> None:
-            if self.cancel.cancelled:
-                return  # the client left: nothing more reaches it
+            if client_gone.is_set():
+                return  # nothing more reaches it; the stream only runs on to its final event
             try:
                 await send(message)
-            except OSError:
+            except OSError:  # servers that report a closed connection on send
+                client_gone.set()
                 self.cancel.cancel()
 
         async with anyio.create_task_group() as group:
-            group.start_soon(cancel_on_disconnect, receive, self.cancel)
+            group.start_soon(watch)
             await self.stream_response(send_while_connected)
             group.cancel_scope.cancel()
 
