@@ -389,7 +389,12 @@ class TransformerModel:
         for run in runs:
             run.cache.commit(run.ids)
 
-        return [self._logits(x, rows) for rows in runs.logit_rows()]
+        # One output projection for every segment's rows (the largest matrix of a small model:
+        # reading it once per step, not once per sequence, is much of what batching saves).
+        wanted = runs.logit_rows()
+        logits = self._logits(x, np.concatenate(wanted))
+        bounds = np.cumsum([0] + [rows.size for rows in wanted])
+        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def _logits(self, x: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
         """Final norm + output projection for the chunk rows asked for: (len(rows), n_vocab)."""
