@@ -72,12 +72,21 @@ def test_serve_toggle_shares_the_model_with_the_chat(qtbot, tmp_path, smollm2_pa
     assert "".join(remote).strip()
     qtbot.waitUntil(lambda: " 0 running" in window.server_label.text(), timeout=WAIT_MS)
 
+    # opening a model while serving serves the new one (here: the same file, loaded anew)
+    with qtbot.waitSignal(window.controller.serverStarted, timeout=WAIT_MS) as restarted:
+        window.open_model(str(smollm2_path))
+    with openai.OpenAI(base_url=restarted.args[0], api_key="x", max_retries=0) as c:
+        assert c.models.list().data[0].id == smollm2_path.stem
+    url = restarted.args[0]
+    assert window.server_label.text().startswith(f"Serving at {url}")
+
     with qtbot.waitSignal(window.controller.serverStopped, timeout=WAIT_MS):
         window.serve_action.trigger()
     assert not window.serve_action.isChecked() and window.server_label.text() == ""
     with pytest.raises(OSError):
         socket.create_connection(_address(url), timeout=5).close()
-    # the chat still answers after the server is gone
+    # the chat still answers after the server is gone (the new model's preset starts afresh)
+    assert window.session.set_preset_value("max_new_tokens", 8) is None
     with qtbot.waitSignal(
         window.session.busyChanged, timeout=WAIT_MS, check_params_cb=lambda busy: not busy
     ):
