@@ -369,6 +369,10 @@ def test_malformed_json_and_wrong_types(server, model_id):
         status, _, body = raw(server, "POST", "/v1/chat/completions", chat_body(model_id, **fields))
         assert_openai_error(status, body, 400, param=param)
         assert param in body["error"]["message"]
+    for fields, param in [({"prompt": 5}, "prompt"), ({"prompt": ""}, "prompt"), ({}, "prompt")]:
+        completion = {"model": model_id, "max_tokens": 4, **fields}
+        status, _, body = raw(server, "POST", "/v1/completions", completion)
+        assert_openai_error(status, body, 400, param=param)
 
 
 def test_negative_max_tokens_unknown_model_and_invalid_schema(client, model_id):

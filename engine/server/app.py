@@ -48,7 +48,7 @@ from engine.errors import EngineError
 from engine.events import Finished
 from engine.model_protocol import LanguageModel
 from engine.server.api_errors import SERVER_ERROR, ApiError, error_body, from_engine_error
-from engine.server.protocol import CHAT, ParsedRequest, parse_chat, parse_completion
+from engine.server.protocol import ParsedRequest, parse_chat, parse_completion
 from engine.server.responses import ResponseWriter
 from engine.types import FinishReason
 
@@ -143,11 +143,11 @@ class LocalChatServer:
     ) -> Response:
         self._authorize(request)
         body = await self._read_json(request)
+        prompt_param = "messages" if parse is parse_chat else "prompt"
         try:
             parsed = parse(body, self.model_names)
         except EngineError as exc:
-            raise from_engine_error(exc, "messages") from None
-        prompt_param = "messages" if parsed.kind == CHAT else "prompt"
+            raise from_engine_error(exc, prompt_param) from None
         cancel = CancelToken()
         try:
             ticket = await anyio.to_thread.run_sync(
