@@ -257,3 +257,27 @@ def test_load_40_requests_8_concurrent_none_lost_or_duplicated(smollm2):
         else:
             assert got.token_ids == want[:max_new] or got.finish_reason == FinishReason.STOP
     assert (stats.running, stats.queued, stats.kv_bytes_reserved) == (0, 0, 0)
+
+
+def test_cancel_during_a_sliced_prefill_stops_it_at_the_next_step(smollm2):
+    lm = smollm2
+    prompt = list(lm.tokenizer.encode(" ".join(["The river runs to the sea."] * 80)))[:450]
+    with BatchScheduler(lm, max_concurrency=2) as scheduler:
+        hold = CancelToken()
+        runner = _Reader(scheduler.submit(_request(lm, "cats", 400), hold))
+        assert runner.tokens_seen.wait(DEADLINE)  # decoding: the long prompt goes in slices
+        token = CancelToken()
+        long = _Reader(
+            scheduler.submit(
+                GenerationRequest(prompt_ids=prompt, overrides={"max_new_tokens": 4}), token
+            )
+        )
+        token.cancel()
+        steps_at_cancel = scheduler.stats().steps
+        done = long.finished()
+        # the ~14 remaining slices were not run: it left within the step under way and the next
+        assert scheduler.stats().steps - steps_at_cancel <= 2
+        assert done.finish_reason == FinishReason.CANCELLED and done.usage.completion_tokens == 0
+        hold.cancel()
+        runner.finished()
+        assert scheduler.stats().kv_bytes_reserved == 0

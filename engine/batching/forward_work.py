@@ -20,9 +20,9 @@ import numpy as np
 from engine.kv_cache import KVCache
 from engine.models.transformer import Segment
 
-# Tokens of prefill per step while other sequences decode. 64 rows cost SmolLM2 about as much
-# as two decode steps on this machine: a running stream's worst gap stays near 3 steps.
-PREFILL_SLICE = 64
+# Tokens of prefill per step while other sequences decode: a running stream waits for one such
+# slice per token (bench/bench_batching.py measures the gap), prefill still runs in 8-row tiles.
+PREFILL_SLICE = 32
 # A call this short is a decode (one token plus a draft of at most generate.MAX_DRAFT_TOKENS):
 # it always goes into the next step whole.
 DECODE_MAX_TOKENS = 17

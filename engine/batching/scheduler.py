@@ -6,31 +6,34 @@
         ...
     scheduler.close()
 
-How (one thread per running request, one scheduler thread):
+How (one scheduler thread; each running request a greenlet on it):
 - Each admitted request runs engine.generate's own event pipeline (`planned_events`: prefix
   cache, processors, sampler, speculative drafts, stop strings, detokenizer, reasoning split,
-  usage) on a driver thread of its own, unchanged, except that its forward calls go to a
-  per-request stand-in model (`_SequenceModel`) instead of the TransformerModel. The stand-in
-  hands the call to the scheduler and blocks until its logits are ready.
-- The scheduler thread gathers the pending calls of every running request (it waits until each
-  running request has made its next call or GATHER_SECONDS passed), cuts one step from them
-  (forward_work.cut_step: every decode whole, plus a prefill slice of at most PREFILL_SLICE
-  tokens while others decode) and runs it as one TransformerModel.forward_segments pass: the
-  weights are read once per step for every sequence, each sequence keeps its own KVCache.
-- Events go into the ticket's queue as the driver makes them, so a slow reader never holds up
-  the batch; the KV reservation is released before the Finished event is queued (a reader that
-  sees Finished sees the memory free in stats()).
+  usage) unchanged, except that its forward calls go to a per-request stand-in model
+  (`_SequenceModel`). The stand-in's forward() pauses the request (a greenlet switch back to
+  the scheduler) with its call as a `ForwardWork`, and the scheduler resumes it with the logits.
+- One step: resume every request whose logits are ready until each has made its next forward
+  call or ended; then cut a step from the pending calls (forward_work.cut_step: every decode
+  whole, plus a prefill slice of at most PREFILL_SLICE tokens while others decode) and run it
+  as one TransformerModel.forward_segments pass: the weights are read once per step for every
+  sequence, each sequence keeps its own KVCache.
+- Events go into the ticket's queue as they are made, so a slow reader never holds up the batch;
+  the KV reservation is released before the Finished event is queued (a reader that sees
+  Finished sees the memory free in stats()).
 
-Why threads around the unchanged loop rather than a second, batched loop: the loop's semantics
-(penalties, JSON constraint, draft verification, stop hold-back, usage) stay in one place, and
-every row of a batched forward is bit-identical to the same row computed alone (the kernels
-compute each row on its own, tests/test_batching_exact.py), so a request's tokens are exactly
-the ones it gets alone, greedy or seeded, whatever else runs beside it.
+Why greenlets around the unchanged loop, rather than threads or a second, batched loop: the
+loop's semantics (penalties, JSON constraint, draft verification, stop hold-back, usage) stay in
+one place (engine/generate.py), and all of it runs on one thread, so a step costs no thread
+wake-ups or GIL hand-offs (on a busy 2-core machine a wake-up costs milliseconds, as much as a
+SmolLM2 decode step). Every row of a batched forward is bit-identical to the same row computed
+alone (the kernels compute each row on its own, tests/test_batching_exact.py), so a request
+gets exactly the tokens it gets alone, greedy or seeded, whatever runs beside it.
 
-Cancellation: a cancelled request's pending call is failed at the next step boundary (its slices
-taken back out of its cache) and its loop ends with finish reason "cancelled", so it leaves the
-batch within one step and frees its reservation; a queued request that is cancelled ends
-without running. Other sequences are not disturbed: they simply are not in the next step.
+Cancellation: a cancelled request's pending call is failed before the next step (slices of it
+already run are taken back out of its cache) and its loop ends with finish reason "cancelled":
+it leaves the batch within one step and frees its reservation. A queued request that is
+cancelled ends without running. Other sequences are not disturbed: they are simply in the next
+step without it.
 """
 
 from __future__ import annotations
@@ -40,14 +43,16 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
+import greenlet
 import numpy as np
 
 from engine.batching.admission import KVLedger
 from engine.batching.forward_work import ForwardWork, cut_step
 from engine.cancel import CancelToken, ForwardCancelled
 from engine.errors import SchedulerClosedError, TemplateCancelled
-from engine.events import Finished
+from engine.events import FINISH_ERROR, Finished
 from engine.generate import (
     Plan,
     cancelled_before_the_prompt,
@@ -60,10 +65,7 @@ from engine.model_protocol import LanguageModel
 from engine.presets import ResolvedPreset
 from engine.types import GenerationRequest, SchedulerStats, SupportsPrefixReuse
 
-# How long a step waits for running requests that have not made their next forward call yet
-# (they are sampling: about a millisecond each). Longer only when a driver thread is starved.
-GATHER_SECONDS = 0.05
-# How often an idle scheduler looks for cancelled queued requests.
+# How often an idle scheduler looks for cancelled queued requests and for close().
 _IDLE_POLL_SECONDS = 0.05
 _JOIN_SECONDS = 30.0
 
@@ -104,29 +106,40 @@ class Ticket:
 
 
 class _SequenceModel:
-    """The ForwardModel a running request's loop calls (engine.generate.ForwardModel): forward
-    calls become ForwardWork for the scheduler; it blocks until the logits are ready."""
+    """The ForwardModel a running request's loop calls (engine.generate.ForwardModel). It runs in
+    the request's greenlet: forward() hands a ForwardWork to the scheduler's greenlet and pauses
+    until the scheduler switches back with the logits (or an exception to raise)."""
 
-    def __init__(self, scheduler: BatchScheduler, cancel: CancelToken):
-        self._scheduler = scheduler
+    def __init__(self, model, hub: greenlet.greenlet, cancel: CancelToken):
+        self._model = model
+        self._hub = hub
         self._cancel = cancel
 
     def new_cache(self, n_ctx: int) -> KVCache:
-        return self._scheduler.model.new_cache(n_ctx)
+        return self._model.new_cache(n_ctx)
 
     def forward(
         self, tokens, cache, *, all_logits: bool = False, logits_at=None, cancel=None
     ) -> np.ndarray:
-        model = self._scheduler.model
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        model.check_ids(ids)
+        self._model.check_ids(ids)
         work = ForwardWork.of_call(ids, cache, all_logits, logits_at, cancel or self._cancel)
-        self._scheduler._enqueue(work)
-        work.finished.wait()
-        if work.error is not None:
-            raise work.error
-        assert work.result is not None
-        return work.result
+        reply = self._hub.switch(work)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+
+@dataclass(eq=False)
+class _Running:
+    """A running request on the scheduler thread: its greenlet, and what it waits for."""
+
+    ticket: Ticket
+    glet: greenlet.greenlet
+    model: _SequenceModel
+    started: bool = False
+    work: ForwardWork | None = None  # its pending forward call
+    reply: object = None  # what to resume it with: its logits, or an exception to raise
 
 
 class BatchScheduler:
@@ -145,10 +158,8 @@ class BatchScheduler:
         budget = default_kv_budget_bytes() if kv_budget_bytes is None else kv_budget_bytes
         self._ledger: KVLedger[Ticket] = KVLedger(budget, max_concurrency, max_queue)
         self._cond = threading.Condition()
-        self._pending: list[ForwardWork] = []  # oldest first; at most one per running request
-        self._live = 0  # running requests whose loop has not ended
-        self._tickets: dict[int, Ticket] = {}  # running ones, by id
-        self._drivers: list[threading.Thread] = []
+        self._admitted: list[Ticket] = []  # reserved, their greenlet not made yet (FIFO)
+        self._tickets: dict[int, Ticket] = {}  # every running ticket, by id
         self._steps = 0
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
@@ -186,7 +197,7 @@ class BatchScheduler:
                 raise SchedulerClosedError("The batch scheduler is closed; the model is unloading")
             ticket.queue_position = self._ledger.admit(ticket, needed)
             if ticket.queue_position == 0:
-                self._start(ticket)
+                self._admit(ticket)
             self._cond.notify_all()
         return ticket
 
@@ -204,10 +215,8 @@ class BatchScheduler:
             )
 
     def close(self) -> None:
-        """Cancel every running and queued request, wait for them to end, stop the thread."""
+        """Cancel every running and queued request, let them end, stop the scheduler thread."""
         with self._cond:
-            if self._closed and not self._thread.is_alive():
-                return
             self._closed = True
             for ticket in self._tickets.values():
                 ticket.cancel.cancel()
@@ -216,9 +225,8 @@ class BatchScheduler:
         for ticket in queued:
             ticket.cancel.cancel()
             self._end_unstarted(ticket)
-        self._thread.join(_JOIN_SECONDS)
-        for driver in list(self._drivers):
-            driver.join(_JOIN_SECONDS)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(_JOIN_SECONDS)
 
     def __enter__(self) -> BatchScheduler:
         return self
@@ -226,40 +234,21 @@ class BatchScheduler:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # --- running requests -----------------------------------------------------------------------
-    def _start(self, ticket: Ticket) -> None:
-        """Under the lock: the ticket's bytes are reserved; run its loop on a driver thread."""
-        self._live += 1
+    # --- admission (any thread, under the lock) -------------------------------------------------
+    def _admit(self, ticket: Ticket) -> None:
+        """The ticket's bytes are reserved: the scheduler thread starts it at its next turn."""
         self._tickets[id(ticket)] = ticket
+        self._admitted.append(ticket)
         ticket._admitted.set()
-        driver = threading.Thread(
-            target=self._drive, args=(ticket,), name="batch-request", daemon=True
-        )
-        self._drivers = [d for d in self._drivers if d.is_alive()]
-        self._drivers.append(driver)
-        driver.start()
-
-    def _drive(self, ticket: Ticket) -> None:
-        plan = ticket._plan
-        assert plan is not None
-        model = _SequenceModel(self, ticket.cancel)
-        try:
-            for event in planned_events(self.lm, plan, ticket.cancel, ticket._started, model=model):
-                if isinstance(event, Finished):
-                    self._release(ticket)  # before the reader can see it: stats() idle
-                ticket._put(event)
-        finally:
-            self._release(ticket)
 
     def _release(self, ticket: Ticket) -> None:
         with self._cond:
             if ticket._released:
                 return
             ticket._released = True
-            self._live -= 1
             self._tickets.pop(id(ticket), None)
             for waiting in self._ledger.release(ticket):
-                self._start(waiting)
+                self._admit(waiting)
             self._cond.notify_all()
 
     def _end_unstarted(self, ticket: Ticket) -> None:
@@ -276,65 +265,92 @@ class BatchScheduler:
         ticket._admitted.set()
         ticket._put(finished)
 
-    # --- the step loop --------------------------------------------------------------------------
-    def _enqueue(self, work: ForwardWork) -> None:
-        with self._cond:
-            if self._closed:
-                work.fail(ForwardCancelled())
-                return
-            self._pending.append(work)
-            self._cond.notify_all()
-
-    def _loop(self) -> None:
-        model = self.model
-        while True:
-            with self._cond:
-                step = self._next_step()
-                if step is None:
-                    break
-            if not step:
-                continue
-            try:
-                results = model.forward_segments([work.segment(n) for work, n in step])
-            except Exception as exc:  # the requests in this step end with Finished(error)
-                with self._cond:
-                    for work, _n in step:
-                        self._pending.remove(work)
-                        work.fail(exc)
-                continue
-            with self._cond:
-                self._steps += 1
-                for (work, n), logits in zip(step, results, strict=True):
-                    if work.took(n, logits):
-                        self._pending.remove(work)
-        with self._cond:  # closed: nothing will run any more
-            for work in self._pending:
-                work.fail(ForwardCancelled())
-            self._pending.clear()
-
-    def _next_step(self) -> list[tuple[ForwardWork, int]] | None:
-        """Under the lock: wait for work, gather the running requests' calls, drop cancelled
-        ones, cut the step. None: closed."""
-        cond = self._cond
-        while not self._pending:
-            if self._closed:
-                return None
-            self._drop_cancelled_queued()
-            cond.wait(_IDLE_POLL_SECONDS)
-        deadline = time.monotonic() + GATHER_SECONDS
-        while len(self._pending) < self._live and not self._closed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            cond.wait(left)
-        if self._closed:
-            return None
-        for work in [w for w in self._pending if getattr(w.cancel, "cancelled", False)]:
-            self._pending.remove(work)
-            work.fail(ForwardCancelled())
-        self._drop_cancelled_queued()
-        return cut_step(self._pending, self.model.max_batch)
-
     def _drop_cancelled_queued(self) -> None:
         for ticket in self._ledger.drop_queued(lambda t: t.cancel.cancelled):
             self._end_unstarted(ticket)
+
+    # --- the scheduler thread -------------------------------------------------------------------
+    def _run_request(self, ticket: Ticket, model: _SequenceModel) -> None:
+        """A request's greenlet: its event pipeline, events into its ticket."""
+        plan = ticket._plan
+        assert plan is not None
+        finished = False
+        try:
+            for event in planned_events(self.lm, plan, ticket.cancel, ticket._started, model=model):
+                if isinstance(event, Finished):
+                    self._release(ticket)  # before the reader can see it: stats() idle
+                    finished = True
+                ticket._put(event)
+        except Exception as exc:  # the loop reports its own failures; this is a last guard
+            if not finished:
+                self._release(ticket)
+                ticket._put(
+                    dataclasses.replace(
+                        cancelled_before_the_prompt(self.lm),
+                        finish_reason=FINISH_ERROR,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+                )
+        finally:
+            self._release(ticket)
+
+    def _loop(self) -> None:
+        hub = greenlet.getcurrent()
+        running: list[_Running] = []  # in admission order: oldest prefill is sliced first
+        while True:
+            with self._cond:
+                self._drop_cancelled_queued()
+                while not self._admitted and not running and not self._closed:
+                    self._cond.wait(_IDLE_POLL_SECONDS)
+                    self._drop_cancelled_queued()
+                if self._closed and not running and not self._admitted:
+                    return
+                for ticket in self._admitted:
+                    model = _SequenceModel(self.model, hub, ticket.cancel)
+                    glet = greenlet.greenlet(self._run_request, parent=hub)
+                    running.append(_Running(ticket, glet, model))
+                self._admitted.clear()
+                if self._closed:
+                    for seq in running:
+                        seq.ticket.cancel.cancel()
+            # resume every request that has its reply, until its next forward call or its end
+            for seq in running:
+                if seq.work is not None:
+                    continue
+                if seq.started:
+                    reply, seq.reply = seq.reply, None
+                    out = seq.glet.switch(reply)
+                else:
+                    seq.started = True
+                    out = seq.glet.switch(seq.ticket, seq.model)
+                if seq.glet.dead:
+                    continue
+                seq.work = out
+            running = [seq for seq in running if not seq.glet.dead]
+            # cancelled calls leave now; their requests end on their next turn
+            for seq in running:
+                work = seq.work
+                if work is not None and getattr(work.cancel, "cancelled", False):
+                    work.fail(ForwardCancelled())
+                    seq.work, seq.reply = None, work.error
+            pending = [seq.work for seq in running if seq.work is not None]
+            step = cut_step(pending, self.model.max_batch) if pending else []
+            if step:
+                self._run_step(step, running)
+
+    def _run_step(self, step: list[tuple[ForwardWork, int]], running: list[_Running]) -> None:
+        by_work = {id(seq.work): seq for seq in running if seq.work is not None}
+        try:
+            results = self.model.forward_segments([work.segment(n) for work, n in step])
+        except Exception as exc:  # the requests in this step end with Finished(error)
+            for work, _n in step:
+                work.fail(exc)
+                seq = by_work[id(work)]
+                seq.work, seq.reply = None, exc
+            return
+        with self._cond:
+            self._steps += 1
+        for (work, n), logits in zip(step, results, strict=True):
+            if work.took(n, logits):
+                seq = by_work[id(work)]
+                seq.work, seq.reply = None, work.result
