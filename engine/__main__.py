@@ -479,6 +479,13 @@ def cmd_serve(args) -> int:
 
     scheduler_options = serve_options(args)
     lm = _load(args)
+    if getattr(lm.chat_template, "is_fallback", False):
+        print(
+            "warning: this model has no chat template (usually a base model): "
+            f"/v1/chat/completions wraps messages in the {lm.chat_template.name} format and "
+            "replies may be gibberish; /v1/completions continues plain text",
+            file=sys.stderr,
+        )
     scheduler = BatchScheduler(lm, prefix_cache=PrefixCache(), **scheduler_options)
     options = ServerOptions(
         model_id=lm.path.stem,
