@@ -4,6 +4,7 @@ the worst inter-token gap a running stream sees while another request's prompt i
     nice .venv/bin/python bench/bench_batching.py [--model smollm2|gemma3 ...] [--streams 1 2 4 8]
         [--tokens 64] [--trials 3] [--prefill-tokens 400] [--json]
 
+Baseline: the same request alone through engine.generate.generate (no scheduler).
 Throughput: N requests (different prompts, seeded sampling, no speculative drafts, so every
 token costs one decode row) are submitted together to one BatchScheduler. Every stream's token
 times are recorded; the aggregate rate counts the tokens of all streams inside the window where
@@ -34,6 +35,7 @@ from engine.batching import BatchScheduler
 from engine.batching.forward_work import PREFILL_SLICE
 from engine.cancel import CancelToken
 from engine.events import Finished, TokenSampled
+from engine.generate import generate
 from engine.loader import load_model
 from engine.model_files import default_model_path, gemma3_270m_path
 from engine.types import GenerationRequest
@@ -103,6 +105,15 @@ def aggregate_rate(lm, n: int, tokens: int, trial: int) -> float:
     return inside / (end - start)
 
 
+def alone_rate(lm, tokens: int, trial: int) -> float:
+    """One request through engine.generate.generate directly (no scheduler): the baseline."""
+    times = []
+    for event in generate(lm, _request(TOPICS[0], tokens, 100 * trial), CancelToken()):
+        if isinstance(event, TokenSampled):
+            times.append(time.perf_counter())
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
 def prefill_gap(lm, prefill_tokens: int, tokens: int, trial: int) -> dict:
     text = " ".join(f"Item {i}: the traveller crossed the river at dawn." for i in range(400))
     long_ids = list(lm.tokenizer.encode(text, add_special=True))[:prefill_tokens]
@@ -150,6 +161,9 @@ def main() -> None:
     report: dict = {"load_average": os.getloadavg(), "prefill_slice": PREFILL_SLICE, "models": {}}
     for name in args.model:
         with load_model(MODELS[name](), n_ctx=1024) as lm:
+            alone = statistics.median(alone_rate(lm, args.tokens, t) for t in range(args.trials))
+            if not args.json:
+                print(f"{name}: alone (generate(), no scheduler): {alone:.1f} tok/s", flush=True)
             rates = {}
             for n in args.streams:
                 runs = [aggregate_rate(lm, n, args.tokens, t) for t in range(args.trials)]
@@ -172,7 +186,11 @@ def main() -> None:
                     + ", ".join(f"{k} {v:.1f}" for k, v in gap.items()),
                     flush=True,
                 )
-            report["models"][name] = {"aggregate_tok_s": rates, "prefill_gap": gap}
+            report["models"][name] = {
+                "alone_tok_s": alone,
+                "aggregate_tok_s": rates,
+                "prefill_gap": gap,
+            }
     report["load_average_after"] = os.getloadavg()
     if args.json:
         print(json.dumps(report, indent=2))

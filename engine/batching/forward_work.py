@@ -20,9 +20,12 @@ import numpy as np
 from engine.kv_cache import KVCache
 from engine.models.transformer import Segment
 
-# Tokens of prefill per step while other sequences decode: a running stream waits for one such
-# slice per token (bench/bench_batching.py measures the gap), prefill still runs in 8-row tiles.
-PREFILL_SLICE = 32
+# Tokens of prefill per step while other sequences decode, at most: a running stream waits for
+# one such slice per token (bench/bench_batching.py measures the gap). The scheduler takes fewer
+# when the machine is slow (see PREFILL_STEP_SECONDS in scheduler.py), never fewer than
+# MIN_PREFILL_SLICE (one 8-row mat-mul tile: below that prefill loses its tiling).
+PREFILL_SLICE = 64
+MIN_PREFILL_SLICE = 8
 # A call this short is a decode (one token plus a draft of at most generate.MAX_DRAFT_TOKENS):
 # it always goes into the next step whole.
 DECODE_MAX_TOKENS = 17
@@ -105,11 +108,13 @@ class ForwardWork:
         self.finished.set()
 
 
-def cut_step(pending: list[ForwardWork], max_batch: int) -> list[tuple[ForwardWork, int]]:
+def cut_step(
+    pending: list[ForwardWork], max_batch: int, prefill_slice: int = PREFILL_SLICE
+) -> list[tuple[ForwardWork, int]]:
     """-> (work, tokens to feed now) for the next step, in the order given (oldest first).
 
     Decodes first, each whole, while they fit in max_batch rows; then prefill slices, oldest
-    call first: at most PREFILL_SLICE tokens in all when the step also decodes, else up to
+    call first: at most `prefill_slice` tokens in all when the step also decodes, else up to
     max_batch (a lone prefill runs at full chunk size)."""
     step: list[tuple[ForwardWork, int]] = []
     rows = 0
@@ -121,7 +126,7 @@ def cut_step(pending: list[ForwardWork], max_batch: int) -> list[tuple[ForwardWo
         rows += work.remaining
     budget = max_batch - rows
     if step:
-        budget = min(budget, PREFILL_SLICE)
+        budget = min(budget, prefill_slice)
     for work in pending:
         if budget <= 0:
             break

@@ -49,7 +49,12 @@ import greenlet
 import numpy as np
 
 from engine.batching.admission import KVLedger
-from engine.batching.forward_work import ForwardWork, cut_step
+from engine.batching.forward_work import (
+    MIN_PREFILL_SLICE,
+    PREFILL_SLICE,
+    ForwardWork,
+    cut_step,
+)
 from engine.cancel import CancelToken, ForwardCancelled
 from engine.errors import SchedulerClosedError, TemplateCancelled
 from engine.events import FINISH_ERROR, Finished
@@ -65,6 +70,11 @@ from engine.model_protocol import LanguageModel
 from engine.presets import ResolvedPreset
 from engine.types import GenerationRequest, SchedulerStats, SupportsPrefixReuse
 
+# How long a step that carries a prefill slice beside running decodes should take, about: the
+# slice is sized from the measured time per row (PREFILL_SLICE rows on a quiet machine, fewer
+# on a busy one), so a running stream's next token waits about this long for another prompt.
+PREFILL_STEP_SECONDS = 0.1
+_ROW_TIME_SMOOTHING = 0.3  # weight of the newest step in the running mean of seconds per row
 # How often an idle scheduler looks for cancelled queued requests and for close().
 _IDLE_POLL_SECONDS = 0.05
 _JOIN_SECONDS = 30.0
@@ -161,6 +171,7 @@ class BatchScheduler:
         self._admitted: list[Ticket] = []  # reserved, their greenlet not made yet (FIFO)
         self._tickets: dict[int, Ticket] = {}  # every running ticket, by id
         self._steps = 0
+        self._row_seconds: float | None = None  # running mean of a step's seconds per row
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self._thread.start()
@@ -334,12 +345,21 @@ class BatchScheduler:
                     work.fail(ForwardCancelled())
                     seq.work, seq.reply = None, work.error
             pending = [seq.work for seq in running if seq.work is not None]
-            step = cut_step(pending, self.model.max_batch) if pending else []
+            step = cut_step(pending, self.model.max_batch, self._prefill_slice()) if pending else []
             if step:
                 self._run_step(step, running)
 
+    def _prefill_slice(self) -> int:
+        """Prefill tokens to put beside running decodes in the next step (see PREFILL_STEP_SECONDS)."""
+        if self._row_seconds is None:
+            return PREFILL_SLICE
+        rows = int(PREFILL_STEP_SECONDS / self._row_seconds)
+        return max(MIN_PREFILL_SLICE, min(PREFILL_SLICE, rows))
+
     def _run_step(self, step: list[tuple[ForwardWork, int]], running: list[_Running]) -> None:
         by_work = {id(seq.work): seq for seq in running if seq.work is not None}
+        rows = sum(n for _work, n in step)
+        started = time.perf_counter()
         try:
             results = self.model.forward_segments([work.segment(n) for work, n in step])
         except Exception as exc:  # the requests in this step end with Finished(error)
@@ -348,6 +368,11 @@ class BatchScheduler:
                 seq = by_work[id(work)]
                 seq.work, seq.reply = None, exc
             return
+        per_row = (time.perf_counter() - started) / rows
+        if rows >= MIN_PREFILL_SLICE:  # a decode-only step of a few rows says little about prefill
+            mean = self._row_seconds
+            w = _ROW_TIME_SMOOTHING
+            self._row_seconds = per_row if mean is None else (1 - w) * mean + w * per_row
         with self._cond:
             self._steps += 1
         for (work, n), logits in zip(step, results, strict=True):
