@@ -51,9 +51,15 @@ class EngineController(QObject):
     replayFinished = Signal(object)  # ReplayReport
     replayFailed = Signal(str)
 
+    serverStarted = Signal(str)  # URL, e.g. http://127.0.0.1:8080/v1
+    serverStopped = Signal()
+    serverFailed = Signal(str)
+
     _load = Signal(str, int, int)
     _generate = Signal(int, object, object)
     _replay = Signal(int, object, object, object)
+    _start_serving = Signal(int)
+    _stop_serving = Signal()
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None):
         super().__init__(parent)
@@ -65,6 +71,7 @@ class EngineController(QObject):
         self._cancel: CancelToken | None = None
         self._replay_id: int | None = None
         self._replay_cancel: CancelToken | None = None
+        self._serving = None  # the worker's ServingHandle while the model is served
 
         self._thread = QThread()
         self._thread.setObjectName("engine-worker")
@@ -73,6 +80,8 @@ class EngineController(QObject):
         self._load.connect(self._worker.load)
         self._generate.connect(self._worker.generate)
         self._replay.connect(self._worker.replay)
+        self._start_serving.connect(self._worker.startServing)
+        self._stop_serving.connect(self._worker.stopServing)
         w = self._worker
         w.loadProgress.connect(self.loadProgress)
         w.modelLoaded.connect(self._on_loaded)
@@ -80,6 +89,9 @@ class EngineController(QObject):
         w.eventsReady.connect(self._on_events_ready)  # queued: the worker lives on another thread
         w.replayDone.connect(self._on_replay_done)
         w.replayFailed.connect(self._on_replay_failed)
+        w.serverStarted.connect(self._on_server_started)
+        w.serverStopped.connect(self._on_server_stopped)
+        w.serverFailed.connect(self._on_server_failed)
         self._drain_timer = QTimer(self)
         self._drain_timer.setSingleShot(True)
         self._drain_timer.timeout.connect(self._drain)
@@ -151,6 +163,23 @@ class EngineController(QObject):
             raise RuntimeError("no model loaded")
         return self.bridge.resolve_preset(self.model, saved, overrides)
 
+    # --- serving the model over HTTP ----------------------------------------------------------
+    def start_serving(self, port: int) -> None:
+        """Ask the worker to serve the loaded model on 127.0.0.1:port (serverStarted/Failed)."""
+        self._start_serving.emit(int(port))
+
+    def stop_serving(self) -> None:
+        self._stop_serving.emit()
+
+    @property
+    def serving_url(self) -> str | None:
+        return self._serving.url if self._serving is not None else None
+
+    def server_status(self):
+        """The server's ServerStatus (running and queued requests...), or None: plain numbers read
+        under the scheduler's lock, cheap enough for a status bar timer on the GUI thread."""
+        return self._serving.status() if self._serving is not None else None
+
     def shutdown(self) -> None:
         self.cancel()
         self._thread.quit()
@@ -200,6 +229,21 @@ class EngineController(QObject):
             self.replyText.emit("".join(text))
         if usage is not None:
             self.replyUsage.emit(usage)
+
+    @Slot(object)
+    def _on_server_started(self, handle) -> None:
+        self._serving = handle
+        self.serverStarted.emit(handle.url)
+
+    @Slot()
+    def _on_server_stopped(self) -> None:
+        self._serving = None
+        self.serverStopped.emit()
+
+    @Slot(str)
+    def _on_server_failed(self, message: str) -> None:
+        self._serving = None
+        self.serverFailed.emit(message)
 
     @Slot(object)
     def _on_loaded(self, info: ModelInfo) -> None:

@@ -72,14 +72,34 @@ class EngineBridge(Protocol):
         self, lm: object, receipt: dict, original_tokens: list, cancel: CancelToken
     ) -> ReplayReport: ...
 
+    def start_serving(self, lm: object, port: int) -> ServingHandle: ...
+
+    def stop_serving(self) -> None: ...
+
+
+class ServingHandle(Protocol):
+    """The running server as the GUI thread may see it: its URL and a status snapshot (plain
+    numbers behind the scheduler's lock; no model state)."""
+
+    url: str
+
+    def status(self) -> object: ...
+
 
 class RealEngine:
     """The engine packages, imported lazily so the window opens before numpy/llvmlite load.
 
     One prefix cache per loaded model: a chat resends the whole conversation every turn, and the
-    cache makes a follow-up turn prefill only its new tokens (shown as "cached tokens")."""
+    cache makes a follow-up turn prefill only its new tokens (shown as "cached tokens").
+
+    Serving ("Serve this model"): `start_serving` puts a BatchScheduler on the loaded model and an
+    OpenAI-compatible server (engine.server.background) in front of it. From then on until the
+    model is unloaded the chat's own requests go through that scheduler too, so HTTP clients and
+    the chat are decoded together in one forward pass per step on the scheduler's thread, with
+    one shared prefix cache, instead of two threads taking turns at the model."""
 
     PREFIX_CACHE_BYTES = 256 * 2**20
+    SERVE_MAX_CONCURRENCY = 4
 
     def __init__(self, digest_cache: Path | None = None) -> None:
         self._prefix_cache = None
@@ -93,6 +113,9 @@ class RealEngine:
 
             self._digests = ModelDigests(self._digest_cache or default_digest_cache())
         return self._digests
+        self._scheduler = None  # BatchScheduler of `_scheduler_lm`, once it has been served
+        self._scheduler_lm = None
+        self._server = None  # engine.server.background.BackgroundServer while serving
 
     def load(self, path, *, n_ctx, n_threads, progress):
         from engine.errors import ConfigValidationError
@@ -117,8 +140,35 @@ class RealEngine:
 
     def unload(self, lm) -> None:
         """Stop the model's native kernel threads now, not at interpreter teardown (threads still
-        inside JIT code while LLVM's memory is released at exit can crash the process)."""
+        inside JIT code while LLVM's memory is released at exit can crash the process). A server
+        and scheduler on this model stop first (their requests end as cancelled)."""
+        if self._scheduler_lm is lm:
+            self.stop_serving()
+            scheduler, self._scheduler, self._scheduler_lm = self._scheduler, None, None
+            scheduler.close()
         lm.close()
+
+    def start_serving(self, lm, port: int):
+        """Serve `lm` on 127.0.0.1:port (0: any free port); -> the BackgroundServer (url,
+        status()). Raises OSError when the port cannot be bound."""
+        from engine.batching.scheduler import BatchScheduler
+        from engine.server.background import BackgroundServer
+
+        self.stop_serving()
+        if self._scheduler_lm is not lm:
+            self._scheduler = BatchScheduler(
+                lm, max_concurrency=self.SERVE_MAX_CONCURRENCY, prefix_cache=self._prefix_cache
+            )
+            self._scheduler_lm = lm
+        self._server = BackgroundServer(lm, self._scheduler, port=port)
+        self._server.wait_ready()
+        return self._server
+
+    def stop_serving(self) -> None:
+        """Stop the HTTP server (its requests end as cancelled); the chat keeps the scheduler."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
 
     def describe(self, lm) -> ModelInfo:
         from engine.presets import sampling_metadata
@@ -172,7 +222,11 @@ class RealEngine:
                 fit.dropped_turns, len(fit.dropped), fit.prompt_tokens, fit.context_limit
             )
         request = replace(request, prefix_cache=self._prefix_cache)
-        events = self._with_receipt(lm, request, generate(lm, request, cancel, preset=preset))
+        if self._scheduler is not None and self._scheduler_lm is lm:
+            events = self._scheduler.submit(request, cancel, preset=preset).events()
+        else:
+            events = generate(lm, request, cancel, preset=preset)
+        events = self._with_receipt(lm, request, events)
         return itertools.chain([trimmed], events) if trimmed is not None else events
 
     def _with_receipt(self, lm, request: GenerationRequest, events) -> Iterator[object]:

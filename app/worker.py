@@ -100,11 +100,16 @@ class EngineWorker(QObject):
     replayDone = Signal(int, object)  # request id, ReplayReport
     replayFailed = Signal(int, str)  # request id, message for the user
 
+    serverStarted = Signal(object)  # the ServingHandle (url, status())
+    serverStopped = Signal()
+    serverFailed = Signal(str)  # message for the user
+
     def __init__(self, bridge: EngineBridge):
         super().__init__()
         self._bridge = bridge
         self.channel = EventChannel()
         self.lm = None  # the loaded model; only touched on the worker thread after load
+        self._serve_port: int | None = None  # set while "Serve this model" is on
 
     @Slot(str, int, int)
     def load(self, path: str, n_ctx: int, n_threads: int) -> None:
@@ -125,8 +130,38 @@ class EngineWorker(QObject):
             return
         previous, self.lm = self.lm, lm
         if previous is not None:
-            self._bridge.unload(previous)
+            self._bridge.unload(previous)  # its server stops with it
         self.modelLoaded.emit(info)
+        if self._serve_port is not None:  # keep serving: now the new model
+            self.startServing(self._serve_port)
+
+    @Slot(int)
+    def startServing(self, port: int) -> None:
+        """Serve the loaded model over the OpenAI API on 127.0.0.1:port. Runs here, on the
+        worker thread that owns the model; the forward passes then run on the scheduler's
+        thread for the chat and the HTTP clients alike."""
+        if self.lm is None:
+            self.serverFailed.emit("No model is loaded yet.")
+            return
+        try:
+            handle = self._bridge.start_serving(self.lm, port)
+        except Exception as exc:
+            self._serve_port = None
+            message = _user_message(exc)
+            if isinstance(exc, OSError):
+                message = f"Cannot serve on 127.0.0.1:{port}: {message}"
+            self.serverFailed.emit(message)
+            return
+        self._serve_port = port
+        self.serverStarted.emit(handle)
+
+    @Slot()
+    def stopServing(self) -> None:
+        self._serve_port = None
+        try:
+            self._bridge.stop_serving()
+        finally:
+            self.serverStopped.emit()
 
     @Slot(int, object, object)
     def generate(self, request_id: int, request: GenerationRequest, cancel: CancelToken) -> None:

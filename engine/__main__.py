@@ -1,4 +1,4 @@
-"""Command line: `python -m engine info|tokenize|generate|score MODEL ...`.
+"""Command line: `python -m engine info|tokenize|generate|score|bench|serve MODEL ...`.
 
 MODEL is a GGUF path, or `default` (the embedded SmolLM2-135M-Instruct) or `gemma3` (Gemma 3
 270M from its packages). Every subcommand has `--json` for machine-readable output. Exit codes are
@@ -13,6 +13,7 @@ every value with its source).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -558,6 +559,86 @@ def cmd_score(args) -> int:
     return 0
 
 
+# --- serve ---------------------------------------------------------------------------------------
+SERVE_DEFAULT_PORT = 8080
+SERVE_MAX_CONCURRENCY = 64
+SERVE_MAX_QUEUE = 4096
+
+
+def serve_options(args) -> dict:
+    """Check the serve flags before the model is loaded (a refused --host fails at once)."""
+    from engine.server.serve import check_bind
+
+    check_bind(args.host, args.api_key)
+    if not 1 <= args.max_concurrency <= SERVE_MAX_CONCURRENCY:
+        raise ConfigValidationError(
+            "--max-concurrency", args.max_concurrency, f"an integer in [1, {SERVE_MAX_CONCURRENCY}]"
+        )
+    if not 0 <= args.max_queue <= SERVE_MAX_QUEUE:
+        raise ConfigValidationError(
+            "--max-queue", args.max_queue, f"an integer in [0, {SERVE_MAX_QUEUE}]"
+        )
+    if args.kv_budget_mb is not None and args.kv_budget_mb <= 0:
+        raise ConfigValidationError("--kv-budget-mb", args.kv_budget_mb, "a number of MiB > 0")
+    if not 0 <= args.port <= 65535:
+        raise ConfigValidationError("--port", args.port, "an integer in [0, 65535] (0: any free)")
+    kv_budget = None if args.kv_budget_mb is None else int(args.kv_budget_mb * 2**20)
+    return {
+        "max_concurrency": args.max_concurrency,
+        "max_queue": args.max_queue,
+        "kv_budget_bytes": kv_budget,
+    }
+
+
+def cmd_serve(args) -> int:
+    from engine.batching.scheduler import BatchScheduler
+    from engine.prefix_cache import PrefixCache
+    from engine.server.app import LocalChatServer, ServerOptions
+    from engine.server.serve import RunningServer
+
+    scheduler_options = serve_options(args)
+    lm = _load(args)
+    if getattr(lm.chat_template, "is_fallback", False):
+        print(
+            "warning: this model has no chat template (usually a base model): "
+            f"/v1/chat/completions wraps messages in the {lm.chat_template.name} format and "
+            "replies may be gibberish; /v1/completions continues plain text",
+            file=sys.stderr,
+        )
+    scheduler = BatchScheduler(lm, prefix_cache=PrefixCache(), **scheduler_options)
+    options = ServerOptions(
+        model_id=lm.path.stem,
+        aliases=[args.model] if args.model != lm.path.stem else [],
+        api_key=args.api_key,
+        cors_origin=args.cors,
+    )
+
+    def ready(url: str) -> None:
+        if args.json:
+            print(json.dumps({"url": url, "model": options.model_id}), flush=True)
+        else:
+            print(
+                f"LocalChat is serving {options.model_id} at {url} (OpenAI-compatible API; "
+                "Ctrl-C stops)",
+                flush=True,
+            )
+
+    try:
+        server = LocalChatServer(lm, scheduler, options)
+        try:
+            running = RunningServer(server, args.host, args.port, on_ready=ready)
+        except OSError as exc:
+            print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+            return EXIT_ENGINE
+        # uvicorn re-raises the Ctrl-C it shut down for: here that is a clean stop
+        with contextlib.suppress(KeyboardInterrupt):
+            running.run()
+        print("stopped", file=sys.stderr)
+        return EXIT_OK
+    finally:
+        scheduler.close()
+
+
 # --- argument parsing ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -685,6 +766,48 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(p)
+
+    p = model_command(
+        "serve",
+        "serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, "
+        "/v1/completions, /v1/models, /health)",
+        loads_model=True,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=SERVE_DEFAULT_PORT,
+        help=f"port (default {SERVE_DEFAULT_PORT}; 0 picks a free one)",
+    )
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY'; needed for a --host beyond this machine",
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=4,
+        help="requests decoded together (default 4); more wait in a bounded queue",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests that may wait for a slot (default 16); beyond that: 429",
+    )
+    p.add_argument(
+        "--kv-budget-mb",
+        type=float,
+        metavar="M",
+        help="KV cache memory for running requests, in MiB (default: the engine's budget)",
+    )
+    p.add_argument(
+        "--cors",
+        metavar="ORIGIN",
+        help="allow browser pages from ORIGIN (e.g. http://localhost:3000); default: no CORS",
+    )
     return parser
 
 
@@ -700,6 +823,7 @@ COMMANDS = {
     "generate": cmd_generate,
     "score": cmd_score,
     "bench": cmd_bench,
+    "serve": cmd_serve,
 }
 
 

@@ -77,3 +77,50 @@ class InputFileError(EngineError):
     def __init__(self, role: str, path, problem: str):
         self.role, self.path, self.problem = role, path, problem
         super().__init__(f"{role} {path}: {problem}")
+
+
+# --- batched serving (engine/batching) -----------------------------------------------------------
+class KVAdmissionError(MemoryBudgetError):
+    """The batch scheduler cannot admit a request's worst-case KV cache (prompt + max new tokens,
+    at the model's bytes per position). `never_fits`: it exceeds the whole budget, so waiting
+    cannot help (a server answers 400); otherwise it would have to wait and could not (429).
+    Carries bytes_needed, bytes_available (budget minus what running requests reserve) and
+    budget_bytes."""
+
+    def __init__(
+        self, bytes_needed: int, bytes_available: int, budget_bytes: int, *, never_fits: bool
+    ):
+        self.bytes_needed, self.bytes_available = int(bytes_needed), int(bytes_available)
+        self.budget_bytes, self.never_fits = int(budget_bytes), bool(never_fits)
+        mib = 2**20
+        if never_fits:
+            message = (
+                f"The request's KV cache needs {bytes_needed} bytes ({bytes_needed / mib:.1f} MiB), "
+                f"more than the whole KV budget of {budget_bytes} bytes "
+                f"({budget_bytes / mib:.1f} MiB); ask for fewer tokens (prompt + max tokens)"
+            )
+        else:
+            message = (
+                f"The request's KV cache needs {bytes_needed} bytes ({bytes_needed / mib:.1f} MiB) "
+                f"and {bytes_available} bytes ({bytes_available / mib:.1f} MiB) of the "
+                f"{budget_bytes}-byte KV budget are free"
+            )
+        super().__init__(message)
+
+
+class QueueFullError(EngineError):
+    """The batch scheduler would have to queue a request and its queue is full (a server answers
+    429). Carries the request's bytes_needed, bytes_available and the queue's max_queue."""
+
+    def __init__(self, bytes_needed: int, bytes_available: int, max_queue: int, running: int):
+        self.bytes_needed, self.bytes_available = int(bytes_needed), int(bytes_available)
+        self.max_queue, self.running = int(max_queue), int(running)
+        super().__init__(
+            f"The server is busy: {running} requests are running and the queue of {max_queue} "
+            f"waiting requests is full (this request's KV cache needs {bytes_needed} bytes, "
+            f"{bytes_available} bytes are free); try again later"
+        )
+
+
+class SchedulerClosedError(EngineError):
+    """A request was submitted to a batch scheduler that has been closed (the model is unloading)."""

@@ -124,6 +124,17 @@ class Drafter(Protocol):
     def draft(self, tokens: Sequence[int], max_tokens: int) -> list[int]: ...
 
 
+class ForwardModel(Protocol):
+    """What the loop calls for forward passes: TransformerModel, or the batch scheduler's
+    per-request stand-in (engine/batching/scheduler.py)."""
+
+    def new_cache(self, n_ctx: int) -> Any: ...
+
+    def forward(
+        self, tokens, cache, *, all_logits: bool = False, logits_at=None, cancel=None
+    ) -> np.ndarray: ...
+
+
 # --- planning: everything that can refuse a request ----------------------------------------------
 @dataclass
 class _Plan:
@@ -141,6 +152,9 @@ class _Plan:
     prefix_cache: Any
     tools: ToolPlan | None = None
     tool_format: ToolCallFormat = ToolCallFormat.GENERIC_JSON
+
+
+Plan = _Plan  # what plan_request returns: the batch scheduler admits by prompt_ids and capacity
 
 
 def default_kv_budget_bytes() -> int:
@@ -345,11 +359,11 @@ def generate(
     except TemplateCancelled:
         # Stop while the chat template rendered ends the request like any other cancel, with a
         # Finished event (nothing was tokenized or run), so every caller sees the same thing.
-        return iter([_cancelled_before_the_prompt(lm)])
-    return _events(lm, plan, cancel, started)
+        return iter([cancelled_before_the_prompt(lm)])
+    return _events(lm, plan, cancel, started, lm.model)
 
 
-def _cancelled_before_the_prompt(lm: LanguageModel) -> Finished:
+def cancelled_before_the_prompt(lm: LanguageModel) -> Finished:
     nothing = Usage(
         prompt_tokens=0,
         completion_tokens=0,
@@ -392,7 +406,7 @@ class _Progress:
 
 
 def _prefill(
-    lm: LanguageModel, plan: _Plan, cancel: CancelToken, progress: _Progress
+    lm: LanguageModel, plan: _Plan, cancel: CancelToken, progress: _Progress, model: ForwardModel
 ) -> np.ndarray | None:
     """Fill the KV cache with the prompt; -> logits after it, or None when cancelled."""
     prompt = plan.prompt_ids
@@ -406,7 +420,7 @@ def _prefill(
     if hit is not None and hit.n_tokens > 0:
         cache, done, logits = hit.cache, hit.n_tokens, hit.next_logits
     else:
-        cache, done, logits = lm.model.new_cache(plan.capacity), 0, None
+        cache, done, logits = model.new_cache(plan.capacity), 0, None
     progress.cache = cache
     progress.fed_tokens = list(prompt[:done])
     while done < len(prompt):
@@ -414,7 +428,7 @@ def _prefill(
             return None
         chunk = prompt[done : done + PREFILL_CHUNK]
         try:
-            logits = lm.model.forward(chunk, cache, cancel=cancel)
+            logits = model.forward(chunk, cache, cancel=cancel)
         except ForwardCancelled:
             return None  # the chunk was not committed: cache holds progress.fed_tokens
         done += len(chunk)
@@ -427,13 +441,13 @@ def _prefill(
 
 
 def _decode_steps(
-    lm: LanguageModel, plan: _Plan, cancel: CancelToken, progress: _Progress
+    lm: LanguageModel, plan: _Plan, cancel: CancelToken, progress: _Progress, model: ForwardModel
 ) -> Generator[_Step, None, None]:
     """Prefill, then choose tokens one by one until the caller stops asking, the budget is spent
     or the cancel token is set. Yields each chosen token; the caller decides whether it ends the
     request. The cache always holds progress.fed_tokens, except transiently during a draft."""
     progress.prompt_started = time.perf_counter()
-    logits = _prefill(lm, plan, cancel, progress)
+    logits = _prefill(lm, plan, cancel, progress, model)
     progress.prefill_done = time.perf_counter()
     if logits is None:
         progress.cancelled = True
@@ -445,7 +459,6 @@ def _decode_steps(
     sample = make_sampler(cfg, seed=plan.seed)
     tokens = list(plan.prompt_ids)
     cache = progress.cache
-    model = lm.model
 
     def choose(row: np.ndarray) -> _Step:
         # processors work in place: give them a copy, the model may hand out its own buffer
@@ -513,8 +526,25 @@ def _draft(drafter, tokens: list[int], max_tokens: int, room: int) -> list[int]:
     return [int(t) for t in drafter.draft(tokens, limit)][:limit]
 
 
+def planned_events(
+    lm: LanguageModel,
+    plan: Plan,
+    cancel: CancelToken,
+    started: float,
+    *,
+    model: ForwardModel | None = None,
+) -> Iterator[object]:
+    """The event stream of a planned request (what `generate` returns after planning).
+
+    `started`: the perf_counter() time the request arrived (TTFT counts from it). `model`: where
+    the forward passes go, `lm.model` by default; the batch scheduler (engine/batching) passes
+    a stand-in that runs them batched with other requests' (a ForwardModel: new_cache and
+    forward with TransformerModel's signature and results)."""
+    return _events(lm, plan, cancel, started, lm.model if model is None else model)
+
+
 def _events(
-    lm: LanguageModel, plan: _Plan, cancel: CancelToken, started: float
+    lm: LanguageModel, plan: _Plan, cancel: CancelToken, started: float, model: ForwardModel
 ) -> Iterator[object]:
     tokenizer = lm.tokenizer
     detokenizer = new_detokenizer(tokenizer)
@@ -547,7 +577,7 @@ def _events(
             else:
                 yield from answer_events(part)
 
-    steps = _decode_steps(lm, plan, cancel, progress)
+    steps = _decode_steps(lm, plan, cancel, progress, model)
     try:
         for step in steps:
             n_sampled += 1

@@ -249,3 +249,17 @@ class ReplayReport:
     differences: tuple[str, ...]  # what differs in the receipt: model file, template, engine...
     replay_text: str = ""
     stopped: bool = False  # the user stopped the replay before it could tell (no verdict)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """A snapshot of the batch scheduler (engine/batching): what a server's status line and
+    /health show. Idle means running == queued == kv_bytes_reserved == 0."""
+
+    running: int  # admitted requests not finished yet
+    queued: int  # waiting for KV memory or a concurrency slot, in FIFO order
+    kv_bytes_reserved: int  # worst-case KV bytes of the running requests
+    kv_budget_bytes: int
+    steps: int  # batched forward passes run so far
+    max_concurrency: int
+    max_queue: int

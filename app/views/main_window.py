@@ -75,6 +75,8 @@ REMOTE_NO_TOKENS_HINT = (
 )
 FRAME_MS = 33  # ~30 Hz: smooth enough for text, cheap enough for markdown re-rendering
 SAVE_RETRY_MS = 5000  # while a save fails (disk full): how often to try again
+SERVE_PORT = 8080  # "Serve this model": 127.0.0.1 only, the port `python -m engine serve` uses
+SERVER_STATUS_MS = 500  # how often the status bar reads the server's request counts
 
 
 class InputBox(QPlainTextEdit):
@@ -130,6 +132,10 @@ class MainWindow(QMainWindow):
         self.save_retry_timer = QTimer(self)
         self.save_retry_timer.setInterval(SAVE_RETRY_MS)
         self.save_retry_timer.timeout.connect(self.session.retry_saves)
+        self.serve_port = SERVE_PORT
+        self.server_timer = QTimer(self)
+        self.server_timer.setInterval(SERVER_STATUS_MS)
+        self.server_timer.timeout.connect(self._refresh_server_status)
         self.model_bar.set_recent(settings.recent_models)
         self.refresh_remote_models()
         self._refresh_sidebar()
@@ -226,6 +232,10 @@ class MainWindow(QMainWindow):
         root_layout.addWidget(self.model_bar)
         root_layout.addWidget(splitter, 1)
         self.setCentralWidget(root)
+        self.server_label = QLabel()
+        self.server_label.setObjectName("server_label")
+        self.server_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.statusBar().addPermanentWidget(self.server_label)
 
     def _connect(self) -> None:
         s, c = self.session, self.backends
@@ -237,6 +247,9 @@ class MainWindow(QMainWindow):
         c.loadProgress.connect(self.model_bar.show_progress)
         c.modelLoaded.connect(self._on_model_loaded)
         c.loadFailed.connect(self._on_load_failed)
+        c.serverStarted.connect(self._on_server_started)
+        c.serverStopped.connect(self._on_server_stopped)
+        c.serverFailed.connect(self._on_server_failed)
 
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.conversationSelected.connect(self._open_conversation)
@@ -304,6 +317,13 @@ class MainWindow(QMainWindow):
         action(file_menu, "Export chat…", "Ctrl+E", self.ask_export, "export_action")
         action(file_menu, "Settings…", "Ctrl+,", self.open_settings, "settings_action")
         action(file_menu, "Connections…", "", self.open_connections, "connections_action")
+        serve = action(file_menu, "Serve this model", None, lambda: None, "serve_action")
+        serve.setCheckable(True)
+        serve.setToolTip(
+            "Let other programs use the loaded model through an OpenAI-compatible API on "
+            f"http://127.0.0.1:{SERVE_PORT}/v1 (this computer only); the chat keeps working"
+        )
+        serve.toggled.connect(self._on_serve_toggled)
         file_menu.addSeparator()
         action(file_menu, "Quit", "Ctrl+Q", self.close, "quit_action")
         action(chat_menu, "New chat", "Ctrl+N", self.new_chat, "new_chat_action")
@@ -567,6 +587,9 @@ class MainWindow(QMainWindow):
 
     def _set_busy(self, busy: bool) -> None:
         ready = self.backends.model is not None and not self.backends.loading
+        # Serving is the local engine's: its model, whichever backend the chat is using.
+        local_ready = self.controller.model is not None and not self.controller.loading
+        self.serve_action.setEnabled(local_ready or self.serve_action.isChecked())
         self.send_button.setEnabled(ready and not busy)
         self.cancel_button.setEnabled(busy)
         self.regenerate_action.setEnabled(ready and not busy)
@@ -575,6 +598,48 @@ class MainWindow(QMainWindow):
             self.state_label.setToolTip("")
         elif self.state_label.text().startswith("Generating"):
             self.state_label.setText("")
+
+    # --- serving the model ----------------------------------------------------------------------
+    def _on_serve_toggled(self, checked: bool) -> None:
+        if checked:
+            self.server_label.setText("Starting the server…")
+            self.controller.start_serving(self.serve_port)
+        else:
+            self.controller.stop_serving()
+
+    def _set_serve_checked(self, checked: bool) -> None:
+        self.serve_action.blockSignals(True)  # reflect the state without asking for it again
+        self.serve_action.setChecked(checked)
+        self.serve_action.blockSignals(False)
+
+    def _on_server_started(self, url: str) -> None:
+        self._set_serve_checked(True)
+        self.server_timer.start()
+        self._refresh_server_status()
+
+    def _on_server_stopped(self) -> None:
+        self._set_serve_checked(False)
+        self.server_timer.stop()
+        self.server_label.setText("")
+        self.server_label.setToolTip("")
+
+    def _on_server_failed(self, message: str) -> None:
+        self._on_server_stopped()
+        self.show_error("Could not serve the model", message)
+
+    def _refresh_server_status(self) -> None:
+        status = self.controller.server_status()
+        if status is None:
+            return
+        text = f"Serving at {status.url} · {status.running} running"
+        if status.queued:
+            text += f" · {status.queued} queued"
+        self.server_label.setText(text)
+        self.server_label.setToolTip(
+            "OpenAI-compatible API for programs on this computer: use this URL as the base URL. "
+            f"{status.http_requests} HTTP requests in flight; 'running' counts this window's "
+            "reply too."
+        )
 
     # --- presets --------------------------------------------------------------------------------
     def _on_preset_changed(self, view: ResolvedPreset) -> None:

@@ -36,6 +36,10 @@ from engine.kernels.quant_iq import LAYOUTS_IQ, TILE_ROWS_IQ, UNPACK_IQ, globals
 
 TILE = 8  # tokens per weight-row pass in prefill (4 x 8 tiles: best of 4x4, 2x8, 4x6, 4x8)
 ROWS = 4  # weight rows per pass (decode and prefill)
+# Tiles for what is left after the TILE-token passes, largest first (batched decoding runs a few
+# rows per step). Every (row, token) accumulator runs the same instructions in every tile shape,
+# so a token's result does not depend on the tile it lands in (tests/test_batching_exact.py).
+SMALL_TILES = (4, 2)
 PREFETCH_TILES = 2  # software prefetch distance in row tiles (rows are one contiguous stream)
 
 
@@ -569,22 +573,41 @@ def _token_loop(
     tag: str,
     after: str,
 ) -> None:
-    """Emit: all tokens (TILE at a time, then one by one) for `nrow` rows at %r; then br after."""
+    """Emit: all tokens for `nrow` rows at %r (TILE at a time, then at most one tile of each
+    SMALL_TILES size, then one by one); then br after."""
     pre = f.cur
     f(f"br label %{tag}_th")
     f.put_label(f"{tag}_th")
     f(f"%{tag}_t = phi i64 [0, %{pre}], [%{tag}_tn, %{tag}_tb]")
     f(f"%{tag}_te = add i64 %{tag}_t, {TILE}")
     f(f"%{tag}_fits = icmp ule i64 %{tag}_te, {ntok}")
-    f(f"br i1 %{tag}_fits, label %{tag}_tb, label %{tag}_rh")
+    f(f"br i1 %{tag}_fits, label %{tag}_tb, label %{tag}_s{SMALL_TILES[0]}")
     f.put_label(f"{tag}_tb")
     f(
         f"call void @tile_{qname}_{nrow}x{TILE}(ptr {wrow}, {common}, i64 %{tag}_t, ptr {out}, i64 {ostride}, i64 %r)"
     )
     f(f"%{tag}_tn = add i64 %{tag}_t, {TILE}")
     f(f"br label %{tag}_th")
+    # fewer than TILE tokens left (a batched decode step of a few sequences): one smaller tile
+    # each, so a weight block is still unpacked once for several tokens
+    t, t_from = f"%{tag}_t", f"{tag}_th"
+    for k, size in enumerate(SMALL_TILES):
+        nxt = f"{tag}_s{SMALL_TILES[k + 1]}" if k + 1 < len(SMALL_TILES) else f"{tag}_rh"
+        f.put_label(f"{tag}_s{size}")
+        f(f"%{tag}_s{size}_e = add i64 {t}, {size}")
+        f(f"%{tag}_s{size}_fits = icmp ule i64 %{tag}_s{size}_e, {ntok}")
+        f(f"br i1 %{tag}_s{size}_fits, label %{tag}_s{size}_b, label %{tag}_s{size}_j")
+        f.put_label(f"{tag}_s{size}_b")
+        f(
+            f"call void @tile_{qname}_{nrow}x{size}(ptr {wrow}, {common}, i64 {t}, ptr {out}, i64 {ostride}, i64 %r)"
+        )
+        f(f"br label %{tag}_s{size}_j")
+        f.put_label(f"{tag}_s{size}_j")
+        f(f"%{tag}_s{size}_t = phi i64 [{t}, %{tag}_s{size}], [%{tag}_s{size}_e, %{tag}_s{size}_b]")
+        f(f"br label %{nxt}")
+        t, t_from = f"%{tag}_s{size}_t", f"{tag}_s{size}_j"
     f.put_label(f"{tag}_rh")
-    f(f"%{tag}_t1 = phi i64 [%{tag}_t, %{tag}_th], [%{tag}_t1n, %{tag}_rb]")
+    f(f"%{tag}_t1 = phi i64 [{t}, %{t_from}], [%{tag}_t1n, %{tag}_rb]")
     f(f"%{tag}_more = icmp ult i64 %{tag}_t1, {ntok}")
     f(f"br i1 %{tag}_more, label %{tag}_rb, label %{after}")
     f.put_label(f"{tag}_rb")
@@ -657,7 +680,7 @@ def module_ir(qname: str, isa: str) -> str:
             *(
                 tile_function(qname, isa, nr, nt)
                 for nr in dict.fromkeys((tile_rows(qname), 1))
-                for nt in (TILE, 1)
+                for nt in (TILE, *SMALL_TILES, 1)
             ),
             kernel_function(qname),
         ]

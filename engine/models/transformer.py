@@ -18,8 +18,10 @@ Concurrency: what one request owns and what every request shares.
   bound argument blocks, activation-quantization buffers, attention scratch and thread pool
   (engine/kernels/jit_backend.py). Each chunk of a forward pass holds the model's forward lock,
   so one chunk runs at a time; between chunks another request may run its own. On a 2-core CPU
-  one forward at a time loses nothing (every forward already uses every core); batching several
-  sequences into one pass is the server's job, not this lock's.
+  one forward at a time loses nothing (every forward already uses every core). Several
+  sequences share one pass through `forward_segments` (one segment per sequence: its KVCache
+  and its token ids), which is how engine/batching decodes concurrent requests together;
+  prefill, decode and batched decode all run the one layer loop in `_forward_chunk`.
 A forward pass waiting for the lock, or running a chunk, polls its cancel token between its
 sub-steps (each layer's q/k/v projections, attention in blocks of ATTENTION_QUERY_BLOCK queries,
 the output projection, the feed-forward), so Stop lands within one such step (milliseconds)
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -270,11 +272,7 @@ class TransformerModel:
         n = ids.size
         if n == 0:
             raise ValueError("forward() needs at least one token")
-        bad = (ids < 0) | (ids >= self.config.n_vocab)
-        if bad.any():
-            raise ValueError(
-                f"token id {int(ids[bad][0])} is out of range [0, {self.config.n_vocab})"
-            )
+        self.check_ids(ids)
         if not all_logits and logits_at is None and n <= self.max_batch:
             # The common case (decode, short prefill): one chunk, last row only.
             cache.reserve(n)
@@ -301,7 +299,49 @@ class TransformerModel:
             return logits[0]
         return logits[np.searchsorted(unique, wanted)]  # the caller's order, duplicates kept
 
-    def _locked_chunk(self, ids: np.ndarray, cache: KVCache, logit_rows: np.ndarray, cancel):
+    def forward_segments(self, segments: list[Segment], cancel=None) -> list[np.ndarray]:
+        """One pass over the weights for several sequences at once (batched decoding): each
+        segment appends its token ids to its own KVCache at its own positions; every mat-mul
+        runs over the rows of all segments together and attention runs per segment against its
+        own cache. -> per segment, float32 logits (len(segment.logit_rows), n_vocab).
+
+        At most max_batch tokens in all, one segment per cache, every cache with room (all
+        checked before anything runs). Each segment's logits and KV rows are exactly what
+        forward() gives for that sequence alone: the kernels compute every row on its own
+        (tests/test_batching_exact.py). Locking and `cancel` as in forward()."""
+        if not segments:
+            raise ValueError("forward_segments() needs at least one segment")
+        total = 0
+        for seg in segments:
+            ids = np.asarray(seg.ids, dtype=np.int64).reshape(-1)
+            if ids.size == 0:
+                raise ValueError("forward_segments(): a segment has no tokens")
+            self.check_ids(ids)
+            rows = np.asarray(seg.logit_rows, dtype=np.int64).reshape(-1)
+            if rows.size and (rows.min() < 0 or rows.max() >= ids.size):
+                raise ValueError(f"logit_rows must be in [0, {ids.size}); got {rows.tolist()}")
+            seg.cache.reserve(ids.size)
+            total += ids.size
+        if total > self.max_batch:
+            raise ValueError(
+                f"forward_segments(): {total} tokens exceed max_batch={self.max_batch}"
+            )
+        if len({id(seg.cache) for seg in segments}) != len(segments):
+            raise ValueError("forward_segments(): two segments write the same KV cache")
+        self._acquire(cancel)
+        try:
+            return self._forward_chunk(segments, cancel)
+        finally:
+            self.forward_lock.release()
+
+    def check_ids(self, ids: np.ndarray) -> None:
+        bad = (ids < 0) | (ids >= self.config.n_vocab)
+        if bad.any():
+            raise ValueError(
+                f"token id {int(ids[bad][0])} is out of range [0, {self.config.n_vocab})"
+            )
+
+    def _acquire(self, cancel) -> None:
         lock = self.forward_lock
         if cancel is None:
             lock.acquire()
@@ -309,20 +349,23 @@ class TransformerModel:
             while not lock.acquire(timeout=_LOCK_POLL_SECONDS):
                 if cancel.cancelled:
                     raise ForwardCancelled()
-        try:
-            return self._forward_chunk(ids, cache, logit_rows, cancel)
-        finally:
-            lock.release()
 
-    def _forward_chunk(
-        self, ids: np.ndarray, cache: KVCache, logit_rows: np.ndarray, cancel=None
-    ) -> np.ndarray:
-        """Run one chunk of at most max_batch tokens; return logits (len(logit_rows), n_vocab)
-        for the chunk-relative rows asked for."""
+    def _locked_chunk(self, ids: np.ndarray, cache: KVCache, logit_rows: np.ndarray, cancel):
+        self._acquire(cancel)
+        try:
+            return self._forward_chunk([Segment(ids, cache, logit_rows)], cancel)[0]
+        finally:
+            self.forward_lock.release()
+
+    def _forward_chunk(self, segments: list[Segment], cancel=None) -> list[np.ndarray]:
+        """Run one chunk of at most max_batch tokens made of one or more segments (one sequence
+        each, rows concatenated in order); return each segment's logits (len(logit_rows),
+        n_vocab) for its segment-relative rows. Prefill is one segment of T tokens, decode one
+        of 1 token, batched decode N segments of 1 token: one layer loop serves them all."""
         cfg, ops, st = self.config, self.backend, self._state
+        ids = np.concatenate([np.asarray(seg.ids, dtype=np.int64).reshape(-1) for seg in segments])
         n = ids.size
-        p0 = cache.reserve(n)
-        positions = np.arange(p0, p0 + n, dtype=np.int32)
+        runs = _SegmentRuns(segments)
         x = st.x[:n]
         ops.embedding(self.token_embd, ids, out=x)
         if cfg.embed_scale != 1.0:
@@ -334,14 +377,21 @@ class TransformerModel:
         gate, up = st.gate[:n], st.up[:n]
         q_heads = q.reshape(n, cfg.n_head, cfg.head_dim)
         k_heads = k.reshape(n, cfg.n_kv_head, cfg.head_dim)
-        # (first query, its heads, its output rows) per attention block; views made once per
-        # chunk so the backend's per-array pointer cache keeps hitting across layers.
-        blocks = [(0, q_heads, att)]
-        if n > ATTENTION_QUERY_BLOCK:
-            blocks = [
-                (b0, q_heads[b0 : b0 + ATTENTION_QUERY_BLOCK], att[b0 : b0 + ATTENTION_QUERY_BLOCK])
-                for b0 in range(0, n, ATTENTION_QUERY_BLOCK)
+        v_heads = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
+        # Per segment: its rows, its first position, and (first query, its heads, its output
+        # rows) per attention block; views made once per chunk so the backend's per-array
+        # pointer cache keeps hitting across layers.
+        for run in runs:
+            r0, r1 = run.r0, run.r0 + run.n
+            run.blocks = [
+                (
+                    b0,
+                    q_heads[r0 + b0 : min(r1, r0 + b0 + ATTENTION_QUERY_BLOCK)],
+                    att[r0 + b0 : min(r1, r0 + b0 + ATTENTION_QUERY_BLOCK)],
+                )
+                for b0 in range(0, run.n, ATTENTION_QUERY_BLOCK)
             ]
+        positions = runs.positions
 
         def poll() -> None:
             # Nothing of this chunk is committed until the end: rows p0.. written so far are
@@ -349,7 +399,16 @@ class TransformerModel:
             if cancel is not None and cancel.cancelled:
                 raise ForwardCancelled()
 
-        factors = self._factors_for(p0 + n)
+        # LongRoPE picks its table by each sequence's largest position: one rope call over all
+        # rows while every segment uses the same table, else one per segment.
+        run_factors = [self._factors_for(run.p0 + run.n) for run in runs]
+        if all(f is run_factors[0] for f in run_factors):
+            rope_groups = [(slice(0, n), positions, run_factors[0])]
+        else:
+            rope_groups = [
+                (slice(run.r0, run.r0 + run.n), positions[run.r0 : run.r0 + run.n], f)
+                for run, f in zip(runs, run_factors, strict=True)
+            ]
         temperature = None
         if cfg.attn_temp_scale > 0.0:  # (n, 1) per-position query multiplier
             temperature = (
@@ -387,29 +446,32 @@ class TransformerModel:
                 rope_args: dict = dict(theta=la.theta, neox=cfg.rope_neox, freq_scale=la.freq_scale)
                 if cfg.rope_dims:
                     rope_args["n_rot"] = cfg.rope_dims
-                if la.scaled and factors is not None:
-                    rope_args["freq_factors"] = factors
-                ops.rope(q_heads, positions, **rope_args)
-                ops.rope(k_heads, positions, **rope_args)
+                for rows, rows_positions, factors in rope_groups:
+                    args = rope_args
+                    if la.scaled and factors is not None:
+                        args = {**rope_args, "freq_factors": factors}
+                    ops.rope(q_heads[rows], rows_positions, **args)
+                    ops.rope(k_heads[rows], rows_positions, **args)
                 if la.q_gain != 1.0:
                     q_heads[..., : cfg.rope_dims] *= np.float32(la.q_gain)
             if temperature is not None:
                 q *= temperature
-            k_cache, v_cache = cache.layer(li)
-            k_cache[p0 : p0 + n] = k_heads
-            v_cache[p0 : p0 + n] = v.reshape(n, cfg.n_kv_head, cfg.head_dim)
-            for b0, q_block, att_block in blocks:
-                poll()
-                ops.attention(
-                    q_block,
-                    k_cache,
-                    v_cache,
-                    p0=p0 + b0,
-                    scale=la.scale,
-                    window=la.window,
-                    softcap=cfg.attn_logit_softcap,
-                    out=att_block,
-                )
+            for run in runs:  # attention: each sequence against its own cache
+                k_cache, v_cache = run.cache.layer(li)
+                k_cache[run.p0 : run.p0 + run.n] = k_heads[run.r0 : run.r0 + run.n]
+                v_cache[run.p0 : run.p0 + run.n] = v_heads[run.r0 : run.r0 + run.n]
+                for b0, q_block, att_block in run.blocks:
+                    poll()
+                    ops.attention(
+                        q_block,
+                        k_cache,
+                        v_cache,
+                        p0=run.p0 + b0,
+                        scale=la.scale,
+                        window=la.window,
+                        softcap=cfg.attn_logit_softcap,
+                        out=att_block,
+                    )
             poll()
             ops.linear(layer.attn_output, att, out=proj)
             if layer.post_attention_norm is not None:
@@ -440,8 +502,19 @@ class TransformerModel:
             if cfg.residual_scale != 1.0:
                 proj *= np.float32(cfg.residual_scale)
             x += proj
-        cache.commit(ids)
+        for run in runs:
+            run.cache.commit(run.ids)
 
+        # One output projection for every segment's rows (the largest matrix of a small model:
+        # reading it once per step, not once per sequence, is much of what batching saves).
+        wanted = runs.logit_rows()
+        logits = self._logits(x, np.concatenate(wanted))
+        bounds = np.cumsum([0] + [rows.size for rows in wanted])
+        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def _logits(self, x: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
+        """Final norm + output projection for the chunk rows asked for: (len(rows), n_vocab)."""
+        cfg, ops, st = self.config, self.backend, self._state
         if logit_rows.size == 0:
             return np.zeros((0, cfg.n_vocab), np.float32)
         if logit_rows.size == 1:
@@ -575,6 +648,50 @@ def _expert(stack: QTensor, index: int, rows: int, name: str) -> QTensor:
 def _rows(t: QTensor, start: int, stop: int, name: str) -> QTensor:
     """Rows start..stop of a 2-D weight as a zero-copy QTensor (rows are whole blocks)."""
     return QTensor(name, t.qtype, (stop - start, t.cols), t.data[start:stop])
+
+
+@dataclass
+class Segment:
+    """One sequence's part of a batched forward: token ids appended to `cache` at its next
+    positions, and the segment-relative rows whose logits are wanted."""
+
+    ids: np.ndarray | list[int]
+    cache: KVCache
+    logit_rows: np.ndarray | list[int]
+
+
+@dataclass
+class _Run:
+    """A segment placed in the chunk: rows r0..r0+n of the activations, positions p0..p0+n."""
+
+    ids: np.ndarray
+    cache: KVCache
+    logit_rows: np.ndarray
+    r0: int
+    p0: int
+    n: int
+    blocks: list = field(default_factory=list)
+
+
+class _SegmentRuns(list):
+    """The segments of one chunk laid out one after another (rows and positions)."""
+
+    def __init__(self, segments: list[Segment]):
+        super().__init__()
+        r0 = 0
+        for seg in segments:
+            ids = np.asarray(seg.ids, dtype=np.int64).reshape(-1)
+            rows = np.asarray(seg.logit_rows, dtype=np.int64).reshape(-1)
+            p0 = seg.cache.reserve(ids.size)
+            self.append(_Run(ids, seg.cache, rows, r0, p0, ids.size))
+            r0 += ids.size
+        self.positions = np.concatenate(
+            [np.arange(run.p0, run.p0 + run.n, dtype=np.int32) for run in self]
+        )
+
+    def logit_rows(self) -> list[np.ndarray]:
+        """Each segment's wanted rows as chunk rows."""
+        return [run.logit_rows + run.r0 for run in self]
 
 
 def _require(tensors: dict[str, QTensor], name: str) -> QTensor:

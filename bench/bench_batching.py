@@ -1,0 +1,202 @@
+"""Batched decoding (issue 13): aggregate decode throughput at 1, 2, 4, 8 concurrent streams, and
+the worst inter-token gap a running stream sees while another request's prompt is prefilled.
+
+    nice .venv/bin/python bench/bench_batching.py [--model smollm2|gemma3 ...] [--streams 1 2 4 8]
+        [--tokens 64] [--trials 3] [--prefill-tokens 400] [--json]
+
+Baseline: the same request alone through engine.generate.generate (no scheduler).
+Throughput: N requests (different prompts, seeded sampling, no speculative drafts, so every
+token costs one decode row) are submitted together to one BatchScheduler. Every stream's token
+times are recorded; the aggregate rate counts the tokens of all streams inside the window where
+all N are decoding (from the last stream's first token to the first stream's last token), so
+prefill and the ragged end are left out. Median over trials.
+
+Gap: one stream decodes; once it is going, a request with a `--prefill-tokens` prompt is
+submitted. Reported: the stream's median gap between tokens before the prompt arrives, its worst
+gap while the prompt is prefilled (sliced into PREFILL_SLICE-token pieces beside its decode
+steps), and what the whole prefill takes alone in one piece (the gap the stream would see if
+prefill were not interleaved). Median over trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.batching import BatchScheduler
+from engine.batching.forward_work import PREFILL_SLICE
+from engine.cancel import CancelToken
+from engine.events import Finished, TokenSampled
+from engine.generate import generate
+from engine.loader import load_model
+from engine.model_files import default_model_path, gemma3_270m_path
+from engine.types import GenerationRequest
+
+MODELS = {"smollm2": default_model_path, "gemma3": gemma3_270m_path}
+TOPICS = [
+    "a lighthouse",
+    "the desert",
+    "a violin maker",
+    "winter rain",
+    "a chess club",
+    "an old train",
+    "the harbour",
+    "a bakery at dawn",
+]
+
+
+def _request(topic: str, tokens: int, seed: int) -> GenerationRequest:
+    return GenerationRequest(
+        prompt=f"Once upon a time, in a story about {topic}, there was",
+        overrides={
+            "max_new_tokens": tokens,
+            "temperature": 1.0,
+            "top_k": 0,
+            "top_p": 1.0,
+            "min_p": 0.0,
+            "seed": seed,
+        },
+        speculative=False,
+    )
+
+
+class _Stream:
+    def __init__(self, ticket):
+        self.times: list[float] = []
+        self.first_token = threading.Event()
+        self.finished: Finished | None = None
+        self.thread = threading.Thread(target=self._read, args=(ticket,), daemon=True)
+        self.thread.start()
+
+    def _read(self, ticket):
+        for event in ticket.events():
+            if isinstance(event, TokenSampled):
+                self.times.append(time.perf_counter())
+                self.first_token.set()
+            elif isinstance(event, Finished):
+                self.finished = event
+
+
+def aggregate_rate(lm, n: int, tokens: int, trial: int) -> float:
+    with BatchScheduler(lm, max_concurrency=n) as scheduler:
+        streams = [
+            _Stream(
+                scheduler.submit(
+                    _request(TOPICS[i % len(TOPICS)], tokens, 100 * trial + i), CancelToken()
+                )
+            )
+            for i in range(n)
+        ]
+        for s in streams:
+            s.thread.join()
+    start = max(s.times[0] for s in streams)
+    end = min(s.times[-1] for s in streams)
+    if end <= start:
+        raise SystemExit("a stream ended before all had started; use more --tokens")
+    inside = sum(sum(1 for t in s.times if start < t <= end) for s in streams)
+    return inside / (end - start)
+
+
+def alone_rate(lm, tokens: int, trial: int) -> float:
+    """One request through engine.generate.generate directly (no scheduler): the baseline."""
+    times = []
+    for event in generate(lm, _request(TOPICS[0], tokens, 100 * trial), CancelToken()):
+        if isinstance(event, TokenSampled):
+            times.append(time.perf_counter())
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def prefill_gap(lm, prefill_tokens: int, tokens: int, trial: int) -> dict:
+    text = " ".join(f"Item {i}: the traveller crossed the river at dawn." for i in range(400))
+    long_ids = list(lm.tokenizer.encode(text, add_special=True))[:prefill_tokens]
+    # the prefill alone in one piece (what a stream would wait for without interleaving)
+    cache = lm.model.new_cache(prefill_tokens + 1)
+    t0 = time.perf_counter()
+    lm.model.forward(long_ids, cache)
+    whole = time.perf_counter() - t0
+    with BatchScheduler(lm, max_concurrency=2) as scheduler:
+        runner = _Stream(scheduler.submit(_request("a lighthouse", tokens, trial), CancelToken()))
+        while len(runner.times) < 12:
+            time.sleep(0.001)
+        arrive = time.perf_counter()
+        long_request = GenerationRequest(
+            prompt_ids=long_ids, overrides={"max_new_tokens": 1}, speculative=False
+        )
+        other = _Stream(scheduler.submit(long_request, CancelToken()))
+        other.thread.join()
+        runner.thread.join()
+    assert other.finished is not None
+    prefill_end = arrive + other.finished.usage.ttft_ms / 1000.0
+    before = [b - a for a, b in zip(runner.times, runner.times[1:], strict=False) if b <= arrive]
+    during = [
+        b - a
+        for a, b in zip(runner.times, runner.times[1:], strict=False)
+        if b > arrive and a < prefill_end
+    ]
+    return {
+        "median_gap_ms": 1000 * statistics.median(before),
+        "worst_gap_during_prefill_ms": 1000 * max(during) if during else float("nan"),
+        "prefill_alone_ms": 1000 * whole,
+        "prefill_in_batch_ms": other.finished.usage.ttft_ms,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", nargs="+", choices=sorted(MODELS), default=["smollm2", "gemma3"])
+    ap.add_argument("--streams", nargs="+", type=int, default=[1, 2, 4, 8])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--prefill-tokens", type=int, default=400)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    report: dict = {"load_average": os.getloadavg(), "prefill_slice": PREFILL_SLICE, "models": {}}
+    for name in args.model:
+        with load_model(MODELS[name](), n_ctx=1024) as lm:
+            alone = statistics.median(alone_rate(lm, args.tokens, t) for t in range(args.trials))
+            if not args.json:
+                print(f"{name}: alone (generate(), no scheduler): {alone:.1f} tok/s", flush=True)
+            rates = {}
+            for n in args.streams:
+                runs = [aggregate_rate(lm, n, args.tokens, t) for t in range(args.trials)]
+                rates[n] = statistics.median(runs)
+                if not args.json:
+                    print(
+                        f"{name}: {n} streams: {rates[n]:.1f} tok/s aggregate "
+                        f"(runs {', '.join(f'{r:.1f}' for r in runs)})",
+                        flush=True,
+                    )
+            gaps = [prefill_gap(lm, args.prefill_tokens, 48, t) for t in range(args.trials)]
+            gap = {k: statistics.median(g[k] for g in gaps) for k in gaps[0]}
+            if not args.json:
+                base = rates.get(1)
+                for n, r in rates.items():
+                    if base:
+                        print(f"{name}: {n} streams = {r / base:.2f}x one stream")
+                print(
+                    f"{name}: gap while a {args.prefill_tokens}-token prompt prefills: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in gap.items()),
+                    flush=True,
+                )
+            report["models"][name] = {
+                "alone_tok_s": alone,
+                "aggregate_tok_s": rates,
+                "prefill_gap": gap,
+            }
+    report["load_average_after"] = os.getloadavg()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"load average before {report['load_average']}, after {report['load_average_after']}")
+
+
+if __name__ == "__main__":
+    main()
