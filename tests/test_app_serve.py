@@ -20,7 +20,9 @@ def _address(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def test_serve_toggle_shares_the_model_with_the_chat(qtbot, tmp_path, smollm2_path, monkeypatch):
+def test_serve_toggle_shares_the_model_with_the_chat(
+    qtbot, tmp_path, smollm2_path, gemma3_path, monkeypatch
+):
     shown = []
     monkeypatch.setattr("PySide6.QtWidgets.QMessageBox.critical", lambda *a, **k: shown.append(a))
     window = make_window(qtbot, tmp_path, RealEngine(), model_path=str(smollm2_path))
@@ -72,11 +74,12 @@ def test_serve_toggle_shares_the_model_with_the_chat(qtbot, tmp_path, smollm2_pa
     assert "".join(remote).strip()
     qtbot.waitUntil(lambda: " 0 running" in window.server_label.text(), timeout=WAIT_MS)
 
-    # opening a model while serving serves the new one (here: the same file, loaded anew)
+    # opening another model while serving serves the new one (re-opening the loaded file only
+    # switches back to it: app/backends/router.py)
     with qtbot.waitSignal(window.controller.serverStarted, timeout=WAIT_MS) as restarted:
-        window.open_model(str(smollm2_path))
+        window.open_model(str(gemma3_path))
     with openai.OpenAI(base_url=restarted.args[0], api_key="x", max_retries=0) as c:
-        assert c.models.list().data[0].id == smollm2_path.stem
+        assert c.models.list().data[0].id == gemma3_path.stem
     url = restarted.args[0]
     assert window.server_label.text().startswith(f"Serving at {url}")
 

@@ -26,6 +26,10 @@ DEADLINE = 120.0  # seconds; generous for a loaded shared machine, never reached
 
 def _request(lm, topic: str, max_new: int, **overrides) -> GenerationRequest:
     values = {"max_new_tokens": max_new, **overrides}
+    if "temperature" not in overrides:
+        # greedy, stated: a chat request of a model whose checkpoint states no sampling values
+        # otherwise samples with the LocalChat chat defaults (and a fresh seed each run)
+        values["do_sample"] = False
     if lm.chat_template is not None and lm.config.arch != "gemma3":
         return GenerationRequest(
             messages=[{"role": "user", "content": f"Write about {topic}."}], overrides=values
@@ -219,7 +223,7 @@ def test_prefix_cache_is_shared_across_requests(smollm2):
     def ask(question: str) -> GenerationRequest:
         return GenerationRequest(
             messages=[system, {"role": "user", "content": question}],
-            overrides={"max_new_tokens": 8},
+            overrides={"max_new_tokens": 8, "do_sample": False},
         )
 
     with BatchScheduler(lm, prefix_cache=PrefixCache()) as scheduler:

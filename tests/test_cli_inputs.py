@@ -128,6 +128,9 @@ def test_ctrl_c_while_kernels_compile_exits_130_with_one_line(tmp_path, tiny):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A child inherits an ignored SIGINT (nohup, a runner without job control), and Python
+        # then installs no KeyboardInterrupt handler: give it the default a terminal gives.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first_line = child.stderr.readline()
     assert "first launch" in first_line  # the compile has started
