@@ -72,6 +72,10 @@ class EngineBridge(Protocol):
         self, lm: object, receipt: dict, original_tokens: list, cancel: CancelToken
     ) -> ReplayReport: ...
 
+    def compare(
+        self, lm: object, requests: list[GenerationRequest], cancels: list[CancelToken]
+    ) -> list: ...
+
     def start_serving(self, lm: object, port: int) -> ServingHandle: ...
 
     def stop_serving(self) -> None: ...
@@ -105,6 +109,10 @@ class RealEngine:
         self._prefix_cache = None
         self._digests = None
         self._digest_cache = digest_cache
+        # BatchScheduler of `_scheduler_lm`, once it has been served or compared on
+        self._scheduler = None
+        self._scheduler_lm = None
+        self._server = None  # engine.server.background.BackgroundServer while serving
 
     def _model_digests(self):
         """sha256 of model files for receipts, cached on disk (engine/receipt.py)."""
@@ -113,9 +121,6 @@ class RealEngine:
 
             self._digests = ModelDigests(self._digest_cache or default_digest_cache())
         return self._digests
-        self._scheduler = None  # BatchScheduler of `_scheduler_lm`, once it has been served
-        self._scheduler_lm = None
-        self._server = None  # engine.server.background.BackgroundServer while serving
 
     def load(self, path, *, n_ctx, n_threads, progress):
         from engine.errors import ConfigValidationError
@@ -151,18 +156,24 @@ class RealEngine:
     def start_serving(self, lm, port: int):
         """Serve `lm` on 127.0.0.1:port (0: any free port); -> the BackgroundServer (url,
         status()). Raises OSError when the port cannot be bound."""
-        from engine.batching.scheduler import BatchScheduler
         from engine.server.background import BackgroundServer
 
         self.stop_serving()
+        self._server = BackgroundServer(lm, self._scheduler_of(lm), port=port)
+        self._server.wait_ready()
+        return self._server
+
+    def _scheduler_of(self, lm):
+        """The BatchScheduler on `lm`, made on first use (serving or a compare); until the model
+        is unloaded every request on it, the chat's too, goes through it."""
+        from engine.batching.scheduler import BatchScheduler
+
         if self._scheduler_lm is not lm:
             self._scheduler = BatchScheduler(
                 lm, max_concurrency=self.SERVE_MAX_CONCURRENCY, prefix_cache=self._prefix_cache
             )
             self._scheduler_lm = lm
-        self._server = BackgroundServer(lm, self._scheduler, port=port)
-        self._server.wait_ready()
-        return self._server
+        return self._scheduler
 
     def stop_serving(self) -> None:
         """Stop the HTTP server (its requests end as cancelled); the chat keeps the scheduler."""
@@ -199,8 +210,39 @@ class RealEngine:
     def generate(self, lm, request: GenerationRequest, cancel):
         """Resolve the preset once, fit the chat into the context (the oldest turns go first), and
         start the engine's generation; a ContextTrimmed leads the stream when turns were left out."""
-        from engine.context_fit import fit_chat
         from engine.generate import generate
+
+        request, preset, trimmed = self._prepare(lm, request)
+        if self._scheduler is not None and self._scheduler_lm is lm:
+            events = self._scheduler.submit(request, cancel, preset=preset).events()
+        else:
+            events = generate(lm, request, cancel, preset=preset)
+        events = self._with_receipt(lm, request, events)
+        return itertools.chain([trimmed], events) if trimmed is not None else events
+
+    def compare(self, lm, requests: list[GenerationRequest], cancels: list[CancelToken]) -> list:
+        """Start several requests on `lm` at once (the compare view's columns): all go through
+        the model's BatchScheduler, so they are decoded together in one forward pass per step and
+        share its prefix cache. -> one item per request: its event iterator (as `generate`), or
+        the exception that refused it (an invalid preset value, too long for the KV budget), so
+        one refused column does not stop the others."""
+        scheduler = self._scheduler_of(lm)
+        streams: list = []
+        for request, cancel in zip(requests, cancels, strict=True):
+            try:
+                prepared, preset, trimmed = self._prepare(lm, request)
+                ticket = scheduler.submit(prepared, cancel, preset=preset)
+            except Exception as exc:  # typed engine errors; the column shows the message
+                streams.append(exc)
+                continue
+            events = self._with_receipt(lm, prepared, ticket.events())
+            streams.append(itertools.chain([trimmed], events) if trimmed is not None else events)
+        return streams
+
+    def _prepare(self, lm, request: GenerationRequest):
+        """-> (request fitted to the context with the prefix cache, its ResolvedPreset, a
+        ContextTrimmed or None)."""
+        from engine.context_fit import fit_chat
         from engine.presets import resolve_preset
 
         preset = resolve_preset(
@@ -221,13 +263,7 @@ class RealEngine:
             trimmed = ContextTrimmed(
                 fit.dropped_turns, len(fit.dropped), fit.prompt_tokens, fit.context_limit
             )
-        request = replace(request, prefix_cache=self._prefix_cache)
-        if self._scheduler is not None and self._scheduler_lm is lm:
-            events = self._scheduler.submit(request, cancel, preset=preset).events()
-        else:
-            events = generate(lm, request, cancel, preset=preset)
-        events = self._with_receipt(lm, request, events)
-        return itertools.chain([trimmed], events) if trimmed is not None else events
+        return replace(request, prefix_cache=self._prefix_cache), preset, trimmed
 
     def _with_receipt(self, lm, request: GenerationRequest, events) -> Iterator[object]:
         """The events, with the receipt (engine/receipt.py) attached to the Finished event."""

@@ -172,9 +172,50 @@ class EngineWorker(QObject):
         if self.lm is None:
             self._put(request_id, RequestFailed("No model is loaded yet."))
             return
+        lm = self.lm
+        self._stream(request_id, lambda: self._bridge.generate(lm, request, cancel), cancel)
+
+    @Slot(object, object, object)
+    def compare(self, request_ids: list, requests: list, cancels: list) -> None:
+        """Several requests on the loaded model at once (the compare view's columns). The bridge
+        submits them all to the model's BatchScheduler, whose thread decodes them together; one
+        small thread per column only moves its events into the channel (each ticket's event
+        iterator blocks). This slot returns when every column has its terminal item, so the
+        worker stays busy, as for a single reply. A column the bridge refused gets its error."""
+        if self.lm is None:
+            for request_id in request_ids:
+                self._put(request_id, RequestFailed("No model is loaded yet."))
+            return
+        try:
+            streams = self._bridge.compare(self.lm, list(requests), list(cancels))
+        except BaseException as exc:
+            for request_id in request_ids:
+                self._put(request_id, RequestFailed(_user_message(exc)))
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            return
+        pumps = []
+        for request_id, stream, cancel in zip(request_ids, streams, cancels, strict=True):
+            if isinstance(stream, BaseException):
+                self._put(request_id, RequestFailed(_user_message(stream)))
+                continue
+            pump = threading.Thread(
+                target=self._stream,
+                args=(request_id, lambda s=stream: s, cancel),
+                name=f"compare-column-{request_id}",
+                daemon=True,
+            )
+            pump.start()
+            pumps.append(pump)
+        for pump in pumps:
+            pump.join()
+
+    def _stream(self, request_id: int, make_events, cancel: CancelToken) -> None:
+        """Put the events of `make_events()` into the channel, ending with exactly one terminal
+        item (see `generate`)."""
         finished = False
         try:
-            events = iter(self._bridge.generate(self.lm, request, cancel))
+            events = iter(make_events())
             try:
                 for event in events:
                     self._put(request_id, event)
