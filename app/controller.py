@@ -55,6 +55,7 @@ class EngineController(QObject):
     compareBatch = Signal(int, object)  # request id, app.worker.EventBatch
     compareFinished = Signal(int, object)  # request id, engine Finished
     compareErrored = Signal(int, str)  # request id, message for the user
+    compareModels = Signal(object)  # {request id: (model name, tokenizer fingerprint)}
 
     serverStarted = Signal(str)  # URL, e.g. http://127.0.0.1:8080/v1
     serverStopped = Signal()
@@ -63,7 +64,8 @@ class EngineController(QObject):
     _load = Signal(str, int, int)
     _generate = Signal(int, object, object)
     _replay = Signal(int, object, object, object)
-    _compare = Signal(object, object, object)
+    _compare = Signal(object, object, object, object)
+    _release_side_models = Signal()
     _start_serving = Signal(int)
     _stop_serving = Signal()
 
@@ -88,6 +90,8 @@ class EngineController(QObject):
         self._generate.connect(self._worker.generate)
         self._replay.connect(self._worker.replay)
         self._compare.connect(self._worker.compare)
+        self._release_side_models.connect(self._worker.releaseSideModels)
+        self._worker.compareModels.connect(self.compareModels)
         self._start_serving.connect(self._worker.startServing)
         self._stop_serving.connect(self._worker.stopServing)
         w = self._worker
@@ -130,10 +134,15 @@ class EngineController(QObject):
         self._generate.emit(self._request_id, request, self._cancel)
         return self._request_id
 
-    def compare(self, requests: list[GenerationRequest]) -> list[int]:
-        """Start several requests together on the loaded model (one BatchScheduler pass per step
-        for all of them, app/engine_bridge.py); -> their ids, in order. Each ends with one
-        compareFinished or compareErrored; `cancel` stops them all."""
+    def compare(
+        self, requests: list[GenerationRequest], model_paths: list[str | None] | None = None
+    ) -> list[int]:
+        """Start several requests together: request i on the GGUF file model_paths[i] (loaded on
+        the worker thread beside the chat's model, kept until `release_side_models`) or, for
+        None, on the loaded model. The requests of one model share one BatchScheduler pass per
+        step (app/engine_bridge.py). -> their ids, in order; compareModels tells each one's
+        model and tokenizer; each ends with one compareFinished or compareErrored; `cancel`
+        stops them all."""
         if self.busy or self._replay_id is not None:
             raise RuntimeError("the engine is busy")
         ids, cancels = [], []
@@ -142,8 +151,13 @@ class EngineController(QObject):
             ids.append(self._request_id)
             cancels.append(CancelToken())
         self._comparing = dict(zip(ids, cancels, strict=True))
-        self._compare.emit(ids, list(requests), cancels)
+        paths = list(model_paths) if model_paths is not None else [None] * len(requests)
+        self._compare.emit(ids, list(requests), cancels, paths)
         return ids
+
+    def release_side_models(self) -> None:
+        """Unload the second models compare columns used (on the worker thread)."""
+        self._release_side_models.emit()
 
     def cancel(self) -> None:
         for token in self._comparing.values():

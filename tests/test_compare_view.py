@@ -149,3 +149,42 @@ def test_a_refused_column_fails_alone_and_stop_stops_all(qtbot, tmp_path, smollm
         dialog.close()
     finally:
         close_window(window)
+
+
+def test_a_column_on_a_second_model_file(qtbot, tmp_path, smollm2_path, gemma3_path):
+    """A column can answer with another GGUF file, loaded on the worker beside the chat's model
+    with its own scheduler: both stream; with two vocabularies no token divergence is claimed;
+    closing the view unloads the second file and the chat's model still answers."""
+    window = make_window(qtbot, tmp_path, RealEngine(), model_path=str(smollm2_path))
+    try:
+        dialog = _open(window, "Name a color.")
+        run = dialog.run
+        run.set_columns([GREEDY, ColumnSpec("Gemma", dict(GREEDY.overrides))])
+        dialog._rebuild_columns()
+        dialog.set_column_model(1, str(gemma3_path))
+        assert run.columns[1].spec.model_path == str(gemma3_path)
+        with qtbot.waitSignal(run.finished, timeout=WAIT_MS):
+            dialog.compare_button.click()
+        small, gemma = run.columns
+        assert small.error is None and gemma.error is None, (small.error, gemma.error)
+        assert small.model_name == smollm2_path.name and gemma.model_name == gemma3_path.name
+        assert small.tokens and gemma.tokens
+        assert small.tokenizer_key != gemma.tokenizer_key
+        assert not run.shares_tokenizer(1) and run.divergence(1) is None
+        assert "Another tokenizer" in dialog.column_widgets[1].divergence.text()
+        assert gemma.finished.receipt["model"]["file_name"] == gemma3_path.name
+        # the second model's values come from its own file: shown with their sources
+        assert "(override)" in dialog.column_widgets[1].sources.text()
+        worker = window.backends.local._worker
+        dialog.close()
+        qtbot.waitUntil(lambda: not worker._side_models, timeout=WAIT_MS)
+        assert not window.backends.local.bridge._side
+        # the chat's model and prefix cache are untouched
+        window.input.setPlainText("Hi")
+        with qtbot.waitSignal(
+            window.session.busyChanged, timeout=WAIT_MS, check_params_cb=lambda busy: not busy
+        ):
+            window.send()
+        assert window.session.branch[-1].status == "complete"
+    finally:
+        close_window(window)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import html
 import math
+from dataclasses import replace
+from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (
     QDialog,
+    QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -94,6 +97,7 @@ class CompareColumn(QFrame):
     useRequested = Signal(int)
     removeRequested = Signal(int)
     presetEdited = Signal(int, str)
+    modelRequested = Signal(int)
 
     def __init__(self, index: int, parent: QWidget | None = None):
         super().__init__(parent)
@@ -109,6 +113,18 @@ class CompareColumn(QFrame):
         header.addWidget(self.title, 1)
         header.addWidget(self.remove_button)
         layout.addLayout(header)
+        model_row = QHBoxLayout()
+        self.model_label = QLabel()
+        self.model_label.setObjectName("compare_model")
+        self.model_button = QPushButton("Model…")
+        self.model_button.setToolTip(
+            "Answer with another GGUF file (e.g. another quant of the same model); it is loaded "
+            "beside the chat's model while this window is open"
+        )
+        self.model_button.clicked.connect(lambda: self.modelRequested.emit(self.index))
+        model_row.addWidget(self.model_label, 1)
+        model_row.addWidget(self.model_button)
+        layout.addLayout(model_row)
         self.preset_edit = QLineEdit()
         self.preset_edit.setPlaceholderText("preset values, e.g. temperature=0.8, seed=7")
         self.preset_edit.setToolTip(
@@ -207,6 +223,7 @@ class CompareDialog(QDialog):
             widget.presetEdited.connect(self.set_column_preset)
             widget.useRequested.connect(self.use_answer)
             widget.removeRequested.connect(self.remove_column)
+            widget.modelRequested.connect(self.ask_model)
             self._columns_layout.addWidget(widget)
             self.column_widgets.append(widget)
         self._repaint(all_columns=True)
@@ -221,9 +238,36 @@ class CompareDialog(QDialog):
         if self.run.running or index >= len(self.run.columns):
             return
         specs = [c.spec for c in self.run.columns]
-        specs[index] = ColumnSpec(specs[index].label, parse_overrides(text, self._defaults()))
+        specs[index] = replace(specs[index], overrides=parse_overrides(text, self._defaults()))
         self.run.set_columns(specs)
         self._rebuild_columns()
+
+    def ask_model(self, index: int) -> None:
+        if self.run.running:
+            return
+        loaded = self.run.controller.model
+        start = str(Path(loaded.path).parent) if loaded is not None else ""
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Answer with another model file", start, "GGUF models (*.gguf)"
+        )
+        if path:
+            self.set_column_model(index, path)
+
+    def set_column_model(self, index: int, path: str | None) -> None:
+        """Column `index` answers with the GGUF file `path` (None: the loaded model)."""
+        if self.run.running or index >= len(self.run.columns):
+            return
+        loaded = self.run.controller.model
+        if loaded is not None and path == loaded.path:
+            path = None
+        specs = [c.spec for c in self.run.columns]
+        specs[index] = replace(specs[index], model_path=path)
+        self.run.set_columns(specs)
+        self._rebuild_columns()
+
+    def done(self, result: int) -> None:
+        self.run.close()  # stop the columns, unload a second model file
+        super().done(result)
 
     def add_column(self) -> None:
         if self.run.running:
@@ -281,6 +325,7 @@ class CompareDialog(QDialog):
         for widget in self.column_widgets:
             widget.preset_edit.setReadOnly(running)
             widget.remove_button.setEnabled(not running and len(self.column_widgets) > 2)
+            widget.model_button.setEnabled(not running)
 
     # --- painting -------------------------------------------------------------------------------
     def _repaint(self, all_columns: bool = False) -> None:
@@ -296,14 +341,26 @@ class CompareDialog(QDialog):
     def _paint_column(self, i: int, divergences: dict[int, Divergence | None]) -> None:
         column, widget = self.run.columns[i], self.column_widgets[i]
         widget.title.setText(f"<b>{html.escape(column.spec.label)}</b>")
+        model = column.model_name or (
+            Path(column.spec.model_path).name if column.spec.model_path else "the loaded model"
+        )
+        widget.model_label.setText(f"Model: {html.escape(model)}")
         try:
             view = self.run.resolve(i)
+            if view is not None:
+                values, sources = view.values, view.sources
+            elif column.finished is not None and column.finished.preset:
+                values = column.finished.preset.get("values", {})
+                sources = column.finished.preset.get("sources", {})
+            else:
+                values, sources = {}, {}
             widget.sources.setText(
                 "; ".join(
-                    f"{name} {format_value(view.values.get(name))} ({view.sources.get(name, '')})"
+                    f"{name} {format_value(values.get(name))} ({sources.get(name, '')})"
                     for name in SHOWN_FIELDS
-                    if name in view.values
+                    if name in values
                 )
+                or "Its values are resolved from that file when the column starts."
             )
         except Exception as exc:  # the engine's message, as the column's error will say
             widget.sources.setText(f"Invalid preset: {exc}")
@@ -322,6 +379,11 @@ class CompareDialog(QDialog):
                 + alternatives_html(column.spec.label, mine.other_token)
                 + "<br>"
                 + alternatives_html(reference, mine.reference_token)
+            )
+        elif i > 0 and not self.run.shares_tokenizer(i):
+            widget.divergence.setText(
+                "Another tokenizer than the first column's: its tokens cannot be compared one "
+                "by one."
             )
         elif i > 0 and column.finished is not None and self.run.columns[0].finished is not None:
             widget.divergence.setText("Same tokens as the first column.")

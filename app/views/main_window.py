@@ -576,7 +576,6 @@ class MainWindow(QMainWindow):
             run.prompt = typed
         dialog = CompareDialog(run, self)
         dialog.setModal(True)
-        dialog.finished.connect(lambda _result: run.stop())
         self.compare_dialog = dialog
         dialog.show()
         return dialog
