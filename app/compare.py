@@ -34,6 +34,10 @@ class ColumnSpec:
 
     label: str
     overrides: dict = field(default_factory=dict)
+    # Another GGUF file to answer with (e.g. the Q8_0 beside the loaded Q4_K_M), or a picked
+    # remote model ("remote://..."); None: the loaded model. Its values then come from that
+    # model and the overrides (not the chat's saved preset, which belongs to the loaded model).
+    model_path: str | None = None
 
 
 # Two columns a user compares first: what the model does without chance, and with it.
@@ -60,6 +64,8 @@ class ColumnState:
     error: str | None = None
     started_at: float = 0.0
     first_token_at: float | None = None
+    model_name: str = ""  # as the worker described it once the column started
+    tokenizer_key: str = ""  # its vocabulary's fingerprint: equal keys, comparable token ids
 
     @property
     def running(self) -> bool:
@@ -111,6 +117,7 @@ class CompareRun(QObject):
         self.controller.compareBatch.connect(self._on_batch)
         self.controller.compareFinished.connect(self._on_finished)
         self.controller.compareErrored.connect(self._on_errored)
+        self.controller.compareModels.connect(self._on_models)
 
     # --- what is compared -----------------------------------------------------------------------
     def answer_again(self, user_message_id: int) -> bool:
@@ -129,12 +136,20 @@ class CompareRun(QObject):
             raise RuntimeError("the comparison is running")
         self.columns = [ColumnState(spec) for spec in specs]
 
-    def resolve(self, index: int) -> ResolvedPreset:
-        """Column `index`'s values with their sources; raises the engine's typed error when one
-        of its values is invalid."""
+    def resolve(self, index: int) -> ResolvedPreset | None:
+        """Column `index`'s values with their sources (None for a column on another file: its
+        values are known when it finished, `Finished.preset`); raises the engine's typed error
+        when one of its values is invalid."""
+        spec = self.columns[index].spec
+        if spec.model_path is not None:
+            return None
+        return self.controller.resolve_preset(self._saved(spec), dict(spec.overrides))
+
+    def _saved(self, spec: ColumnSpec) -> dict | None:
         presets = self.session.presets
-        saved = dict(presets.saved) if presets and presets.saved else None
-        return self.controller.resolve_preset(saved, dict(self.columns[index].spec.overrides))
+        if spec.model_path is not None or not presets or not presets.saved:
+            return None
+        return dict(presets.saved)
 
     def resolve_error(self, index: int) -> str | None:
         try:
@@ -168,11 +183,11 @@ class CompareRun(QObject):
         return tuple(out)
 
     def request(self, index: int) -> GenerationRequest:
-        presets = self.session.presets
+        spec = self.columns[index].spec
         return GenerationRequest(
             messages=self.messages(),
-            overrides=dict(self.columns[index].spec.overrides),
-            saved_preset=dict(presets.saved) if presets and presets.saved else None,
+            overrides=dict(spec.overrides),
+            saved_preset=self._saved(spec),
             json_mode=JsonMode.OFF,
             top_logprobs=TOP_LOGPROBS,
             enable_thinking=self.session.thinking if self._thinking_switch() else None,
@@ -205,12 +220,29 @@ class CompareRun(QObject):
         requests = [self.request(i) for i in range(len(self.columns))]
         now = time.perf_counter()
         self.columns = [ColumnState(c.spec, started_at=now) for c in self.columns]
-        ids = self.controller.compare(requests)
+        ids = self.controller.compare(requests, [c.spec.model_path for c in self.columns])
         self._by_request = {rid: i for i, rid in enumerate(ids)}
         for i, rid in enumerate(ids):
             self.columns[i].request_id = rid
             self.columnChanged.emit(i)
         return None
+
+    def close(self) -> None:
+        """The view closed: stop the columns and unload the second model files."""
+        self.stop()
+        if any(c.spec.model_path is not None for c in self.columns):
+            self.controller.release_side_models()
+
+    def _on_models(self, described: dict) -> None:
+        for request_id, (name, key) in described.items():
+            index = self._column(request_id)
+            if index is not None:
+                self.columns[index].model_name, self.columns[index].tokenizer_key = name, key
+                self.columnChanged.emit(index)
+
+    def shares_tokenizer(self, other: int, reference: int = 0) -> bool:
+        a, b = self.columns[reference], self.columns[other]
+        return a.tokenizer_key == b.tokenizer_key or not (a.tokenizer_key and b.tokenizer_key)
 
     def stop(self) -> None:
         """Stop every column (each ends as cancelled, keeping what it wrote)."""
@@ -260,9 +292,11 @@ class CompareRun(QObject):
 
     # --- reading the results --------------------------------------------------------------------
     def divergence(self, other: int, reference: int = 0) -> Divergence | None:
-        """Where column `other` first differs from `reference` (both on the one local model,
-        so one tokenizer). None while it cannot be known yet (identical so far and one still
-        streaming) and when the two are identical."""
+        """Where column `other` first differs from `reference` (one tokenizer: the same model,
+        or two files with the same vocabulary). None for two tokenizers, while it cannot be
+        known yet (identical so far and one still streaming) and when the two are identical."""
+        if not self.shares_tokenizer(other, reference):
+            return None  # two vocabularies: the same id is not the same token
         a, b = self.columns[reference], self.columns[other]
         ids_a, ids_b = a.token_ids, b.token_ids
         index = first_divergence(ids_a, ids_b)
