@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from PySide6.QtCore import QObject, Signal
 
+from app.backends.remote import is_remote_path
 from app.reply_recorder import token_record
 from app.session import TOP_LOGPROBS, ChatSession
 from engine.errors import EngineError
@@ -109,6 +110,9 @@ class CompareRun(QObject):
         self.session = session
         # Compare runs on the local engine: the router's local controller, or the controller.
         self.controller = getattr(session.controller, "local", session.controller)
+        self.router = session.controller if hasattr(session.controller, "local") else None
+        self._remote_column: int | None = None  # the column a remote server answers
+        self._remote_wired = None  # the remote controller whose reply signals are connected
         self.columns: list[ColumnState] = [ColumnState(spec) for spec in DEFAULT_COLUMNS]
         self.prompt = ""
         self.user_message_id: int | None = None  # the question, once it is in the chat
@@ -141,9 +145,23 @@ class CompareRun(QObject):
         values are known when it finished, `Finished.preset`); raises the engine's typed error
         when one of its values is invalid."""
         spec = self.columns[index].spec
+        if spec.model_path is not None and is_remote_path(spec.model_path):
+            remote = self.remote_controller()
+            if remote is None or remote.model is None or remote.model.path != spec.model_path:
+                return None
+            return remote.resolve_preset(None, dict(spec.overrides))
         if spec.model_path is not None:
             return None
         return self.controller.resolve_preset(self._saved(spec), dict(spec.overrides))
+
+    def remote_controller(self):
+        """The remote backend's controller (app/backends/router.py), once a remote model was
+        picked; None otherwise."""
+        return getattr(self.router, "remote", None) if self.router is not None else None
+
+    def remote_model(self):
+        remote = self.remote_controller()
+        return remote.model if remote is not None else None
 
     def _saved(self, spec: ColumnSpec) -> dict | None:
         presets = self.session.presets
@@ -217,20 +235,114 @@ class CompareRun(QObject):
             return "Wait for the current reply to finish."
         if len(self.columns) < 2:
             return "Add at least two columns."
-        requests = [self.request(i) for i in range(len(self.columns))]
+        remote_columns = [
+            i
+            for i, c in enumerate(self.columns)
+            if c.spec.model_path is not None and is_remote_path(c.spec.model_path)
+        ]
+        remote = self.remote_controller()
+        if remote_columns and remote is not None and remote.busy:
+            return "Wait for the remote reply to finish."
         now = time.perf_counter()
         self.columns = [ColumnState(c.spec, started_at=now) for c in self.columns]
-        ids = self.controller.compare(requests, [c.spec.model_path for c in self.columns])
-        self._by_request = {rid: i for i, rid in enumerate(ids)}
-        for i, rid in enumerate(ids):
-            self.columns[i].request_id = rid
+        local = [i for i in range(len(self.columns)) if i not in remote_columns]
+        self._by_request, self._remote_column = {}, None
+        if local:
+            ids = self.controller.compare(
+                [self.request(i) for i in local], [self.columns[i].spec.model_path for i in local]
+            )
+            for i, rid in zip(local, ids, strict=True):
+                self._by_request[rid] = i
+                self.columns[i].request_id = rid
+        for n, i in enumerate(remote_columns):
+            self._start_remote(i, first=n == 0)
+        for i in range(len(self.columns)):
             self.columnChanged.emit(i)
+        if not self.running:
+            self.finished.emit()
         return None
+
+    def _start_remote(self, index: int, first: bool) -> None:
+        """Column `index` is answered by the picked remote model (one request at a time per
+        server connection: one remote column per comparison)."""
+        column, remote = self.columns[index], self.remote_controller()
+        column.request_id = -1 - index  # not an engine request id: the remote controller's own
+        column.model_name = column.spec.model_path.split("/", 3)[-1]
+        column.tokenizer_key = "remote:" + column.spec.model_path  # the server's vocabulary
+        if not first:
+            column.error = "Only one column can use a remote model at a time."
+            return
+        model = remote.model if remote is not None else None
+        if model is None or model.path != column.spec.model_path:
+            column.error = "Pick this remote model in the Remote menu first."
+            return
+        column.model_name = model.name
+        self._wire_remote(remote)
+        self._remote_column = index
+        spec = column.spec
+        remote.generate(
+            GenerationRequest(
+                messages=self.messages(),
+                overrides=dict(spec.overrides),
+                top_logprobs=TOP_LOGPROBS,
+            )
+        )
+
+    def _wire_remote(self, remote) -> None:
+        if self._remote_wired is remote:
+            return
+        self._remote_wired = remote
+        remote.replyTokens.connect(self._on_remote_tokens)
+        remote.replyText.connect(self._on_remote_text)
+        remote.replyReasoning.connect(self._on_remote_reasoning)
+        remote.replyUsage.connect(self._on_remote_usage)
+        remote.replyFinished.connect(self._on_remote_finished)
+        remote.replyErrored.connect(self._on_remote_errored)
+
+    def _remote_state(self) -> tuple[int, ColumnState] | None:
+        i = self._remote_column
+        return (i, self.columns[i]) if i is not None and self.columns[i].running else None
+
+    def _on_remote_tokens(self, tokens: list) -> None:
+        self._remote_batch(tokens=tokens)
+
+    def _on_remote_text(self, text: str) -> None:
+        self._remote_batch(text=text)
+
+    def _on_remote_reasoning(self, text: str) -> None:
+        self._remote_batch(reasoning=text)
+
+    def _on_remote_usage(self, usage: Usage) -> None:
+        self._remote_batch(usage=usage)
+
+    def _remote_batch(self, tokens=(), text="", reasoning="", usage=None) -> None:
+        found = self._remote_state()
+        if found is None:
+            return
+        index, column = found
+        if (tokens or text) and column.first_token_at is None:
+            column.first_token_at = time.perf_counter()
+        column.tokens.extend(tokens)
+        column.text += text
+        column.reasoning += reasoning
+        if usage is not None:
+            column.usage = usage
+        self.columnChanged.emit(index)
+
+    def _on_remote_finished(self, finished: Finished) -> None:
+        found = self._remote_state()
+        if found is not None:
+            self._finish(found[0], finished)
+
+    def _on_remote_errored(self, message: str) -> None:
+        found = self._remote_state()
+        if found is not None:
+            self._fail(found[0], message)
 
     def close(self) -> None:
         """The view closed: stop the columns and unload the second model files."""
         self.stop()
-        if any(c.spec.model_path is not None for c in self.columns):
+        if any(c.spec.model_path and not is_remote_path(c.spec.model_path) for c in self.columns):
             self.controller.release_side_models()
 
     def _on_models(self, described: dict) -> None:
@@ -248,6 +360,9 @@ class CompareRun(QObject):
         """Stop every column (each ends as cancelled, keeping what it wrote)."""
         if self.running:
             self.controller.cancel()
+            remote = self.remote_controller()
+            if remote is not None and self._remote_state() is not None:
+                remote.cancel()
 
     def _column(self, request_id: int) -> int | None:
         return self._by_request.get(request_id)
@@ -268,8 +383,10 @@ class CompareRun(QObject):
 
     def _on_finished(self, request_id: int, finished: Finished) -> None:
         index = self._column(request_id)
-        if index is None:
-            return
+        if index is not None:
+            self._finish(index, finished)
+
+    def _finish(self, index: int, finished: Finished) -> None:
         column = self.columns[index]
         column.finished, column.usage = finished, finished.usage
         column.text = finished.text or column.text
@@ -280,8 +397,10 @@ class CompareRun(QObject):
 
     def _on_errored(self, request_id: int, message: str) -> None:
         index = self._column(request_id)
-        if index is None:
-            return
+        if index is not None:
+            self._fail(index, message)
+
+    def _fail(self, index: int, message: str) -> None:
         self.columns[index].error = message
         self.columnChanged.emit(index)
         self._maybe_done()

@@ -188,3 +188,87 @@ def test_a_column_on_a_second_model_file(qtbot, tmp_path, smollm2_path, gemma3_p
         assert window.session.branch[-1].status == "complete"
     finally:
         close_window(window)
+
+
+@pytest.fixture
+def loopback_server(smollm2):
+    """An OpenAI-compatible server on 127.0.0.1 (our own, engine/server) in front of SmolLM2:
+    the remote model a column picks."""
+    from engine.batching.scheduler import BatchScheduler
+    from engine.server.background import BackgroundServer
+
+    scheduler = BatchScheduler(smollm2, max_concurrency=2)
+    server = BackgroundServer(smollm2, scheduler, port=0, model_id="loopback-smollm2")
+    server.wait_ready(60)
+    yield server
+    server.stop()
+    scheduler.close()
+
+
+def _connect(qtbot, window, base_url: str) -> str:
+    """Add a connection in the Connections dialog and pick its model (as a user does)."""
+    from PySide6.QtCore import Qt
+
+    dialog = window.open_connections()
+    qtbot.mouseClick(dialog.findChild(type(dialog.test_button), "add_connection"), Qt.LeftButton)
+    qtbot.keyClicks(dialog.name, "loopback")
+    qtbot.keyClicks(dialog.base_url, base_url)
+    qtbot.mouseClick(dialog.test_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: dialog.models.count() > 0, timeout=WAIT_MS)
+    dialog.accept()
+    qtbot.waitUntil(lambda: bool(window.model_bar.remote_paths()), timeout=WAIT_MS)
+    action = next(a for a in window.model_bar.remote_menu.actions() if a.data())
+    path = action.data()
+    with qtbot.waitSignal(window.backends.modelLoaded, timeout=WAIT_MS):
+        action.trigger()
+    return path
+
+
+def test_a_column_on_a_remote_model(qtbot, tmp_path, smollm2_path, loopback_server, monkeypatch):
+    """Once a remote model was picked (app/backends), a column can answer with it while the
+    local model answers beside it; its usage is the network's; Stop stops it too."""
+    from PySide6.QtWidgets import QMessageBox
+
+    monkeypatch.setattr(QMessageBox, "critical", lambda *a, **k: None)
+    window = make_window(qtbot, tmp_path, RealEngine(), model_path=str(smollm2_path))
+    try:
+        remote_path = _connect(qtbot, window, loopback_server.url)
+        assert window.backends.kind == "remote" and window.backends.local.model is not None
+        dialog = _open(window, "Name a fruit.")
+        run = dialog.run
+        run.set_columns([GREEDY, ColumnSpec("Server", dict(GREEDY.overrides))])
+        dialog._rebuild_columns()
+        labels = [a.text() for a in dialog.model_menu(1).actions()]
+        assert any(label.startswith("Remote: ") for label in labels)
+        dialog.set_column_model(1, remote_path)
+        with qtbot.waitSignal(run.finished, timeout=WAIT_MS):
+            dialog.compare_button.click()
+        local, remote = run.columns
+        assert local.error is None and remote.error is None, (local.error, remote.error)
+        assert remote.finished.text.strip() and remote.usage.measured_over_network
+        assert not local.usage.measured_over_network
+        assert remote.ttft_ms is not None and "TTFT" in dialog.column_widgets[1].usage.text()
+        assert window.session.branch == []  # the remote reply did not leak into the chat
+        assert run.divergence(1) is None  # another server's vocabulary: not compared by id
+
+        # Stop stops the remote column as well
+        long = {"do_sample": False, "max_new_tokens": 400}  # the server's context is 512
+        run.set_columns([ColumnSpec("A", long), ColumnSpec("B", long, model_path=remote_path)])
+        dialog._rebuild_columns()
+        dialog.prompt.setPlainText("Write a long story about a dragon and a knight.")
+        dialog.compare_button.click()
+        qtbot.waitUntil(
+            lambda: all(len(c.text) > 10 or c.error for c in run.columns), timeout=WAIT_MS
+        )
+        assert [c.error for c in run.columns] == [None, None], [
+            (c.error, c.text, c.request_id) for c in run.columns
+        ]
+        with qtbot.waitSignal(run.finished, timeout=WAIT_MS):
+            dialog.stop_button.click()
+        for column in run.columns:
+            assert column.finished is not None, column.error
+            assert column.finished.finish_reason == FINISH_CANCELLED
+            assert column.usage.completion_tokens < 400
+        dialog.close()
+    finally:
+        close_window(window)

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QMenu,
     QPlainTextEdit,
     QPushButton,
     QScrollArea,
@@ -242,9 +243,28 @@ class CompareDialog(QDialog):
         self.run.set_columns(specs)
         self._rebuild_columns()
 
+    def model_menu(self, index: int) -> QMenu:
+        """What column `index` can answer with: the loaded model, the picked remote model (once
+        one was picked in the Remote menu), another GGUF file."""
+        menu = QMenu(self)
+        loaded = self.run.controller.model
+        name = loaded.name if loaded is not None else "no model open"
+        menu.addAction(f"The loaded model ({name})", lambda: self.set_column_model(index, None))
+        remote = self.run.remote_model()
+        if remote is not None:
+            menu.addAction(
+                f"Remote: {remote.name}", lambda: self.set_column_model(index, remote.path)
+            )
+        menu.addAction("Another GGUF file…", lambda: self._ask_file(index))
+        return menu
+
     def ask_model(self, index: int) -> None:
         if self.run.running:
             return
+        button = self.column_widgets[index].model_button
+        self.model_menu(index).exec(button.mapToGlobal(button.rect().bottomLeft()))
+
+    def _ask_file(self, index: int) -> None:
         loaded = self.run.controller.model
         start = str(Path(loaded.path).parent) if loaded is not None else ""
         path, _ = QFileDialog.getOpenFileName(
@@ -342,7 +362,9 @@ class CompareDialog(QDialog):
         column, widget = self.run.columns[i], self.column_widgets[i]
         widget.title.setText(f"<b>{html.escape(column.spec.label)}</b>")
         model = column.model_name or (
-            Path(column.spec.model_path).name if column.spec.model_path else "the loaded model"
+            column.spec.model_path.rsplit("/", 1)[-1]
+            if column.spec.model_path
+            else "the loaded model"
         )
         widget.model_label.setText(f"Model: {html.escape(model)}")
         try:
