@@ -111,7 +111,16 @@ def test_two_presets_stream_at_once_divergence_shading_and_keep(
         assert again.run.prompt == user.content and again.run.user_message_id == user.id
         assert again.run.messages()[-1] == {"role": Role.USER, "content": user.content}
         assert len(again.run.messages()) == 1  # nothing above the first question
+        again.run.set_columns([GREEDY, SAMPLED])
+        again._rebuild_columns()
+        with qtbot.waitSignal(again.run.finished, timeout=WAIT_MS):
+            again.compare_button.click()
+        again.column_widgets[1].use_button.click()
         again.close()
+        kept = window.session.branch[-1]
+        assert window.session.branch[-2].id == user.id  # no second copy of the question
+        assert kept.version_count == 3 and kept.content == again.run.columns[1].finished.text
+        assert store.receipt(kept.id)["prompt"] is not None
     finally:
         close_window(window)
 
