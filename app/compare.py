@@ -86,6 +86,21 @@ class ColumnState:
         return [t.token_id for t in self.tokens]
 
 
+def divergence_index(a: ColumnState, b: ColumnState) -> int | None:
+    """The first token index where two columns' streams differ, once it is certain: a
+    difference inside both streams is final at once; one stream ending before the other only
+    counts when neither is still running (the shorter may go on). None: identical, or not known
+    yet."""
+    ids_a, ids_b = a.token_ids, b.token_ids
+    index = first_divergence(ids_a, ids_b)
+    if index is None:
+        return None
+    inside_both = index < len(ids_a) and index < len(ids_b)
+    if not inside_both and (a.running or b.running):
+        return None
+    return index
+
+
 @dataclass(frozen=True)
 class Divergence:
     """Where column `other` first differs from the reference column (index into their token
@@ -416,14 +431,10 @@ class CompareRun(QObject):
         known yet (identical so far and one still streaming) and when the two are identical."""
         if not self.shares_tokenizer(other, reference):
             return None  # two vocabularies: the same id is not the same token
-        a, b = self.columns[reference], self.columns[other]
-        ids_a, ids_b = a.token_ids, b.token_ids
-        index = first_divergence(ids_a, ids_b)
+        index = divergence_index(self.columns[reference], self.columns[other])
         if index is None:
             return None
-        ended = len(ids_a) if index >= len(ids_a) else len(ids_b) if index >= len(ids_b) else None
-        if ended is not None and (a.running or b.running):
-            return None  # the shorter one may still go on
+        a, b = self.columns[reference], self.columns[other]
         return Divergence(
             reference,
             other,

@@ -618,6 +618,7 @@ class MainWindow(QMainWindow):
         self.send_button.setEnabled(ready and not busy)
         self.cancel_button.setEnabled(busy)
         self.regenerate_action.setEnabled(ready and not busy)
+        self.compare_action.setEnabled(local_ready and not busy)  # columns run locally first
         if busy:
             self.state_label.setText("Generating… (Esc to stop)")
             self.state_label.setToolTip("")
