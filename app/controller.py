@@ -51,6 +51,12 @@ class EngineController(QObject):
     replayFinished = Signal(object)  # ReplayReport
     replayFailed = Signal(str)
 
+    # The compare view's columns (several requests at once), by the ids `compare` returned:
+    compareBatch = Signal(int, object)  # request id, app.worker.EventBatch
+    compareFinished = Signal(int, object)  # request id, engine Finished
+    compareErrored = Signal(int, str)  # request id, message for the user
+    compareModels = Signal(object)  # {request id: (model name, tokenizer fingerprint)}
+
     serverStarted = Signal(str)  # URL, e.g. http://127.0.0.1:8080/v1
     serverStopped = Signal()
     serverFailed = Signal(str)
@@ -58,6 +64,8 @@ class EngineController(QObject):
     _load = Signal(str, int, int)
     _generate = Signal(int, object, object)
     _replay = Signal(int, object, object, object)
+    _compare = Signal(object, object, object, object)
+    _release_side_models = Signal()
     _start_serving = Signal(int)
     _stop_serving = Signal()
 
@@ -71,6 +79,7 @@ class EngineController(QObject):
         self._cancel: CancelToken | None = None
         self._replay_id: int | None = None
         self._replay_cancel: CancelToken | None = None
+        self._comparing: dict[int, CancelToken] = {}  # compare columns still running
         self._serving = None  # the worker's ServingHandle while the model is served
 
         self._thread = QThread()
@@ -80,6 +89,9 @@ class EngineController(QObject):
         self._load.connect(self._worker.load)
         self._generate.connect(self._worker.generate)
         self._replay.connect(self._worker.replay)
+        self._compare.connect(self._worker.compare)
+        self._release_side_models.connect(self._worker.releaseSideModels)
+        self._worker.compareModels.connect(self.compareModels)
         self._start_serving.connect(self._worker.startServing)
         self._stop_serving.connect(self._worker.stopServing)
         w = self._worker
@@ -101,7 +113,11 @@ class EngineController(QObject):
     # --- state ----------------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self._active is not None
+        return self._active is not None or bool(self._comparing)
+
+    @property
+    def comparing(self) -> bool:
+        return bool(self._comparing)
 
     # --- requests -------------------------------------------------------------------------------
     def load_model(self, path: str, n_ctx: int = 0, n_threads: int = 0) -> None:
@@ -110,7 +126,7 @@ class EngineController(QObject):
         self._load.emit(str(path), int(n_ctx), int(n_threads))
 
     def generate(self, request: GenerationRequest) -> int:
-        if self._active is not None or self._replay_id is not None:
+        if self._active is not None or self._replay_id is not None or self._comparing:
             raise RuntimeError("a reply is already being generated")
         self._request_id += 1
         self._active = self._request_id
@@ -118,7 +134,34 @@ class EngineController(QObject):
         self._generate.emit(self._request_id, request, self._cancel)
         return self._request_id
 
+    def compare(
+        self, requests: list[GenerationRequest], model_paths: list[str | None] | None = None
+    ) -> list[int]:
+        """Start several requests together: request i on the GGUF file model_paths[i] (loaded on
+        the worker thread beside the chat's model, kept until `release_side_models`) or, for
+        None, on the loaded model. The requests of one model share one BatchScheduler pass per
+        step (app/engine_bridge.py). -> their ids, in order; compareModels tells each one's
+        model and tokenizer; each ends with one compareFinished or compareErrored; `cancel`
+        stops them all."""
+        if self.busy or self._replay_id is not None:
+            raise RuntimeError("the engine is busy")
+        ids, cancels = [], []
+        for _request in requests:
+            self._request_id += 1
+            ids.append(self._request_id)
+            cancels.append(CancelToken())
+        self._comparing = dict(zip(ids, cancels, strict=True))
+        paths = list(model_paths) if model_paths is not None else [None] * len(requests)
+        self._compare.emit(ids, list(requests), cancels, paths)
+        return ids
+
+    def release_side_models(self) -> None:
+        """Unload the second models compare columns used (on the worker thread)."""
+        self._release_side_models.emit()
+
     def cancel(self) -> None:
+        for token in self._comparing.values():
+            token.cancel()
         if self._cancel is not None:
             self._cancel.cancel()
             # A remote backend is blocked reading a socket, not polling the token between
@@ -205,6 +248,17 @@ class EngineController(QObject):
         """Everything the worker produced since the last drain, merged into one emit per kind."""
         self._last_drain = time.monotonic()
         for item in self._worker.channel.drain():
+            if isinstance(item, EventBatch) and item.request_id in self._comparing:
+                self.compareBatch.emit(item.request_id, item)
+                continue
+            if isinstance(item, tuple) and item[0] in self._comparing:
+                request_id, event = item
+                del self._comparing[request_id]
+                if isinstance(event, Finished):
+                    self.compareFinished.emit(request_id, event)
+                else:
+                    self.compareErrored.emit(request_id, event.message)
+                continue
             if isinstance(item, EventBatch):
                 if item.request_id == self._active:  # else: a superseded request's tail
                     for notice in item.notices:

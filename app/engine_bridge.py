@@ -72,6 +72,20 @@ class EngineBridge(Protocol):
         self, lm: object, receipt: dict, original_tokens: list, cancel: CancelToken
     ) -> ReplayReport: ...
 
+    def compare(
+        self,
+        lm: object,
+        requests: list[GenerationRequest],
+        cancels: list[CancelToken],
+        models: list | None = None,
+    ) -> list: ...
+
+    def load_side(self, path: str) -> object: ...
+
+    def unload_side(self, lm: object) -> None: ...
+
+    def tokenizer_key(self, lm: object) -> str: ...
+
     def start_serving(self, lm: object, port: int) -> ServingHandle: ...
 
     def stop_serving(self) -> None: ...
@@ -99,15 +113,18 @@ class RealEngine:
     one shared prefix cache, instead of two threads taking turns at the model."""
 
     PREFIX_CACHE_BYTES = 256 * 2**20
+    SIDE_PREFIX_CACHE_BYTES = 64 * 2**20  # a compare column's second model: one prompt or two
     SERVE_MAX_CONCURRENCY = 4
 
     def __init__(self, digest_cache: Path | None = None) -> None:
         self._prefix_cache = None
         self._digests = None
         self._digest_cache = digest_cache
-        self._scheduler = None  # BatchScheduler of `_scheduler_lm`, once it has been served
+        # BatchScheduler of `_scheduler_lm`, once it has been served or compared on
+        self._scheduler = None
         self._scheduler_lm = None
         self._server = None  # engine.server.background.BackgroundServer while serving
+        self._side: dict[int, tuple] = {}  # id(lm) -> (lm, BatchScheduler): compare's models
 
     def _model_digests(self):
         """sha256 of model files for receipts, cached on disk (engine/receipt.py)."""
@@ -151,18 +168,24 @@ class RealEngine:
     def start_serving(self, lm, port: int):
         """Serve `lm` on 127.0.0.1:port (0: any free port); -> the BackgroundServer (url,
         status()). Raises OSError when the port cannot be bound."""
-        from engine.batching.scheduler import BatchScheduler
         from engine.server.background import BackgroundServer
 
         self.stop_serving()
+        self._server = BackgroundServer(lm, self._scheduler_of(lm), port=port)
+        self._server.wait_ready()
+        return self._server
+
+    def _scheduler_of(self, lm):
+        """The BatchScheduler on `lm`, made on first use (serving or a compare); until the model
+        is unloaded every request on it, the chat's too, goes through it."""
+        from engine.batching.scheduler import BatchScheduler
+
         if self._scheduler_lm is not lm:
             self._scheduler = BatchScheduler(
                 lm, max_concurrency=self.SERVE_MAX_CONCURRENCY, prefix_cache=self._prefix_cache
             )
             self._scheduler_lm = lm
-        self._server = BackgroundServer(lm, self._scheduler, port=port)
-        self._server.wait_ready()
-        return self._server
+        return self._scheduler
 
     def stop_serving(self) -> None:
         """Stop the HTTP server (its requests end as cancelled); the chat keeps the scheduler."""
@@ -199,8 +222,94 @@ class RealEngine:
     def generate(self, lm, request: GenerationRequest, cancel):
         """Resolve the preset once, fit the chat into the context (the oldest turns go first), and
         start the engine's generation; a ContextTrimmed leads the stream when turns were left out."""
-        from engine.context_fit import fit_chat
         from engine.generate import generate
+
+        request, preset, trimmed = self._prepare(lm, request)
+        if self._scheduler is not None and self._scheduler_lm is lm:
+            events = self._scheduler.submit(request, cancel, preset=preset).events()
+        else:
+            events = generate(lm, request, cancel, preset=preset)
+        events = self._with_receipt(lm, request, events)
+        return itertools.chain([trimmed], events) if trimmed is not None else events
+
+    def compare(
+        self,
+        lm,
+        requests: list[GenerationRequest],
+        cancels: list[CancelToken],
+        models: list | None = None,
+    ) -> list:
+        """Start several requests at once (the compare view's columns): request i runs on
+        models[i] (a `load_side` model) or, when that is None, on `lm`. The requests of one
+        model all go through its BatchScheduler, so they are decoded together in one forward
+        pass per step and share its prefix cache; two models' schedulers run side by side.
+        -> one item per request: its event iterator (as `generate`), or the exception that
+        refused it (an invalid preset value, too long for the KV budget), so one refused column
+        does not stop the others."""
+        streams: list = []
+        models = models or [None] * len(requests)
+        for request, cancel, side in zip(requests, cancels, models, strict=True):
+            target = side if side is not None else lm
+            try:
+                if side is None:
+                    scheduler, cache = self._scheduler_of(lm), self._prefix_cache
+                else:
+                    scheduler = self._side[id(side)][1]
+                    cache = scheduler.prefix_cache
+                prepared, preset, trimmed = self._prepare(target, request, cache)
+                ticket = scheduler.submit(prepared, cancel, preset=preset)
+            except Exception as exc:  # typed engine errors; the column shows the message
+                streams.append(exc)
+                continue
+            events = self._with_receipt(target, prepared, ticket.events())
+            streams.append(itertools.chain([trimmed], events) if trimmed is not None else events)
+        return streams
+
+    def load_side(self, path: str):
+        """A second model file for compare columns (worker thread), beside the chat's model: its
+        own BatchScheduler and prefix cache, so the chat's cache never sees its entries. The
+        chat's model, its cache and its scheduler stay as they are."""
+        from engine.batching.scheduler import BatchScheduler
+        from engine.loader import load_model, warm_up
+        from engine.prefix_cache import PrefixCache
+
+        lm = load_model(path, n_ctx=None, n_threads=None)
+        try:
+            with contextlib.suppress(OSError):
+                self._model_digests().start(lm.path)
+            warm_up(lm)
+            scheduler = BatchScheduler(
+                lm,
+                max_concurrency=self.SERVE_MAX_CONCURRENCY,
+                prefix_cache=PrefixCache(self.SIDE_PREFIX_CACHE_BYTES),
+            )
+        except BaseException:
+            lm.close()
+            raise
+        self._side[id(lm)] = (lm, scheduler)
+        return lm
+
+    def unload_side(self, lm) -> None:
+        entry = self._side.pop(id(lm), None)
+        if entry is not None:
+            entry[1].close()
+        lm.close()
+
+    def tokenizer_key(self, lm) -> str:
+        """A fingerprint of the model's vocabulary (tokenizer model, pre-tokenizer, tokens): two
+        models with the same key number text the same way, so their token ids compare."""
+        import hashlib
+
+        tok = lm.tokenizer
+        digest = hashlib.sha256(f"{tok.model}\0{tok.pre}\0".encode())
+        for token in tok.tokens:
+            digest.update(str(token).encode("utf-8", "surrogatepass") + b"\0")
+        return digest.hexdigest()
+
+    def _prepare(self, lm, request: GenerationRequest, prefix_cache=None):
+        """-> (request fitted to the context with the prefix cache (the chat model's unless
+        another is given), its ResolvedPreset, a ContextTrimmed or None)."""
+        from engine.context_fit import fit_chat
         from engine.presets import resolve_preset
 
         preset = resolve_preset(
@@ -221,13 +330,8 @@ class RealEngine:
             trimmed = ContextTrimmed(
                 fit.dropped_turns, len(fit.dropped), fit.prompt_tokens, fit.context_limit
             )
-        request = replace(request, prefix_cache=self._prefix_cache)
-        if self._scheduler is not None and self._scheduler_lm is lm:
-            events = self._scheduler.submit(request, cancel, preset=preset).events()
-        else:
-            events = generate(lm, request, cancel, preset=preset)
-        events = self._with_receipt(lm, request, events)
-        return itertools.chain([trimmed], events) if trimmed is not None else events
+        cache = prefix_cache if prefix_cache is not None else self._prefix_cache
+        return replace(request, prefix_cache=cache), preset, trimmed
 
     def _with_receipt(self, lm, request: GenerationRequest, events) -> Iterator[object]:
         """The events, with the receipt (engine/receipt.py) attached to the Finished event."""

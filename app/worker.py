@@ -99,6 +99,7 @@ class EngineWorker(QObject):
     eventsReady = Signal()  # the channel went from empty to non-empty
     replayDone = Signal(int, object)  # request id, ReplayReport
     replayFailed = Signal(int, str)  # request id, message for the user
+    compareModels = Signal(object)  # {request id: (model name, tokenizer fingerprint)}
 
     serverStarted = Signal(object)  # the ServingHandle (url, status())
     serverStopped = Signal()
@@ -110,6 +111,7 @@ class EngineWorker(QObject):
         self.channel = EventChannel()
         self.lm = None  # the loaded model; only touched on the worker thread after load
         self._serve_port: int | None = None  # set while "Serve this model" is on
+        self._side_models: dict[str, object] = {}  # path -> a compare column's second model
 
     @Slot(str, int, int)
     def load(self, path: str, n_ctx: int, n_threads: int) -> None:
@@ -172,9 +174,92 @@ class EngineWorker(QObject):
         if self.lm is None:
             self._put(request_id, RequestFailed("No model is loaded yet."))
             return
+        lm = self.lm
+        self._stream(request_id, lambda: self._bridge.generate(lm, request, cancel), cancel)
+
+    @Slot(object, object, object, object)
+    def compare(self, request_ids: list, requests: list, cancels: list, model_paths: list) -> None:
+        """Several requests on the loaded model at once (the compare view's columns). The bridge
+        submits them all to the model's BatchScheduler, whose thread decodes them together; one
+        small thread per column only moves its events into the channel (each ticket's event
+        iterator blocks). This slot returns when every column has its terminal item, so the
+        worker stays busy, as for a single reply. A column the bridge refused gets its error."""
+        if self.lm is None:
+            for request_id in request_ids:
+                self._put(request_id, RequestFailed("No model is loaded yet."))
+            return
+        models: list = []  # per column: None (the chat's model), a side model, or why not
+        for path in model_paths:
+            models.append(self._side_model(path))
+        self.compareModels.emit(
+            {
+                rid: self._describe_column(model)
+                for rid, model in zip(request_ids, models, strict=True)
+                if not isinstance(model, BaseException)
+            }
+        )
+        runnable = [i for i, m in enumerate(models) if not isinstance(m, BaseException)]
+        try:
+            started = self._bridge.compare(
+                self.lm,
+                [requests[i] for i in runnable],
+                [cancels[i] for i in runnable],
+                [models[i] for i in runnable],
+            )
+            streams = list(models)
+            for i, stream in zip(runnable, started, strict=True):
+                streams[i] = stream
+        except BaseException as exc:
+            for request_id in request_ids:
+                self._put(request_id, RequestFailed(_user_message(exc)))
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            return
+        pumps = []
+        for request_id, stream, cancel in zip(request_ids, streams, cancels, strict=True):
+            if isinstance(stream, BaseException):
+                self._put(request_id, RequestFailed(_user_message(stream)))
+                continue
+            pump = threading.Thread(
+                target=self._stream,
+                args=(request_id, lambda s=stream: s, cancel),
+                name=f"compare-column-{request_id}",
+                daemon=True,
+            )
+            pump.start()
+            pumps.append(pump)
+        for pump in pumps:
+            pump.join()
+
+    def _side_model(self, path: str | None):
+        """The model a compare column runs on: None for the chat's own model, else a second file
+        loaded here once and kept until `releaseSideModels` (or the exception that refused it)."""
+        if path is None or str(path) == str(self.lm.path):
+            return None
+        if path not in self._side_models:
+            try:
+                self._side_models[path] = self._bridge.load_side(path)
+            except Exception as exc:
+                return exc
+        return self._side_models[path]
+
+    def _describe_column(self, model) -> tuple[str, str]:
+        lm = self.lm if model is None else model
+        return self._bridge.describe(lm).name, self._bridge.tokenizer_key(lm)
+
+    @Slot()
+    def releaseSideModels(self) -> None:
+        """Unload the compare view's second models (the view closed)."""
+        models, self._side_models = self._side_models, {}
+        for lm in models.values():
+            self._bridge.unload_side(lm)
+
+    def _stream(self, request_id: int, make_events, cancel: CancelToken) -> None:
+        """Put the events of `make_events()` into the channel, ending with exactly one terminal
+        item (see `generate`)."""
         finished = False
         try:
-            events = iter(self._bridge.generate(self.lm, request, cancel))
+            events = iter(make_events())
             try:
                 for event in events:
                     self._put(request_id, event)
@@ -219,6 +304,7 @@ class EngineWorker(QObject):
 
     def release(self) -> None:
         """Unload the model. Only after the worker thread has stopped (controller.shutdown)."""
+        self.releaseSideModels()
         if self.lm is not None:
             lm, self.lm = self.lm, None
             self._bridge.unload(lm)

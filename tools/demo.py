@@ -10,7 +10,8 @@ Shots: 01-loading, 02-streaming, 03-chat, 04-json, 05-tokens, 06-sampling, 07-da
 `--only explore` takes just the exploring shots: 09-versions (a reply regenerated twice, version
 2 of 3 showing), 10-details-replay (its receipt and an exact replay), 11-replay-diverged (the
 receipt's preset changed behind its back), 12-chat-defaults (the preset panel's chat defaults
-and an implied do_sample).
+and an implied do_sample). `--only compare` takes 13-compare (greedy vs seeded sampling side by
+side, the divergence marked, the confidence shading).
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ def run_demo(
     if not _wait(app, lambda: controller.model is not None, 300):
         raise SystemExit("demo: the model did not load")
     window.session.set_preset_value("max_new_tokens", 60)
+    if only == "compare":
+        _compare_shot(app, window, send)
+        window.close()
+        return 0
     if only == "explore":
         _explore_shots(app, window, send, shot)
         window.close()
@@ -246,6 +251,35 @@ def _explore_shots(app, window, send, shot) -> None:
     shot("12-chat-defaults")
 
 
+def _compare_shot(app, window, send) -> None:
+    from app.compare import ColumnSpec
+
+    send("Hello! Who are you?")
+    window.input.setPlainText("Give me three tips for learning to cook.")
+    dialog = window.open_compare()
+    window.input.clear()
+    dialog.run.set_columns(
+        [
+            ColumnSpec("Greedy", {"do_sample": False, "max_new_tokens": 80}),
+            ColumnSpec(
+                "Temperature 0.8, seed 7",
+                {"do_sample": True, "temperature": 0.8, "seed": 7, "max_new_tokens": 80},
+            ),
+        ]
+    )
+    dialog._rebuild_columns()
+    dialog.resize(1240, 760)
+    dialog.move(window.geometry().center() - dialog.rect().center())
+    dialog.compare_button.click()
+    if not _wait(app, lambda: not dialog.run.running, 300):
+        raise SystemExit("demo: the comparison did not finish")
+    _settle(app, 0.5)
+    path = Path(window.demo_out_dir) / "13-compare.png"
+    dialog.grab().save(str(path))
+    print(path)
+    dialog.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -253,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path, help="directory for the PNGs")
     parser.add_argument("--engine", choices=("real", "fake"), default="real")
     parser.add_argument("--model", help="GGUF model for the real engine")
-    parser.add_argument("--only", choices=("all", "explore"), default="all")
+    parser.add_argument("--only", choices=("all", "explore", "compare"), default="all")
     args = parser.parse_args(argv)
     return run_demo(args.out_dir, args.engine, args.model, args.only)
 

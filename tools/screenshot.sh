@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Screenshots of the main window's states, taken from a real X server (Xvfb) with the xcb platform.
 #
-#   bash tools/screenshot.sh [real|fake] [OUT_DIR] [all|explore]
+#   bash tools/screenshot.sh [real|fake] [OUT_DIR] [all|explore|compare]
 #
 # real (default): replies from the real engine and the embedded SmolLM2; fake: scripted replies
 # (tests/app_fakes.py). PNGs go to OUT_DIR (default resources/screenshots/). Installs Xvfb and the

@@ -22,6 +22,7 @@ class ChatView(QScrollArea):
     versionRequested = Signal(int)
     detailsRequested = Signal(int)
     branchRequested = Signal(int)
+    compareRequested = Signal(int)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -73,6 +74,7 @@ class ChatView(QScrollArea):
         widget.versionRequested.connect(self.versionRequested)
         widget.detailsRequested.connect(self.detailsRequested)
         widget.branchRequested.connect(self.branchRequested)
+        widget.compareRequested.connect(self.compareRequested)
         self._layout.insertWidget(self._layout.count() - 1, widget)
         self.widgets.append(widget)
         self._placeholder.setVisible(False)

@@ -51,6 +51,7 @@ from app.settings import Settings, SettingsFile
 from app.store import Store, StoredMessage
 from app.theme import apply_theme
 from app.views.chat_view import ChatView
+from app.views.compare_view import CompareDialog, CompareRun
 from app.views.connections_dialog import ConnectionsDialog
 from app.views.json_mode_bar import JsonModeBar
 from app.views.model_bar import ModelBar
@@ -116,6 +117,7 @@ class MainWindow(QMainWindow):
         self.session = ChatSession(self.backends, store, settings, settings_file, self)
         self.selected_message_id: int | None = None
         self.details_dialog: ReceiptDialog | None = None  # the open "Details" of a reply
+        self.compare_dialog: CompareDialog | None = None  # the latest compare view
         self.notice = ""  # the last notice about the current reply (e.g. context trimming)
         self._export_tasks: set = set()
 
@@ -247,11 +249,10 @@ class MainWindow(QMainWindow):
         c.loadProgress.connect(self.model_bar.show_progress)
         c.modelLoaded.connect(self._on_model_loaded)
         c.loadFailed.connect(self._on_load_failed)
-        # "Serve this model" serves the local engine's model, whichever backend the chat uses
-        local = self.controller
-        local.serverStarted.connect(self._on_server_started)
-        local.serverStopped.connect(self._on_server_stopped)
-        local.serverFailed.connect(self._on_server_failed)
+        # serving is the local engine's (the router has no server signals)
+        self.controller.serverStarted.connect(self._on_server_started)
+        self.controller.serverStopped.connect(self._on_server_stopped)
+        self.controller.serverFailed.connect(self._on_server_failed)
 
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.conversationSelected.connect(self._open_conversation)
@@ -293,6 +294,7 @@ class MainWindow(QMainWindow):
         self.chat_view.versionRequested.connect(self.session.select_version)
         self.chat_view.branchRequested.connect(self.session.branch_from)
         self.chat_view.detailsRequested.connect(self.show_details)
+        self.chat_view.compareRequested.connect(self.open_compare)
         s.replayStarted.connect(self._on_replay_started)
         s.replayFinished.connect(self._on_replay_finished)
         s.replayFailed.connect(self._on_replay_failed)
@@ -332,6 +334,7 @@ class MainWindow(QMainWindow):
         action(chat_menu, "Stop generating", "Esc", self.cancel, "cancel_action")
         action(chat_menu, "Regenerate reply", "Ctrl+R", self.regenerate, "regenerate_action")
         action(chat_menu, "Focus input", "Ctrl+L", self.input.setFocus, "focus_action")
+        action(chat_menu, "Compare…", "Ctrl+K", lambda: self.open_compare(), "compare_action")
 
     # --- model ----------------------------------------------------------------------------------
     def start(self, model_path: str | None = None) -> None:
@@ -557,6 +560,26 @@ class MainWindow(QMainWindow):
         dialog.show()
         return dialog
 
+    def open_compare(self, user_message_id: int | None = None) -> CompareDialog:
+        """The compare view (app/views/compare_view.py), modal: the chat waits while it runs.
+        On a user message it answers that message; from the menu, the text being typed, else
+        the chat's last question."""
+        self.session.set_system_prompt(self.system_prompt.text())
+        run = CompareRun(self.session)
+        typed = self.input.toPlainText().strip()
+        if user_message_id is None and not typed:
+            users = [m for m in self.session.branch if m.role == Role.USER]
+            user_message_id = users[-1].id if users else None
+        if user_message_id is not None:
+            run.answer_again(user_message_id)
+        else:
+            run.prompt = typed
+        dialog = CompareDialog(run, self)
+        dialog.setModal(True)
+        self.compare_dialog = dialog
+        dialog.show()
+        return dialog
+
     def _dialog_for(self, message_id: int) -> ReceiptDialog | None:
         dialog = self.details_dialog
         return dialog if dialog is not None and dialog.message_id == message_id else None
@@ -595,6 +618,7 @@ class MainWindow(QMainWindow):
         self.send_button.setEnabled(ready and not busy)
         self.cancel_button.setEnabled(busy)
         self.regenerate_action.setEnabled(ready and not busy)
+        self.compare_action.setEnabled(local_ready and not busy)  # columns run locally first
         if busy:
             self.state_label.setText("Generating… (Esc to stop)")
             self.state_label.setToolTip("")

@@ -105,6 +105,7 @@ class MessageWidget(QFrame):
     detailsRequested = Signal(int)  # message id: show the reply's receipt (Details)
     versionRequested = Signal(int)  # the id of the version of this message to show instead
     branchRequested = Signal(int)  # message id: copy the chat up to here into a new chat
+    compareRequested = Signal(int)  # message id (user messages): answer it in the compare view
 
     def __init__(self, message: StoredMessage, parent: QWidget | None = None):
         super().__init__(parent)
@@ -148,6 +149,12 @@ class MessageWidget(QFrame):
                 lambda: self.editRequested.emit(self.message.id),
             )
             header.addWidget(self.edit_button)
+            self.compare_button = self._action(
+                "Compare answers",
+                "Answer this message with two presets side by side (Compare…)",
+                lambda: self.compareRequested.emit(self.message.id),
+            )
+            header.addWidget(self.compare_button)
         if message.role == Role.ASSISTANT:
             self.details_button = self._action(
                 "Details",
