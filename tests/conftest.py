@@ -62,6 +62,26 @@ def gemma3(gemma3_path):
         yield lm
 
 
+# --- Parallel runs (pytest-xdist; `-n auto` is in pyproject's addopts) ---------------------------
+
+MAX_WORKERS = 4  # each worker maps both models and JIT-loads the kernels: ~1.5 GB RSS at its peak
+
+
+def pytest_xdist_auto_num_workers(config):
+    """How many worker processes `-n auto` starts: one per core this process may use, at most
+    MAX_WORKERS, and none when the run names test ids from a single file (starting a worker
+    costs ~2 s, most of a one-file run, and `--dist loadfile` would give that file one worker
+    anyway). PYTEST_XDIST_AUTO_NUM_WORKERS, when set, wins (xdist's own hook reads it)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    files = {arg.split("::", 1)[0] for arg in config.args}
+    if len(files) == 1 and files.pop().endswith(".py"):
+        return 0
+    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+
+
+# --- Real models -----------------------------------------------------------------------------
+
 REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "smollm2", "gemma3"})
 
 
