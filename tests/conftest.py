@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-# Before numpy loads: tests run one at a time on a small shared machine, where OpenBLAS's own
+# Before numpy loads (in every worker): test processes share a small machine, where OpenBLAS's own
 # threads only fight each other (numpy reference forward on SmolLM2 under load: 31 s -> 3.6 s).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -24,6 +24,27 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from engine.model_files import ModelNotInstalledError, default_model_path, gemma3_270m_path  # noqa: E402
+
+# --- Parallel runs (pytest-xdist; `-n auto` is in pyproject's addopts) ---------------------------
+
+MAX_WORKERS = 4  # each worker maps both models and JIT-loads the kernels: ~1.5 GB RSS at its peak
+
+
+def pytest_xdist_auto_num_workers(config):
+    """How many worker processes `-n auto` starts: one per core this process may use, at most
+    MAX_WORKERS, and none when the run names test ids from a single file (starting a worker
+    costs ~2 s, most of a one-file run, and `--dist loadfile` would give that file one worker
+    anyway). PYTEST_XDIST_AUTO_NUM_WORKERS, when set, wins (xdist's own hook reads it)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    files = {arg.split("::", 1)[0] for arg in config.args}
+    if len(files) == 1 and files.pop().endswith(".py"):
+        return 0
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(MAX_WORKERS, usable or 1)
+
+
+# --- Real models -----------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +132,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+# --- Generated models --------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ aside and recovered, a read-only data directory gives a working window that says
 saved, and a pathological settings file gives the defaults. Files are created 0600 in 0700
 directories."""
 
+import functools
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import textwrap
 
 import pytest
 
+import app.app_data
 from app.app_data import open_app_data
 from app.recovery import database_problem
 from app.settings import Settings, SettingsFile
@@ -240,7 +242,17 @@ def test_read_only_data_directory_opens_a_working_copy(tmp_path, damaged):
     assert sha(data_dir / "chats.sqlite3") == before
 
 
-def test_locked_database_is_not_mistaken_for_damage(tmp_path):
+class QuickBusyTimeoutStore(Store):
+    """The app's Store, giving up on a locked database after 0.1 s instead of sqlite's default
+    5 s busy timeout: the test needs the lock to be seen, not the wait (it was the suite's
+    longest idle 5 s)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, connect=functools.partial(sqlite3.connect, timeout=0.1), **kwargs)
+
+
+def test_locked_database_is_not_mistaken_for_damage(tmp_path, monkeypatch):
+    monkeypatch.setattr(app.app_data, "Store", QuickBusyTimeoutStore)
     db = tmp_path / "chats.sqlite3"
     make_chats(db).close()
     holder = sqlite3.connect(db, isolation_level=None)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv with the test extras (models included), runs ruff and mypy, then the whole test
-# suite offscreen. Arguments go to pytest (e.g. -m "not slow" for the fast tier).
+# suite offscreen, on one worker process per core (pytest-xdist; pyproject addopts). Arguments go
+# to pytest (e.g. -m "not slow" for the fast tier, -n 0 to run serially).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/bootstrap.sh test,peer
