@@ -115,6 +115,8 @@ def run_bench(
     result["isa"] = getattr(backend, "isa", "numpy")
     result["threads"] = getattr(backend, "n_threads", 1)
     result["kernels"] = kernel_path(backend)  # says why when it is the (slow) numpy fallback
+    library = getattr(backend, "library", None)
+    result["cpu"] = library.cpu.label() if library is not None else None
     result["file_bytes"] = Path(model_path).stat().st_size
     model = lm.model
     rng = np.random.default_rng(1234)

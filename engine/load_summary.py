@@ -16,10 +16,17 @@ def kernel_path(backend) -> str:
     if getattr(backend, "name", "") == "jit":
         isa = getattr(backend, "isa", "")
         threads = int(getattr(backend, "n_threads", 1))
-        plural = "thread" if threads == 1 else "threads"
-        return f"JIT {ISA_LABELS.get(isa, isa)}, {threads} {plural}"
+        library = getattr(backend, "library", None)
+        cpu = getattr(library, "cpu", None)
+        return _jit_line(isa, threads, cpu.label() if cpu is not None else "")
     why = getattr(backend, "fallback_reason", None)
     return f"numpy ({why})" if why else "numpy"
+
+
+def _jit_line(isa: str, threads: int, cpu: str) -> str:
+    plural = "thread" if threads == 1 else "threads"
+    on = f", CPU {cpu}" if cpu else ""
+    return f"JIT {ISA_LABELS.get(isa, isa)}, {threads} {plural}{on}"
 
 
 def dominant_quant(gguf_file) -> str:
@@ -42,13 +49,14 @@ def planned_kernel_path(n_threads: int | None = None) -> str:
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
         return f"numpy ({KERNELS_ENV}=numpy)"
     try:
-        from engine.kernels.compiler import host_cpu
+        from engine.kernels.compiler import CpuSelectionError, target_cpu
         from engine.kernels.jit_backend import select_isa
         from engine.kernels.threads import physical_cores
 
-        isa = select_isa(host_cpu())
+        cpu = target_cpu()
+        isa = select_isa(cpu)
+    except CpuSelectionError:
+        raise  # a bad LOCALCHAT_CPU stops a load too; it is the user's to fix
     except Exception as exc:  # the load would fall back the same way; say why
         return f"numpy (JIT kernels unavailable: {type(exc).__name__}: {exc})"
-    threads = n_threads or physical_cores()
-    plural = "thread" if threads == 1 else "threads"
-    return f"JIT {ISA_LABELS.get(isa, isa)}, {threads} {plural}"
+    return _jit_line(isa, n_threads or physical_cores(), cpu.label())

@@ -6,6 +6,11 @@ CPU name + features) and emits an object file; the object is stored under
 CPU features and a hash of the IR text. Later launches hand the cached object straight to MCJIT
 (no parsing, no optimisation), which takes milliseconds instead of seconds.
 
+`LOCALCHAT_CPU=<LLVM CPU name>` (haswell, x86-64-v2, x86-64-v3, znver4, ...) compiles for that CPU
+instead of the host: its name and LLVM's features for it (probed, see `named_cpu`) go to the
+target machine and into the cache key, so the AVX2 and generic paths run, and can be tested and
+benchmarked, on a bigger machine. An unknown name is a CpuSelectionError naming the variable.
+
 MCJIT runs whatever object it is given, so the cache is authenticated, not just checksummed: each
 entry carries an HMAC-SHA256 over (cache key, object bytes) under a per-install secret kept in a
 0600 file next to the cache directory (`jit.key`); signed entries are `<module>-<key>.jit`, so
@@ -22,6 +27,7 @@ and asm printer are initialised.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -37,7 +43,8 @@ import llvmlite
 import llvmlite.binding as llvm
 import platformdirs
 
-from engine.errors import EngineError
+from engine.errors import ConfigValidationError, EngineError
+from engine.kernels import soft_half
 
 ProgressFn = Callable[[str, float], None]
 
@@ -65,18 +72,127 @@ def _ensure_llvm() -> None:
             _initialised = True
 
 
+CPU_ENV = "LOCALCHAT_CPU"  # an LLVM CPU name (haswell, x86-64-v2, znver4): compile as if on it
+
+
+class CpuSelectionError(ConfigValidationError):
+    """LOCALCHAT_CPU names a CPU that LLVM does not know for this target."""
+
+
 @dataclass(frozen=True)
 class HostCPU:
     name: str
     features: str  # "+avx2,+fma,-amx-tile,..." as LLVM reports it
+    # Where the name came from: "host" (LLVM's detection) or CPU_ENV; not part of the cache key.
+    source: str = field(default="host", compare=False)
 
     def has(self, feature: str) -> bool:
         return f"+{feature}" in self.features.split(",")
+
+    def label(self) -> str:
+        """e.g. "znver5" or "haswell (LOCALCHAT_CPU)" for the info / bench / load lines."""
+        return self.name if self.source == "host" else f"{self.name} ({self.source})"
 
 
 def host_cpu() -> HostCPU:
     _ensure_llvm()
     return HostCPU(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+
+
+# The features the kernels choose between (engine/kernels/jit_backend.py select_isa), probed for a
+# named CPU. Per target: asking an x86 machine about an AArch64 feature only prints a warning.
+_PROBED_FEATURES = {
+    "x86_64": (
+        "sse4.2",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512vnni",
+        "avxvnni",
+    ),
+    "aarch64": ("neon", "dotprod", "i8mm", "fullfp16"),
+}
+
+
+def _captured_stderr(fn: Callable[[], object]) -> tuple[object, str]:
+    """Run fn with file descriptor 2 redirected to a temporary file: LLVM reports an unknown
+    CPU name only as a line on stderr (and later aborts the process on it)."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        return result, tmp.read().decode(errors="replace")
+
+
+def _probe_features(tm, arch: str) -> str:
+    """LLVM's own answer to "does this CPU have feature F", for each probed F, as a feature
+    string. The inliner only inlines a callee whose target features are a subset of the
+    caller's (the caller here takes the target machine's CPU), so after the O2 pipeline the
+    calls left in @probe name the features the CPU lacks. No instruction of F is emitted, so
+    a CPU without F cannot abort LLVM the way an unsupported intrinsic does."""
+    features = _PROBED_FEATURES.get(arch, ())
+    if not features:
+        return ""
+    lines = ["@g = global i32 0"]
+    calls = []
+    for i, feature in enumerate(features):
+        lines.append(
+            f"define internal i32 @has_{i}() #{i} {{\n  %v = load volatile i32, ptr @g\n"
+            f'  ret i32 %v\n}}\nattributes #{i} = {{ "target-features"="+{feature}" }}'
+        )
+        calls.append(f"  %c{i} = call i32 @has_{i}()")
+    lines.append("define void @probe() {\n" + "\n".join(calls) + "\n  ret void\n}")
+    module = llvm.parse_assembly("\n".join(lines))
+    module.triple = tm.triple
+    module.data_layout = str(tm.target_data)
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
+    pb.getModulePassManager().run(module, pb)
+    text = str(module)
+    body = text[text.index("@probe()") :]
+    return ",".join(
+        ("-" if f"@has_{i}()" in body else "+") + feature for i, feature in enumerate(features)
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def named_cpu(name: str, source: str = CPU_ENV) -> HostCPU:
+    """The CPU `name` as LLVM defines it for this machine's target (e.g. "haswell" on x86-64),
+    with the probed features that pick the kernels' instruction set. Raises CpuSelectionError
+    naming `source` when LLVM does not know the name (it would silently compile for a generic
+    CPU, then abort)."""
+    _ensure_llvm()
+    allowed = "an LLVM CPU name for this machine, e.g. haswell, x86-64-v2, x86-64-v3, znver4"
+    if not name or not all(ch.isalnum() or ch in "-_." for ch in name):
+        raise CpuSelectionError(source, name, allowed)
+    target = llvm.Target.from_default_triple()
+    tm, err = _captured_stderr(
+        lambda: target.create_target_machine(cpu=name, features="", opt=2, jit=True)
+    )
+    if "not a recognized processor" in err:
+        raise CpuSelectionError(source, name, allowed)
+    arch = llvm.get_process_triple().split("-")[0]
+    features, err = _captured_stderr(lambda: _probe_features(tm, arch))
+    return HostCPU(name, str(features), source)
+
+
+def target_cpu() -> HostCPU:
+    """The CPU the kernels are compiled for: LOCALCHAT_CPU if set (testing and benchmarking the
+    AVX2 / generic paths on a bigger machine), else the host as LLVM detects it."""
+    name = os.environ.get(CPU_ENV, "").strip()
+    if not name:
+        return host_cpu()
+    return named_cpu(name)
 
 
 def default_cache_dir() -> Path:
@@ -173,7 +289,7 @@ class KernelLibrary:
         key_path: Path | None = None,
     ):
         _ensure_llvm()
-        self.cpu = cpu or host_cpu()
+        self.cpu = cpu or target_cpu()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.key_path = (
             Path(key_path) if key_path is not None else self.cache_dir.parent / "jit.key"
@@ -186,6 +302,10 @@ class KernelLibrary:
             llvm.parse_assembly(""), _new_target_machine(self.cpu)
         )
         self._addresses: dict[str, int] = {}
+        # Runtime helpers the target's code calls but the process may lack; added once, first.
+        self._runtime: list[tuple[str, str]] = []
+        if soft_half.needed(self.cpu, self._tm_for_emit.triple):
+            self._runtime.append((soft_half.MODULE_NAME, soft_half.MODULE_IR))
 
     def cache_key(self, ir_text: str) -> str:
         h = hashlib.sha256()
@@ -205,6 +325,7 @@ class KernelLibrary:
     ) -> None:
         """Compile (or load from cache) each (name, ir_text) module; progress reports per module."""
         start = time.perf_counter()
+        modules, self._runtime = self._runtime + list(modules), []
         total = len(modules)
         for i, (name, ir_text) in enumerate(modules):
             compiled_before = self.stats.compiled

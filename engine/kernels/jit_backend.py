@@ -26,7 +26,7 @@ import numpy as np
 from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
 from engine.kernels.act_quant import QuantizeSlots
 from engine.kernels.attention import AttentionSlots
-from engine.kernels.compiler import HostCPU, KernelLibrary
+from engine.kernels.compiler import HostCPU, KernelLibrary, target_cpu
 from engine.kernels.elementwise import GluSlots, RmsnormSlots, RopeSlots
 from engine.kernels.float_matmul import FloatMatmulSlots
 from engine.kernels.quant_matmul import QuantMatmulSlots
@@ -41,7 +41,8 @@ _PTR_CACHE_ENTRIES = 64
 _PTR_CACHE_MAX_BYTES = 1 << 22
 
 _library_lock = threading.Lock()
-_library: KernelLibrary | None = None
+# One compiled set per target CPU (the host, or LOCALCHAT_CPU's while it is set).
+_libraries: dict[HostCPU, KernelLibrary] = {}
 
 
 def select_isa(cpu: HostCPU) -> str:
@@ -63,16 +64,18 @@ def kernel_modules(isa: str) -> list[tuple[str, str]]:
 
 
 def shared_library(progress: ProgressFn | None = None) -> KernelLibrary:
-    """The process-wide compiled kernels (compiled or loaded from the disk cache on first use)."""
-    global _library
+    """The process-wide compiled kernels for the target CPU (engine.kernels.compiler.target_cpu:
+    the host, or LOCALCHAT_CPU's), compiled or loaded from the disk cache on first use."""
+    cpu = target_cpu()
     with _library_lock:
-        if _library is None:
-            lib = KernelLibrary()
+        lib = _libraries.get(cpu)
+        if lib is None:
+            lib = KernelLibrary(cpu)
             lib.add_modules(kernel_modules(select_isa(lib.cpu)), progress)
-            _library = lib
+            _libraries[cpu] = lib
         elif progress is not None:
             progress("kernels: ready", 1.0)
-        return _library
+        return lib
 
 
 _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
