@@ -94,9 +94,65 @@ class HostCPU:
         return self.name if self.source == "host" else f"{self.name} ({self.source})"
 
 
+# /proc/cpuinfo flag -> LLVM feature, for the features the instruction-set choice depends on.
+_OS_FLAG_TO_LLVM = {
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512_vnni": "avx512vnni",
+    "avx_vnni": "avxvnni",
+}
+_CPUINFO = Path("/proc/cpuinfo")
+_reconcile_warned = False
+
+
+def os_cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
+    """The CPU flags the kernel reports (the first processor's `flags` line of /proc/cpuinfo);
+    None where there is no such file (not Linux) or it has no flags line. Linux clears a flag
+    whose register state it does not save, so a flag here is safe to execute."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = _CPUINFO.read_text(errors="replace")
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return None
+
+
+def reconcile_features(
+    llvm_features: dict[str, bool], os_flags: frozenset[str] | None
+) -> tuple[str, list[str]]:
+    """LLVM's host feature map with the ISA-relevant features the OS reports turned on, as a
+    feature string; and the features so added. LLVM's host detection can miss what the CPU has
+    (it re-derives AVX-512 from CPUID and XCR0 itself, and a hypervisor's CPUID can disagree
+    with what the kernel enabled); the kernel's flags are the authority for what runs. With no
+    disagreement the string is exactly LLVM's flatten() (the cache keys do not move)."""
+    merged = llvm.FeatureMap(llvm_features)
+    added = []
+    for flag, feature in _OS_FLAG_TO_LLVM.items():
+        if os_flags is not None and flag in os_flags and not merged.get(feature, False):
+            merged[feature] = True
+            added.append(feature)
+    return merged.flatten(), added
+
+
 def host_cpu() -> HostCPU:
+    global _reconcile_warned
     _ensure_llvm()
-    return HostCPU(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+    features, added = reconcile_features(llvm.get_host_cpu_features(), os_cpu_flags())
+    if added and not _reconcile_warned:
+        _reconcile_warned = True
+        log.warning(
+            "LLVM's host detection misses %s, which the OS reports; compiling with them",
+            ", ".join(added),
+        )
+    return HostCPU(llvm.get_host_cpu_name(), features)
 
 
 # The features the kernels choose between (engine/kernels/jit_backend.py select_isa), probed for a
