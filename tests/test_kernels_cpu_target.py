@@ -85,8 +85,8 @@ def test_the_cpu_keys_the_signed_cache(tmp_path):
     haswell = KernelLibrary(cpu=named_cpu("haswell"), cache_dir=tmp_path / "jit")
     assert host.cache_key(ir) != haswell.cache_key(ir)
     haswell.add_modules([("seven", ir)])
-    entries = list((tmp_path / "jit").glob("seven-*.jit"))
-    assert [e.name for e in entries] == [f"seven-{haswell.cache_key(ir)}.jit"]
+    entries = list((tmp_path / "jit").glob("*seven-*.jit"))
+    assert [e.name for e in entries] == [f"haswell.seven-{haswell.cache_key(ir)}.jit"]
     assert entries[0].read_bytes().startswith(b"LCJIT1\0")  # signed, like every entry
     again = KernelLibrary(cpu=named_cpu("haswell"), cache_dir=tmp_path / "jit")
     again.add_modules([("seven", ir)])
@@ -162,3 +162,15 @@ def test_without_f16c_every_half_widens_exactly(tmp_path):
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(out), nan)
     assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))  # -0.0 too
+
+
+def test_a_named_cpu_never_evicts_the_hosts_cache_entries(tmp_path):
+    ir = "define i32 @eight() {\n  ret i32 8\n}\n"
+    cache = tmp_path / "jit"
+    KernelLibrary(cache_dir=cache).add_modules([("eight", ir)])
+    KernelLibrary(cpu=named_cpu("haswell"), cache_dir=cache).add_modules([("eight", ir)])
+    KernelLibrary(cpu=named_cpu("x86-64-v2"), cache_dir=cache).add_modules([("eight", ir)])
+    assert len(list(cache.glob("*eight-*.jit"))) == 3
+    host = KernelLibrary(cache_dir=cache)
+    host.add_modules([("eight", ir)])
+    assert (host.stats.loaded, host.stats.compiled) == (1, 0)

@@ -396,7 +396,10 @@ class KernelLibrary:
 
     def _object_code(self, name: str, ir_text: str) -> bytes:
         key = self.cache_key(ir_text)
-        path = self.cache_dir / f"{name}-{key}.jit"
+        # A named CPU's entries carry its name, so its stale-entry sweep (in _store) never
+        # deletes the host's entries of the same module, nor the other way round.
+        stem = name if self.cpu.source == "host" else f"{self.cpu.name}.{name}"
+        path = self.cache_dir / f"{stem}-{key}.jit"
         data = self._load_verified(path, key)
         if data is not None:
             self.stats.loaded += 1
@@ -416,7 +419,7 @@ class KernelLibrary:
         data = self._tm_for_emit.emit_object(module)
         self.stats.compiled += 1
         self.stats.names.append(name)
-        self._store(name, path, key, data)
+        self._store(stem, path, key, data)
         return data
 
     def _tag(self, cache_key: str, data: bytes) -> bytes:

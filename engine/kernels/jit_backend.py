@@ -31,7 +31,7 @@ from engine.kernels.elementwise import GluSlots, RmsnormSlots, RopeSlots
 from engine.kernels.float_matmul import FloatMatmulSlots
 from engine.kernels.quant_matmul import QuantMatmulSlots
 from engine.kernels.reference import ReferenceBackend
-from engine.kernels.threads import ThreadPool, pool_ir
+from engine.kernels.threads import ThreadPool, pool_module
 from engine.qtensor import QTensor
 
 ProgressFn = Callable[[str, float], None]
@@ -56,7 +56,7 @@ def select_isa(cpu: HostCPU) -> str:
 
 def kernel_modules(isa: str) -> list[tuple[str, str]]:
     """Every (name, IR) module the backend needs; the name also keys the disk cache."""
-    modules = [("pool", pool_ir()), ("quantize_q8", act_quant.module_ir())]
+    modules = [pool_module(), ("quantize_q8", act_quant.module_ir())]
     modules += [(f"mm_{q}_{isa}", quant_matmul.module_ir(q, isa)) for q in quant_matmul.LAYOUTS]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
     modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir())]

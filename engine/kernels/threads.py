@@ -347,6 +347,13 @@ out:
 """
 
 
+def pool_module() -> tuple[str, str]:
+    """(cache name, IR) of this machine's pool: the portable one has its own name so that
+    switching LOCALCHAT_POOL does not evict the other's cache entry."""
+    target = host_pool_target()
+    return ("pool_portable" if target.portable else "pool"), pool_ir(target)
+
+
 def pool_ir(target: PoolTarget | None = None) -> str:
     """The pool module for `target` (default: this machine, LOCALCHAT_POOL honoured)."""
     target = target or host_pool_target()
