@@ -141,6 +141,9 @@ def run_bench(
     if tg:
         result["decode_runs"] = tg[1:]
         result["decode_tok_s"] = statistics.median(tg[1:])
+    # Ops that ran on numpy instead of a kernel, by "op: reason" -> calls (never silent).
+    result["fallbacks"] = dict(getattr(backend, "fallbacks", {}))
+    result["kernels"] = kernel_path(backend)
     # The peak is at least every RSS we sampled ourselves (see _peak_rss_mb on counter lag).
     result["peak_rss_mb"] = max(_peak_rss_mb(), result.get("rss_generating_mb", 0.0))
     close = getattr(backend, "close", None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import threading
 from collections.abc import Callable
 
@@ -35,6 +36,7 @@ from engine.kernels.threads import ThreadPool, pool_module
 from engine.qtensor import QTensor
 
 ProgressFn = Callable[[str, float], None]
+log = logging.getLogger(__name__)
 
 # The model's activation views repeat every layer; a small cache covers them.
 _PTR_CACHE_ENTRIES = 64
@@ -76,6 +78,23 @@ def shared_library(progress: ProgressFn | None = None) -> KernelLibrary:
         elif progress is not None:
             progress("kernels: ready", 1.0)
         return lib
+
+
+def jit_weight_types() -> frozenset[str]:
+    """Tensor types `linear` runs in a kernel; any other type's mat-muls run on numpy."""
+    return frozenset(quant_matmul.LAYOUTS) | frozenset(float_matmul.ELEM)
+
+
+def _layout_why(*arrays: np.ndarray, ndim: int = 0) -> str:
+    """Why float32 arrays cannot go to a kernel: rank, dtype, layout, else their shapes."""
+    if ndim and arrays[0].ndim != ndim:
+        return f"{arrays[0].ndim}-D input, not {ndim}-D"
+    for a in arrays:
+        if a.dtype != np.float32:
+            return f"{a.dtype} array, not float32"
+        if not a.flags.c_contiguous:
+            return "non-contiguous array"
+    return "mismatched shapes"
 
 
 _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
@@ -172,6 +191,17 @@ class JitBackend(ReferenceBackend):
         self._acts: dict[int, _ActivationBuffers] = {}
         self._weights: dict[int, _WeightCall] = {}  # by id(weight); the entry keeps it alive
         self._ptrs: dict[int, tuple[np.ndarray, int]] = {}
+        # "op: reason" -> calls the numpy reference ran instead of a kernel (see _fell_back).
+        self.fallbacks: dict[str, int] = {}
+
+    def _fell_back(self, op: str, why: str) -> None:
+        """Count a call that the numpy reference runs instead of a kernel; say so once per
+        (op, reason): a silent numpy path is tens of times slower (bench reports the counts)."""
+        key = f"{op}: {why}"
+        seen = self.fallbacks.get(key, 0)
+        if not seen:
+            log.warning("JIT kernels: %s runs on numpy (%s), much slower", op, why)
+        self.fallbacks[key] = seen + 1
 
     def close(self) -> None:
         self.pool.close()
@@ -229,6 +259,7 @@ class JitBackend(ReferenceBackend):
         call = self._weights.get(id(w))
         if call is None or call.weight is not w:
             if w.qtype.name not in self._kernels and w.qtype.name not in self._float_kernels:
+                self._fell_back("linear", f"{w.qtype.name} weights")
                 return super().linear(w, x, out)
             call = self._weight_args(w)
         rows, cols = call.rows, call.cols
@@ -292,6 +323,7 @@ class JitBackend(ReferenceBackend):
         if out is None:
             out = np.empty_like(x)
         if x.ndim != 2 or not self._usable(x, weight, out) or out.shape != x.shape:
+            self._fell_back("rmsnorm", _layout_why(x, weight, out, ndim=2))
             return super().rmsnorm(x, weight, eps, out)
         a, s = self._op_args["rmsnorm"], RmsnormSlots
         a[s.X] = self._ptr(x)
@@ -308,6 +340,7 @@ class JitBackend(ReferenceBackend):
         if out is None:
             out = np.empty_like(gate)
         if not self._usable(gate, up, out) or gate.shape != up.shape or out.shape != gate.shape:
+            self._fell_back(name, _layout_why(gate, up, out))
             return getattr(super(), name)(gate, up, out)
         a, s = self._op_args[name], GluSlots
         a[s.GATE] = self._ptr(gate)
@@ -336,6 +369,9 @@ class JitBackend(ReferenceBackend):
     ) -> np.ndarray:
         rot = n_rot if 0 < n_rot < x.shape[-1] else x.shape[-1]
         if x.ndim != 3 or not self._usable(x) or rot % 2:
+            self._fell_back(
+                "rope", f"odd rotary width {rot}" if rot % 2 else _layout_why(x, ndim=3)
+            )
             return super().rope(
                 x,
                 positions,
@@ -411,6 +447,17 @@ class JitBackend(ReferenceBackend):
             or not k_cache.flags.c_contiguous
             or not v_cache.flags.c_contiguous
         ):
+            if head_dim % 16:
+                why = f"head_dim {head_dim} is not a multiple of 16"
+            elif n_head % n_kv:
+                why = f"{n_head} query heads do not divide into {n_kv} KV heads"
+            elif k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
+                why = f"{k_cache.dtype}/{v_cache.dtype} KV cache, not float16"
+            elif not self._usable(q):
+                why = _layout_why(q)
+            else:
+                why = "non-contiguous KV cache"
+            self._fell_back("attention", why)
             return super().attention(
                 q, k_cache, v_cache, p0=p0, scale=scale, window=window, softcap=softcap, out=target
             )
