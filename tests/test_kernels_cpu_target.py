@@ -174,3 +174,17 @@ def test_a_named_cpu_never_evicts_the_hosts_cache_entries(tmp_path):
     host = KernelLibrary(cache_dir=cache)
     host.add_modules([("eight", ir)])
     assert (host.stats.loaded, host.stats.compiled) == (1, 0)
+
+
+def test_a_cpu_with_features_this_machine_lacks_is_refused(monkeypatch):
+    """Code for AVX-512 on an AVX2 machine would die of SIGILL in the first kernel."""
+    from engine.kernels import compiler
+
+    avx2_only = compiler.HostCPU("haswell", named_cpu("haswell").features)
+    monkeypatch.setattr(compiler, "host_cpu", lambda: avx2_only)
+    monkeypatch.setenv(CPU_ENV, "znver4")
+    with pytest.raises(CpuSelectionError, match="avx512") as caught:
+        target_cpu()
+    assert caught.value.field == CPU_ENV and caught.value.value == "znver4"
+    monkeypatch.setenv(CPU_ENV, "x86-64-v2")  # older CPUs are fine
+    assert target_cpu().name == "x86-64-v2"

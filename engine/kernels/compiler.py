@@ -248,7 +248,19 @@ def target_cpu() -> HostCPU:
     name = os.environ.get(CPU_ENV, "").strip()
     if not name:
         return host_cpu()
-    return named_cpu(name)
+    cpu = named_cpu(name)
+    # Code for a CPU with features this one lacks dies of SIGILL in the first kernel: refuse.
+    host = host_cpu()
+    missing = [
+        f.lstrip("+") for f in cpu.features.split(",") if f.startswith("+") and not host.has(f[1:])
+    ]
+    if missing:
+        raise CpuSelectionError(
+            CPU_ENV,
+            name,
+            f"a CPU this machine can run code for ({host.name} lacks {', '.join(missing)})",
+        )
+    return cpu
 
 
 def default_cache_dir() -> Path:
