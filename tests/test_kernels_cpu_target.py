@@ -188,3 +188,28 @@ def test_a_cpu_with_features_this_machine_lacks_is_refused(monkeypatch):
     assert caught.value.field == CPU_ENV and caught.value.value == "znver4"
     monkeypatch.setenv(CPU_ENV, "x86-64-v2")  # older CPUs are fine
     assert target_cpu().name == "x86-64-v2"
+
+
+FMA_IR = """
+define float @mad(float %a, float %b, float %c) {
+  %r = call float @llvm.fma.f32(float %a, float %b, float %c)
+  ret float %r
+}
+declare float @llvm.fma.f32(float, float, float)
+"""
+
+
+def test_without_an_fma_unit_no_libm_fmaf_call_per_element(tmp_path):
+    """llvm.fma must be exact, so a CPU without FMA gets a libm fmaf call for every element
+    (the generic F32 mat-vec was 28x slower for it); the kernels' llvm.fma becomes fmuladd."""
+    import ctypes
+
+    lib = KernelLibrary(cpu=named_cpu("x86-64-v2"), cache_dir=tmp_path / "jit")
+    lib.add_modules([("mad", FMA_IR)])
+    (entry,) = (tmp_path / "jit").glob("*mad-*.jit")
+    assert b"fmaf" not in entry.read_bytes()
+    mad = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float)
+    assert mad(lib.address("mad"))(1.5, 2.0, 0.25) == 3.25
+    host = KernelLibrary(cache_dir=tmp_path / "host")
+    host.add_modules([("mad", FMA_IR)])
+    assert host.cpu.has("fma") == (not host._soft_fma)  # the host keeps its exact fma

@@ -372,6 +372,7 @@ class KernelLibrary:
         self._addresses: dict[str, int] = {}
         # Runtime helpers the target's code calls but the process may lack; added once, first.
         self._runtime: list[tuple[str, str]] = []
+        self._soft_fma = self._tm_for_emit.triple.startswith("x86_64") and not self.cpu.has("fma")
         if soft_half.needed(self.cpu, self._tm_for_emit.triple):
             self._runtime.append((soft_half.MODULE_NAME, soft_half.MODULE_IR))
 
@@ -407,6 +408,11 @@ class KernelLibrary:
         self.stats.seconds += time.perf_counter() - start
 
     def _object_code(self, name: str, ir_text: str) -> bytes:
+        if self._soft_fma:
+            # No FMA unit: llvm.fma must be exact, so LLVM calls libm's fmaf per element
+            # (measured ~20x slower); fmuladd lets it multiply then add, which the kernels'
+            # tolerances (int8 activations) never notice. Same signatures, so plain renaming.
+            ir_text = ir_text.replace("@llvm.fma.", "@llvm.fmuladd.")
         key = self.cache_key(ir_text)
         # A named CPU's entries carry its name, so its stale-entry sweep (in _store) never
         # deletes the host's entries of the same module, nor the other way round.
