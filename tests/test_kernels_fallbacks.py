@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.bench import run_bench
 from engine.gguf import open_gguf
+from engine.kernels import quant_matmul
 from engine.kernels.jit_backend import JitBackend
 from engine.load_summary import kernel_path, planned_kernel_path
 from engine.models import build_model
@@ -44,7 +45,9 @@ def test_a_forced_fallback_is_logged_once_and_counted(jit, head8_model, caplog):
 
 def test_a_weight_type_without_a_kernel_is_counted(jit, tiny_model_factory, monkeypatch):
     jit.fallbacks.clear()
-    monkeypatch.delitem(jit._kernels, "Q8_0")  # as if Q8_0 had no kernel
+    # As if Q8_0 had no kernel (both tables linear may consult: compiled and known layouts).
+    monkeypatch.delitem(jit._kernels, "Q8_0")
+    monkeypatch.delitem(quant_matmul.LAYOUTS, "Q8_0")
     monkeypatch.setattr(jit, "_weights", {})
     model = build_model(open_gguf(tiny_model_factory("llama", Q.Q8_0, seed=3)), backend=jit)
     model.forward([1, 2], model.new_cache(4))
