@@ -179,8 +179,11 @@ def _captured_stderr(fn: Callable[[], object]) -> tuple[object, str]:
     CPU name only as a line on stderr (and later aborts the process on it)."""
     import tempfile
 
-    with tempfile.TemporaryFile() as tmp:
+    try:
         saved = os.dup(2)
+    except OSError:  # no stderr at all (a windowed app): nothing to read, nothing to hide
+        return fn(), ""
+    with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
             result = fn()
