@@ -203,7 +203,7 @@ def cmd_info(args) -> int:
     from engine.load_summary import planned_kernel_path
 
     info = model_info(resolve_model_path(args.model))
-    info["kernels"] = planned_kernel_path()
+    info["kernels"] = planned_kernel_path(quant_mix=info["quant_mix"], head_dim=info["head_dim"])
     if args.json:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0

@@ -115,6 +115,8 @@ def run_bench(
     result["isa"] = getattr(backend, "isa", "numpy")
     result["threads"] = getattr(backend, "n_threads", 1)
     result["kernels"] = kernel_path(backend)  # says why when it is the (slow) numpy fallback
+    library = getattr(backend, "library", None)
+    result["cpu"] = library.cpu.label() if library is not None else None
     result["file_bytes"] = Path(model_path).stat().st_size
     model = lm.model
     rng = np.random.default_rng(1234)
@@ -139,6 +141,9 @@ def run_bench(
     if tg:
         result["decode_runs"] = tg[1:]
         result["decode_tok_s"] = statistics.median(tg[1:])
+    # Ops that ran on numpy instead of a kernel, by "op: reason" -> calls (never silent).
+    result["fallbacks"] = dict(getattr(backend, "fallbacks", {}))
+    result["kernels"] = kernel_path(backend)
     # The peak is at least every RSS we sampled ourselves (see _peak_rss_mb on counter lag).
     result["peak_rss_mb"] = max(_peak_rss_mb(), result.get("rss_generating_mb", 0.0))
     close = getattr(backend, "close", None)

@@ -16,10 +16,39 @@ def kernel_path(backend) -> str:
     if getattr(backend, "name", "") == "jit":
         isa = getattr(backend, "isa", "")
         threads = int(getattr(backend, "n_threads", 1))
-        plural = "thread" if threads == 1 else "threads"
-        return f"JIT {ISA_LABELS.get(isa, isa)}, {threads} {plural}"
+        library = getattr(backend, "library", None)
+        cpu = getattr(library, "cpu", None)
+        line = _jit_line(isa, threads, cpu.label() if cpu is not None else "")
+        return line + fallback_note(getattr(backend, "fallbacks", None) or {})
     why = getattr(backend, "fallback_reason", None)
     return f"numpy ({why})" if why else "numpy"
+
+
+def fallback_note(fallbacks: dict[str, int]) -> str:
+    """ "; numpy fallback: attention: head_dim 80 is not a multiple of 16 (24 calls)", or ""."""
+    if not fallbacks:
+        return ""
+    parts = [f"{key} ({n} call{'s' if n != 1 else ''})" for key, n in fallbacks.items()]
+    return "; numpy fallback: " + ", ".join(parts)
+
+
+def planned_fallbacks(quant_mix: dict, head_dim: int | None) -> list[str]:
+    """The ops a load of this file would run on numpy instead of the JIT, known from the file
+    alone (for `info`): mat-muls of tensor types without a kernel, attention on a head size
+    the kernel does not take."""
+    from engine.kernels.jit_backend import jit_weight_types
+
+    kernels = jit_weight_types()
+    planned = [f"linear: {name} weights" for name in quant_mix if name not in kernels]
+    if head_dim and head_dim % 16:
+        planned.append(f"attention: head_dim {head_dim} is not a multiple of 16")
+    return planned
+
+
+def _jit_line(isa: str, threads: int, cpu: str) -> str:
+    plural = "thread" if threads == 1 else "threads"
+    on = f", CPU {cpu}" if cpu else ""
+    return f"JIT {ISA_LABELS.get(isa, isa)}, {threads} {plural}{on}"
 
 
 def dominant_quant(gguf_file) -> str:
@@ -33,8 +62,11 @@ def load_line(lm: LanguageModel) -> str:
     return f"loaded {name} ({lm.gguf.arch}, {dominant_quant(lm.gguf)}): {kernel_path(lm.backend)}"
 
 
-def planned_kernel_path(n_threads: int | None = None) -> str:
-    """The kernel path a load would take here, without compiling anything (for `info`)."""
+def planned_kernel_path(
+    n_threads: int | None = None, quant_mix: dict | None = None, head_dim: int | None = None
+) -> str:
+    """The kernel path a load would take here, without compiling anything (for `info`); with
+    the file's quant mix and head size, also the ops that would fall back to numpy."""
     import os
 
     from engine.kernels.backend import KERNELS_ENV
@@ -42,13 +74,16 @@ def planned_kernel_path(n_threads: int | None = None) -> str:
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
         return f"numpy ({KERNELS_ENV}=numpy)"
     try:
-        from engine.kernels.compiler import host_cpu
+        from engine.kernels.compiler import CpuSelectionError, target_cpu
         from engine.kernels.jit_backend import select_isa
         from engine.kernels.threads import physical_cores
 
-        isa = select_isa(host_cpu())
+        cpu = target_cpu()
+        isa = select_isa(cpu)
+    except CpuSelectionError:
+        raise  # a bad LOCALCHAT_CPU stops a load too; it is the user's to fix
     except Exception as exc:  # the load would fall back the same way; say why
         return f"numpy (JIT kernels unavailable: {type(exc).__name__}: {exc})"
-    threads = n_threads or physical_cores()
-    plural = "thread" if threads == 1 else "threads"
-    return f"JIT {ISA_LABELS.get(isa, isa)}, {threads} {plural}"
+    line = _jit_line(isa, n_threads or physical_cores(), cpu.label())
+    planned = planned_fallbacks(quant_mix or {}, head_dim)
+    return line + ("; numpy fallback: " + ", ".join(planned) if planned else "")

@@ -6,6 +6,11 @@ CPU name + features) and emits an object file; the object is stored under
 CPU features and a hash of the IR text. Later launches hand the cached object straight to MCJIT
 (no parsing, no optimisation), which takes milliseconds instead of seconds.
 
+`LOCALCHAT_CPU=<LLVM CPU name>` (haswell, x86-64-v2, x86-64-v3, znver4, ...) compiles for that CPU
+instead of the host: its name and LLVM's features for it (probed, see `named_cpu`) go to the
+target machine and into the cache key, so the AVX2 and generic paths run, and can be tested and
+benchmarked, on a bigger machine. An unknown name is a CpuSelectionError naming the variable.
+
 MCJIT runs whatever object it is given, so the cache is authenticated, not just checksummed: each
 entry carries an HMAC-SHA256 over (cache key, object bytes) under a per-install secret kept in a
 0600 file next to the cache directory (`jit.key`); signed entries are `<module>-<key>.jit`, so
@@ -22,6 +27,7 @@ and asm printer are initialised.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -37,7 +43,8 @@ import llvmlite
 import llvmlite.binding as llvm
 import platformdirs
 
-from engine.errors import EngineError
+from engine.errors import ConfigValidationError, EngineError
+from engine.kernels import soft_half
 
 ProgressFn = Callable[[str, float], None]
 
@@ -65,18 +72,198 @@ def _ensure_llvm() -> None:
             _initialised = True
 
 
+CPU_ENV = "LOCALCHAT_CPU"  # an LLVM CPU name (haswell, x86-64-v2, znver4): compile as if on it
+
+
+class CpuSelectionError(ConfigValidationError):
+    """LOCALCHAT_CPU names a CPU that LLVM does not know for this target."""
+
+
 @dataclass(frozen=True)
 class HostCPU:
     name: str
     features: str  # "+avx2,+fma,-amx-tile,..." as LLVM reports it
+    # Where the name came from: "host" (LLVM's detection) or CPU_ENV; not part of the cache key.
+    source: str = field(default="host", compare=False)
 
     def has(self, feature: str) -> bool:
         return f"+{feature}" in self.features.split(",")
 
+    def label(self) -> str:
+        """e.g. "znver5" or "haswell (LOCALCHAT_CPU)" for the info / bench / load lines."""
+        return self.name if self.source == "host" else f"{self.name} ({self.source})"
+
+
+# /proc/cpuinfo flag -> LLVM feature, for the features the instruction-set choice depends on.
+_OS_FLAG_TO_LLVM = {
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512_vnni": "avx512vnni",
+    "avx_vnni": "avxvnni",
+}
+_CPUINFO = Path("/proc/cpuinfo")
+_reconcile_warned = False
+
+
+def os_cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
+    """The CPU flags the kernel reports (the first processor's `flags` line of /proc/cpuinfo);
+    None where there is no such file (not Linux) or it has no flags line. Linux clears a flag
+    whose register state it does not save, so a flag here is safe to execute."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = _CPUINFO.read_text(errors="replace")
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return None
+
+
+def reconcile_features(
+    llvm_features: dict[str, bool], os_flags: frozenset[str] | None
+) -> tuple[str, list[str]]:
+    """LLVM's host feature map with the ISA-relevant features the OS reports turned on, as a
+    feature string; and the features so added. LLVM's host detection can miss what the CPU has
+    (it re-derives AVX-512 from CPUID and XCR0 itself, and a hypervisor's CPUID can disagree
+    with what the kernel enabled); the kernel's flags are the authority for what runs. With no
+    disagreement the string is exactly LLVM's flatten() (the cache keys do not move)."""
+    merged = llvm.FeatureMap(llvm_features)
+    added = []
+    for flag, feature in _OS_FLAG_TO_LLVM.items():
+        if os_flags is not None and flag in os_flags and not merged.get(feature, False):
+            merged[feature] = True
+            added.append(feature)
+    return merged.flatten(), added
+
 
 def host_cpu() -> HostCPU:
+    global _reconcile_warned
     _ensure_llvm()
-    return HostCPU(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+    features, added = reconcile_features(llvm.get_host_cpu_features(), os_cpu_flags())
+    if added and not _reconcile_warned:
+        _reconcile_warned = True
+        log.warning(
+            "LLVM's host detection misses %s, which the OS reports; compiling with them",
+            ", ".join(added),
+        )
+    return HostCPU(llvm.get_host_cpu_name(), features)
+
+
+# The features the kernels choose between (engine/kernels/jit_backend.py select_isa), probed for a
+# named CPU. Per target: asking an x86 machine about an AArch64 feature only prints a warning.
+_PROBED_FEATURES = {
+    "x86_64": (
+        "sse4.2",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512vnni",
+        "avxvnni",
+    ),
+    "aarch64": ("neon", "dotprod", "i8mm", "fullfp16"),
+}
+
+
+def _captured_stderr(fn: Callable[[], object]) -> tuple[object, str]:
+    """Run fn with file descriptor 2 redirected to a temporary file: LLVM reports an unknown
+    CPU name only as a line on stderr (and later aborts the process on it)."""
+    import tempfile
+
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr at all (a windowed app): nothing to read, nothing to hide
+        return fn(), ""
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        return result, tmp.read().decode(errors="replace")
+
+
+def _probe_features(tm, arch: str) -> str:
+    """LLVM's own answer to "does this CPU have feature F", for each probed F, as a feature
+    string. The inliner only inlines a callee whose target features are a subset of the
+    caller's (the caller here takes the target machine's CPU), so after the O2 pipeline the
+    calls left in @probe name the features the CPU lacks. No instruction of F is emitted, so
+    a CPU without F cannot abort LLVM the way an unsupported intrinsic does."""
+    features = _PROBED_FEATURES.get(arch, ())
+    if not features:
+        return ""
+    lines = ["@g = global i32 0"]
+    calls = []
+    for i, feature in enumerate(features):
+        lines.append(
+            f"define internal i32 @has_{i}() #{i} {{\n  %v = load volatile i32, ptr @g\n"
+            f'  ret i32 %v\n}}\nattributes #{i} = {{ "target-features"="+{feature}" }}'
+        )
+        calls.append(f"  %c{i} = call i32 @has_{i}()")
+    lines.append("define void @probe() {\n" + "\n".join(calls) + "\n  ret void\n}")
+    module = llvm.parse_assembly("\n".join(lines))
+    module.triple = tm.triple
+    module.data_layout = str(tm.target_data)
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
+    pb.getModulePassManager().run(module, pb)
+    text = str(module)
+    body = text[text.index("@probe()") :]
+    return ",".join(
+        ("-" if f"@has_{i}()" in body else "+") + feature for i, feature in enumerate(features)
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def named_cpu(name: str, source: str = CPU_ENV) -> HostCPU:
+    """The CPU `name` as LLVM defines it for this machine's target (e.g. "haswell" on x86-64),
+    with the probed features that pick the kernels' instruction set. Raises CpuSelectionError
+    naming `source` when LLVM does not know the name (it would silently compile for a generic
+    CPU, then abort)."""
+    _ensure_llvm()
+    allowed = "an LLVM CPU name for this machine, e.g. haswell, x86-64-v2, x86-64-v3, znver4"
+    if not name or not all(ch.isalnum() or ch in "-_." for ch in name):
+        raise CpuSelectionError(source, name, allowed)
+    target = llvm.Target.from_default_triple()
+    tm, err = _captured_stderr(
+        lambda: target.create_target_machine(cpu=name, features="", opt=2, jit=True)
+    )
+    if "not a recognized processor" in err:
+        raise CpuSelectionError(source, name, allowed)
+    arch = llvm.get_process_triple().split("-")[0]
+    features, err = _captured_stderr(lambda: _probe_features(tm, arch))
+    return HostCPU(name, str(features), source)
+
+
+def target_cpu() -> HostCPU:
+    """The CPU the kernels are compiled for: LOCALCHAT_CPU if set (testing and benchmarking the
+    AVX2 / generic paths on a bigger machine), else the host as LLVM detects it."""
+    name = os.environ.get(CPU_ENV, "").strip()
+    if not name:
+        return host_cpu()
+    cpu = named_cpu(name)
+    # Code for a CPU with features this one lacks dies of SIGILL in the first kernel: refuse.
+    host = host_cpu()
+    missing = [
+        f.lstrip("+") for f in cpu.features.split(",") if f.startswith("+") and not host.has(f[1:])
+    ]
+    if missing:
+        raise CpuSelectionError(
+            CPU_ENV,
+            name,
+            f"a CPU this machine can run code for ({host.name} lacks {', '.join(missing)})",
+        )
+    return cpu
 
 
 def default_cache_dir() -> Path:
@@ -173,7 +360,7 @@ class KernelLibrary:
         key_path: Path | None = None,
     ):
         _ensure_llvm()
-        self.cpu = cpu or host_cpu()
+        self.cpu = cpu or target_cpu()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.key_path = (
             Path(key_path) if key_path is not None else self.cache_dir.parent / "jit.key"
@@ -186,6 +373,11 @@ class KernelLibrary:
             llvm.parse_assembly(""), _new_target_machine(self.cpu)
         )
         self._addresses: dict[str, int] = {}
+        # Runtime helpers the target's code calls but the process may lack; added once, first.
+        self._runtime: list[tuple[str, str]] = []
+        self._soft_fma = self._tm_for_emit.triple.startswith("x86_64") and not self.cpu.has("fma")
+        if soft_half.needed(self.cpu, self._tm_for_emit.triple):
+            self._runtime.append((soft_half.MODULE_NAME, soft_half.MODULE_IR))
 
     def cache_key(self, ir_text: str) -> str:
         h = hashlib.sha256()
@@ -205,6 +397,7 @@ class KernelLibrary:
     ) -> None:
         """Compile (or load from cache) each (name, ir_text) module; progress reports per module."""
         start = time.perf_counter()
+        modules, self._runtime = self._runtime + list(modules), []
         total = len(modules)
         for i, (name, ir_text) in enumerate(modules):
             compiled_before = self.stats.compiled
@@ -218,8 +411,16 @@ class KernelLibrary:
         self.stats.seconds += time.perf_counter() - start
 
     def _object_code(self, name: str, ir_text: str) -> bytes:
+        if self._soft_fma:
+            # No FMA unit: llvm.fma must be exact, so LLVM calls libm's fmaf per element
+            # (measured ~20x slower); fmuladd lets it multiply then add, which the kernels'
+            # tolerances (int8 activations) never notice. Same signatures, so plain renaming.
+            ir_text = ir_text.replace("@llvm.fma.", "@llvm.fmuladd.")
         key = self.cache_key(ir_text)
-        path = self.cache_dir / f"{name}-{key}.jit"
+        # A named CPU's entries carry its name, so its stale-entry sweep (in _store) never
+        # deletes the host's entries of the same module, nor the other way round.
+        stem = name if self.cpu.source == "host" else f"{self.cpu.name}.{name}"
+        path = self.cache_dir / f"{stem}-{key}.jit"
         data = self._load_verified(path, key)
         if data is not None:
             self.stats.loaded += 1
@@ -239,7 +440,7 @@ class KernelLibrary:
         data = self._tm_for_emit.emit_object(module)
         self.stats.compiled += 1
         self.stats.names.append(name)
-        self._store(name, path, key, data)
+        self._store(stem, path, key, data)
         return data
 
     def _tag(self, cache_key: str, data: bytes) -> bytes:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import threading
 from collections.abc import Callable
 
@@ -26,22 +27,24 @@ import numpy as np
 from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
 from engine.kernels.act_quant import QuantizeSlots
 from engine.kernels.attention import AttentionSlots
-from engine.kernels.compiler import HostCPU, KernelLibrary
+from engine.kernels.compiler import HostCPU, KernelLibrary, target_cpu
 from engine.kernels.elementwise import GluSlots, RmsnormSlots, RopeSlots
 from engine.kernels.float_matmul import FloatMatmulSlots
 from engine.kernels.quant_matmul import QuantMatmulSlots
 from engine.kernels.reference import ReferenceBackend
-from engine.kernels.threads import ThreadPool, pool_ir
+from engine.kernels.threads import ThreadPool, pool_module
 from engine.qtensor import QTensor
 
 ProgressFn = Callable[[str, float], None]
+log = logging.getLogger(__name__)
 
 # The model's activation views repeat every layer; a small cache covers them.
 _PTR_CACHE_ENTRIES = 64
 _PTR_CACHE_MAX_BYTES = 1 << 22
 
 _library_lock = threading.Lock()
-_library: KernelLibrary | None = None
+# One compiled set per target CPU (the host, or LOCALCHAT_CPU's while it is set).
+_libraries: dict[HostCPU, KernelLibrary] = {}
 
 
 def select_isa(cpu: HostCPU) -> str:
@@ -57,7 +60,7 @@ def select_isa(cpu: HostCPU) -> str:
 # ternary and MXFP4 types (~0.5 s each, 6.5 s together on a cold cache, which would have made a
 # first launch 70% slower for types most files do not hold).
 LAZY_QUANT_TYPES = frozenset(quant_matmul.UNPACK_IQ)
-_lazy_compiled: set[str] = set()
+_lazy_compiled: set[tuple[int, str]] = set()  # (id(library), type) compiled so far
 
 
 def quant_module(qname: str, isa: str) -> tuple[str, str]:
@@ -68,7 +71,7 @@ def quant_module(qname: str, isa: str) -> tuple[str, str]:
 def kernel_modules(isa: str) -> list[tuple[str, str]]:
     """Every (name, IR) module the backend compiles at start-up (LAZY_QUANT_TYPES' modules come
     later, from `lazy_quant_kernel`)."""
-    modules = [("pool", pool_ir()), ("quantize_q8", act_quant.module_ir())]
+    modules = [pool_module(), ("quantize_q8", act_quant.module_ir())]
     modules += [quant_module(q, isa) for q in quant_matmul.LAYOUTS if q not in LAZY_QUANT_TYPES]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
     modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir())]
@@ -76,24 +79,45 @@ def kernel_modules(isa: str) -> list[tuple[str, str]]:
 
 
 def shared_library(progress: ProgressFn | None = None) -> KernelLibrary:
-    """The process-wide compiled kernels (compiled or loaded from the disk cache on first use)."""
-    global _library
+    """The process-wide compiled kernels for the target CPU (engine.kernels.compiler.target_cpu:
+    the host, or LOCALCHAT_CPU's), compiled or loaded from the disk cache on first use."""
+    cpu = target_cpu()
     with _library_lock:
-        if _library is None:
-            lib = KernelLibrary()
+        lib = _libraries.get(cpu)
+        if lib is None:
+            lib = KernelLibrary(cpu)
             lib.add_modules(kernel_modules(select_isa(lib.cpu)), progress)
-            _library = lib
+            _libraries[cpu] = lib
         elif progress is not None:
             progress("kernels: ready", 1.0)
-        return _library
+        return lib
+
+
+def jit_weight_types() -> frozenset[str]:
+    """Tensor types `linear` runs in a kernel; any other type's mat-muls run on numpy."""
+    return frozenset(quant_matmul.LAYOUTS) | frozenset(float_matmul.ELEM)
+
+
+def _layout_why(*arrays: np.ndarray, ndim: int = 0) -> str:
+    """Why float32 arrays cannot go to a kernel: rank, dtype, layout, else their shapes."""
+    if ndim and arrays[0].ndim != ndim:
+        return f"{arrays[0].ndim}-D input, not {ndim}-D"
+    for a in arrays:
+        if a.dtype != np.float32:
+            return f"{a.dtype} array, not float32"
+        if not a.flags.c_contiguous:
+            return "non-contiguous array"
+    return "mismatched shapes"
 
 
 def lazy_quant_kernel(lib: KernelLibrary, qname: str, isa: str) -> int:
     """Address of `mm_<qname>` in the shared library, compiling its module the first time."""
     with _library_lock:
-        if qname not in _lazy_compiled:
+        # per library: each target CPU (LOCALCHAT_CPU) has its own compiled kernels
+        key = (id(lib), qname)
+        if key not in _lazy_compiled:
             lib.add_modules([quant_module(qname, isa)])
-            _lazy_compiled.add(qname)
+            _lazy_compiled.add(key)
         return lib.address(f"mm_{qname}")
 
 
@@ -195,6 +219,17 @@ class JitBackend(ReferenceBackend):
         self._acts: dict[int, _ActivationBuffers] = {}
         self._weights: dict[int, _WeightCall] = {}  # by id(weight); the entry keeps it alive
         self._ptrs: dict[int, tuple[np.ndarray, int]] = {}
+        # "op: reason" -> calls the numpy reference ran instead of a kernel (see _fell_back).
+        self.fallbacks: dict[str, int] = {}
+
+    def _fell_back(self, op: str, why: str) -> None:
+        """Count a call that the numpy reference runs instead of a kernel; say so once per
+        (op, reason): a silent numpy path is tens of times slower (bench reports the counts)."""
+        key = f"{op}: {why}"
+        seen = self.fallbacks.get(key, 0)
+        if not seen:
+            log.warning("JIT kernels: %s runs on numpy (%s), much slower", op, why)
+        self.fallbacks[key] = seen + 1
 
     def close(self) -> None:
         self.pool.close()
@@ -256,6 +291,7 @@ class JitBackend(ReferenceBackend):
         if call is None or call.weight is not w:
             kind = w.qtype.name
             if kind not in quant_matmul.LAYOUTS and kind not in self._float_kernels:
+                self._fell_back("linear", f"{kind} weights")
                 return super().linear(w, x, out)
             call = self._weight_args(w)
         rows, cols = call.rows, call.cols
@@ -319,6 +355,7 @@ class JitBackend(ReferenceBackend):
         if out is None:
             out = np.empty_like(x)
         if x.ndim != 2 or not self._usable(x, weight, out) or out.shape != x.shape:
+            self._fell_back("rmsnorm", _layout_why(x, weight, out, ndim=2))
             return super().rmsnorm(x, weight, eps, out)
         a, s = self._op_args["rmsnorm"], RmsnormSlots
         a[s.X] = self._ptr(x)
@@ -335,6 +372,7 @@ class JitBackend(ReferenceBackend):
         if out is None:
             out = np.empty_like(gate)
         if not self._usable(gate, up, out) or gate.shape != up.shape or out.shape != gate.shape:
+            self._fell_back(name, _layout_why(gate, up, out))
             return getattr(super(), name)(gate, up, out)
         a, s = self._op_args[name], GluSlots
         a[s.GATE] = self._ptr(gate)
@@ -363,6 +401,9 @@ class JitBackend(ReferenceBackend):
     ) -> np.ndarray:
         rot = n_rot if 0 < n_rot < x.shape[-1] else x.shape[-1]
         if x.ndim != 3 or not self._usable(x) or rot % 2:
+            self._fell_back(
+                "rope", f"odd rotary width {rot}" if rot % 2 else _layout_why(x, ndim=3)
+            )
             return super().rope(
                 x,
                 positions,
@@ -438,6 +479,17 @@ class JitBackend(ReferenceBackend):
             or not k_cache.flags.c_contiguous
             or not v_cache.flags.c_contiguous
         ):
+            if head_dim % 16:
+                why = f"head_dim {head_dim} is not a multiple of 16"
+            elif n_head % n_kv:
+                why = f"{n_head} query heads do not divide into {n_kv} KV heads"
+            elif k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
+                why = f"{k_cache.dtype}/{v_cache.dtype} KV cache, not float16"
+            elif not self._usable(q):
+                why = _layout_why(q)
+            else:
+                why = "non-contiguous KV cache"
+            self._fell_back("attention", why)
             return super().attention(
                 q, k_cache, v_cache, p0=p0, scale=scale, window=window, softcap=softcap, out=target
             )

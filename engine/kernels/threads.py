@@ -18,6 +18,16 @@ spin with `pause` for ~0.1 ms (the common case between two kernels of one token)
 `sched_yield` for up to ~10 ms (between tokens), then sleep on a futex (an idle app costs
 nothing). A pure spin barrier collapses when the cores are oversubscribed.
 
+Per platform (`PoolTarget`, one `wait_sleep`/`wake_all` interface): the block is a futex on Linux
+(x86-64 and AArch64 syscall numbers), `WaitOnAddress`/`WakeByAddressAll` on Windows and
+`__ulock_wait`/`__ulock_wake` on macOS; the spin hint is `pause` on x86 and `yield` on AArch64.
+The stages are timed by the TSC on x86-64 and by counting idle checks elsewhere (AArch64's cycle
+counter traps in user mode). The portable pool (`LOCALCHAT_POOL=portable`, or
+`pool_ir(PoolTarget(..., portable=True))`) needs no blocking primitive at all: spin, yield,
+then nap 0.5 ms per check; every platform can run it. Verified by running here: Linux x86-64
+(futex and portable); the AArch64, macOS and Windows variants are compiled to objects in the
+tests, not run.
+
 Why Python threads and not pthreads created from JIT code: once started, both sit in the same
 JIT loop, so the hand-off cost is the atomic counter either way (measured here: ~0.7-1 us per
 job from Python with 1-2 threads, a `threading.Barrier` round trip is ~38 us). Python threads
@@ -33,8 +43,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,35 +63,212 @@ _SPIN_TICKS = 200_000
 _YIELD_TICKS = 30_000_000
 
 
-def _sleep_ir(linux: bool) -> str:
-    """`wait_sleep(ptr gen, i32 seen)`: block until *gen != seen (futex on Linux)."""
-    if linux:
+@dataclass(frozen=True)
+class PoolTarget:
+    """What the pool's IR is generated for: the OS (its wait/wake primitive), the architecture
+    (its spin hint and clock) and whether to use the portable spin-then-yield waiting instead."""
+
+    os: str  # "linux", "windows", "darwin" or another (portable waiting only)
+    arch: str  # "x86_64" or "aarch64" (others: no spin hint)
+    portable: bool = False
+
+    @property
+    def wait_wake(self) -> str:
+        """The blocking primitive: futex, WaitOnAddress, __ulock, or "spin-yield" (none)."""
+        if self.portable:
+            return "spin-yield"
+        return {"linux": "futex", "windows": "WaitOnAddress", "darwin": "ulock"}.get(
+            self.os, "spin-yield"
+        )
+
+
+PORTABLE_ENV = "LOCALCHAT_POOL"  # "portable" forces the spin-then-yield pool (tests, triage)
+
+
+def _os_name(system: str) -> str:
+    if system.startswith("linux"):
+        return "linux"
+    if system in ("win32", "cygwin"):
+        return "windows"
+    return "darwin" if system == "darwin" else system
+
+
+def _arch_name(machine: str) -> str:
+    machine = machine.lower()
+    if machine in ("x86_64", "amd64", "x64"):
+        return "x86_64"
+    return "aarch64" if machine in ("aarch64", "arm64") else machine
+
+
+def host_pool_target(portable: bool | None = None) -> PoolTarget:
+    """This machine's pool target; portable defaults to LOCALCHAT_POOL=portable."""
+    if portable is None:
+        portable = os.environ.get(PORTABLE_ENV, "").strip().lower() == "portable"
+    return PoolTarget(_os_name(sys.platform), _arch_name(platform.machine()), portable)
+
+
+def triple_pool_target(triple: str, portable: bool = False) -> PoolTarget:
+    """The pool target of an LLVM triple, e.g. "aarch64-unknown-linux-gnu", "arm64-apple-darwin",
+    "x86_64-pc-windows-msvc" (cross-compilation checks)."""
+    arch = _arch_name(triple.split("-")[0])
+    low = triple.lower()
+    if "linux" in low:
+        system = "linux"
+    elif "windows" in low or "win32" in low:
+        system = "windows"
+    elif "darwin" in low or "macos" in low or "apple" in low:
+        system = "darwin"
+    else:
+        system = low.split("-")[2] if low.count("-") >= 2 else low
+    return PoolTarget(system, arch, portable)
+
+
+# SYS_futex per architecture; FUTEX_WAIT_PRIVATE = 128, FUTEX_WAKE_PRIVATE = 129.
+_FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}
+# __ulock_wait / __ulock_wake (libSystem, macOS 10.12+; what libc++'s atomic wait uses):
+# UL_COMPARE_AND_WAIT = 1, ULF_NO_ERRNO = 0x01000000, ULF_WAKE_ALL = 0x100.
+_ULOCK_WAIT, _ULOCK_WAKE_ALL = 0x01000001, 0x01000101
+
+
+def _sleep_ir(target: PoolTarget) -> str:
+    """`wait_sleep(ptr gen, i32 seen)`: block until *gen != seen (or return early: callers
+    re-check); `wake_all(ptr gen)`: wake every blocked waiter. One interface, per platform."""
+    kind = target.wait_wake
+    if kind == "futex" and target.arch in _FUTEX_SYSCALL:
+        nr = _FUTEX_SYSCALL[target.arch]
         # SYS_futex = 202 on x86-64, FUTEX_WAIT_PRIVATE = 128; returns at once if *gen != seen.
-        return """
-define internal void @wait_sleep(ptr %gen, i32 %seen) {
-  %r = call i64 (i64, ...) @syscall(i64 202, ptr %gen, i32 128, i32 %seen, ptr null)
+        return f"""
+define internal void @wait_sleep(ptr %gen, i32 %seen) {{
+  %r = call i64 (i64, ...) @syscall(i64 {nr}, ptr %gen, i32 128, i32 %seen, ptr null)
   ret void
-}
-define internal void @wake_all(ptr %gen) {
-  %r = call i64 (i64, ...) @syscall(i64 202, ptr %gen, i32 129, i32 2147483647)
+}}
+define internal void @wake_all(ptr %gen) {{
+  %r = call i64 (i64, ...) @syscall(i64 {nr}, ptr %gen, i32 129, i32 2147483647)
   ret void
-}
+}}
 declare i64 @syscall(i64, ...)
 """
-    return """
+    if kind == "WaitOnAddress":
+        # kernel32/KernelBase (Windows 8+): sleeps while *gen == *compare; INFINITE = -1.
+        return """
 define internal void @wait_sleep(ptr %gen, i32 %seen) {
-  %r = call i32 @sched_yield()
+  %cmp = alloca i32, align 4
+  store i32 %seen, ptr %cmp, align 4
+  %r = call i32 @WaitOnAddress(ptr %gen, ptr %cmp, i64 4, i32 -1)
   ret void
 }
 define internal void @wake_all(ptr %gen) {
+  call void @WakeByAddressAll(ptr %gen)
   ret void
 }
+declare i32 @WaitOnAddress(ptr, ptr, i64, i32)
+declare void @WakeByAddressAll(ptr)
+"""
+    if kind == "ulock":
+        return f"""
+define internal void @wait_sleep(ptr %gen, i32 %seen) {{
+  %v = zext i32 %seen to i64
+  %r = call i32 @__ulock_wait(i32 {_ULOCK_WAIT}, ptr %gen, i64 %v, i32 0)
+  ret void
+}}
+define internal void @wake_all(ptr %gen) {{
+  %r = call i32 @__ulock_wake(i32 {_ULOCK_WAKE_ALL}, ptr %gen, i64 0)
+  ret void
+}}
+declare i32 @__ulock_wait(i32, ptr, i64, i32)
+declare i32 @__ulock_wake(i32, ptr, i64)
+"""
+    # Portable: nothing to block on, so a waiter naps ~0.5 ms per check (the sleepers poll;
+    # wake is a no-op). Idle costs a wake-up every half millisecond, never a spinning core.
+    nap = "call void @Sleep(i32 1)" if target.os == "windows" else "%n = call i32 @usleep(i32 500)"
+    decl = "declare void @Sleep(i32)" if target.os == "windows" else "declare i32 @usleep(i32)"
+    return f"""
+define internal void @wait_sleep(ptr %gen, i32 %seen) {{
+  {nap}
+  ret void
+}}
+define internal void @wake_all(ptr %gen) {{
+  ret void
+}}
+{decl}
 """
 
 
-def _wait_ir(word: str, seen: str, tag: str, sleep: bool) -> str:
+@dataclass(frozen=True)
+class _Idle:
+    """The per-target pieces of a wait loop: a clock, the spin hint, the yield, the budgets."""
+
+    clock: str  # an instruction producing an i64 that grows while waiting
+    hint: str  # the spin-wait hint instruction ("" where there is none)
+    yield_: str  # give the core to another runnable thread
+    spin: int  # clock units of spinning, then of yielding, before blocking
+    yield_until: int
+    entry: str = ""  # set-up in the entry block of a function that waits (the portable clock)
+    decls: str = ""
+
+
+# Linux/Windows/macOS on x86-64: the time-stamp counter (~3 GHz) times the stages.
+_TSC_IDLE = _Idle(
+    clock="call i64 @llvm.readcyclecounter()",
+    hint="call void @llvm.x86.sse2.pause()",
+    yield_="call i32 @sched_yield()",
+    spin=_SPIN_TICKS,
+    yield_until=_YIELD_TICKS,
+)
+# Elsewhere (AArch64's cycle counter traps in user mode; its steady counter's rate varies by
+# vendor) and in the portable pool: count idle checks. One check with a pause/yield hint is
+# ~30-50 ns, one sched_yield ~1 us: ~2,000 spins (~70 us), ~10,000 yields (~10 ms).
+_PORTABLE_SPINS = 2_000
+_PORTABLE_YIELDS = 12_000
+
+
+def _idle(target: PoolTarget) -> _Idle:
+    yield_ = "call i32 @SwitchToThread()" if target.os == "windows" else "call i32 @sched_yield()"
+    if target == PoolTarget("linux", "x86_64"):
+        return _TSC_IDLE  # the pool's original IR text, byte for byte (its JIT cache key)
+    hint = {
+        "x86_64": "call void @llvm.x86.sse2.pause()",
+        "aarch64": "call void @llvm.aarch64.hint(i32 1)",  # YIELD: the SMT/spin-wait hint
+    }.get(target.arch, "")
+    decls = {
+        "x86_64": "declare void @llvm.x86.sse2.pause()",
+        "aarch64": "declare void @llvm.aarch64.hint(i32)",
+    }.get(target.arch, "")
+    decls += (
+        "\ndeclare i32 @SwitchToThread()"
+        if target.os == "windows"
+        else "\ndeclare i32 @sched_yield()"
+    )
+    if target.arch == "x86_64" and not target.portable:
+        return _Idle(
+            _TSC_IDLE.clock,
+            hint,
+            yield_,
+            _SPIN_TICKS,
+            _YIELD_TICKS,
+            decls=decls + "\ndeclare i64 @llvm.readcyclecounter()",
+        )
+    return _Idle(
+        clock="call i64 @tick(ptr %clock)",
+        hint=hint,
+        yield_=yield_,
+        spin=_PORTABLE_SPINS,
+        yield_until=_PORTABLE_SPINS + _PORTABLE_YIELDS,
+        entry="\n  %clock = alloca i64, align 8\n  store i64 0, ptr %clock, align 8",
+        decls=decls
+        + """
+define internal i64 @tick(ptr %clock) {
+  %v = load i64, ptr %clock, align 8
+  %v1 = add i64 %v, 1
+  store i64 %v1, ptr %clock, align 8
+  ret i64 %v1
+}""",
+    )
+
+
+def _wait_ir(word: str, seen: str, tag: str, sleep: bool, idle: _Idle = _TSC_IDLE) -> str:
     """Wait until the i32 at `word` differs from `seen`: spin, then yield, then (optionally)
-    futex sleep. Falls through to label %{tag}_go with the new value in %{tag}_g."""
+    block in wait_sleep. Falls through to label %{tag}_go with the new value in %{tag}_g."""
     sleep_part = (
         f"""
 {tag}_sleep0:
@@ -98,26 +287,26 @@ def _wait_ir(word: str, seen: str, tag: str, sleep: bool) -> str:
         else ""
     )
     after_yield = f"%{tag}_sleep0" if sleep else f"%{tag}_do_yield"
+    hint = f"\n  {idle.hint}" if idle.hint else ""
     return f"""
-  %{tag}_t0 = call i64 @llvm.readcyclecounter()
+  %{tag}_t0 = {idle.clock}
   br label %{tag}_wait
 {tag}_wait:
   %{tag}_g = load atomic i32, ptr {word} acquire, align 4
   %{tag}_changed = icmp ne i32 %{tag}_g, {seen}
   br i1 %{tag}_changed, label %{tag}_go, label %{tag}_idle
 {tag}_idle:
-  %{tag}_t = call i64 @llvm.readcyclecounter()
+  %{tag}_t = {idle.clock}
   %{tag}_el = sub i64 %{tag}_t, %{tag}_t0
-  %{tag}_spin = icmp ult i64 %{tag}_el, {_SPIN_TICKS}
+  %{tag}_spin = icmp ult i64 %{tag}_el, {idle.spin}
   br i1 %{tag}_spin, label %{tag}_pause, label %{tag}_not_spin
-{tag}_pause:
-  call void @llvm.x86.sse2.pause()
+{tag}_pause:{hint}
   br label %{tag}_wait
 {tag}_not_spin:
-  %{tag}_yield = icmp ult i64 %{tag}_el, {_YIELD_TICKS}
+  %{tag}_yield = icmp ult i64 %{tag}_el, {idle.yield_until}
   br i1 %{tag}_yield, label %{tag}_do_yield, label {after_yield}
 {tag}_do_yield:
-  %{tag}_y = call i32 @sched_yield()
+  %{tag}_y = {idle.yield_}
   br label %{tag}_wait
 {sleep_part}"""
 
@@ -158,9 +347,17 @@ out:
 """
 
 
-def pool_ir(
-    linux: bool = sys.platform.startswith("linux") and os.uname().machine == "x86_64",
-) -> str:
+def pool_module() -> tuple[str, str]:
+    """(cache name, IR) of this machine's pool: the portable one has its own name so that
+    switching LOCALCHAT_POOL does not evict the other's cache entry."""
+    target = host_pool_target()
+    return ("pool_portable" if target.portable else "pool"), pool_ir(target)
+
+
+def pool_ir(target: PoolTarget | None = None) -> str:
+    """The pool module for `target` (default: this machine, LOCALCHAT_POOL honoured)."""
+    target = target or host_pool_target()
+    idle = _idle(target)
     claim = (
         _CLAIM_IR.replace("{CTR}", str(_CTR))
         .replace("{DONE}", str(_DONE))
@@ -168,22 +365,26 @@ def pool_ir(
         .replace("{ARGS}", str(_ARGS))
         .replace("{NCHUNKS}", str(_NCHUNKS))
     )
+    header = (
+        "declare i32 @sched_yield()\ndeclare i64 @llvm.readcyclecounter()\n"
+        "declare void @llvm.x86.sse2.pause()"
+        if idle is _TSC_IDLE
+        else idle.decls
+    )
     return f"""
-declare i32 @sched_yield()
-declare i64 @llvm.readcyclecounter()
-declare void @llvm.x86.sse2.pause()
-{_sleep_ir(linux)}
+{header}
+{_sleep_ir(target)}
 {claim}
 
 define void @pool_worker(ptr %st, i32 %tid) {{
 entry:
   %gen = getelementptr i8, ptr %st, i64 {_GEN}
   %stop = getelementptr i8, ptr %st, i64 {_STOP}
-  %sleepers = getelementptr i8, ptr %st, i64 {_SLEEPERS}
+  %sleepers = getelementptr i8, ptr %st, i64 {_SLEEPERS}{idle.entry}
   br label %top
 top:
   %seen = phi i32 [0, %entry], [%w_g, %w_go_run]
-{_wait_ir("%gen", "%seen", "w", True)}
+{_wait_ir("%gen", "%seen", "w", True, idle)}
 w_go:
   %stopv = load atomic i32, ptr %stop acquire, align 4
   %is_stop = icmp ne i32 %stopv, 0
@@ -205,7 +406,7 @@ entry:
   %fnp = getelementptr i8, ptr %st, i64 {_FN}
   %argp = getelementptr i8, ptr %st, i64 {_ARGS}
   %np = getelementptr i8, ptr %st, i64 {_NCHUNKS}
-  %sleepers = getelementptr i8, ptr %st, i64 {_SLEEPERS}
+  %sleepers = getelementptr i8, ptr %st, i64 {_SLEEPERS}{idle.entry}
   %old = load atomic i64, ptr %ctr monotonic, align 8
   %epoch = lshr i64 %old, 32
   %next_epoch = add i64 %epoch, 1
@@ -226,22 +427,21 @@ wake:
   br label %work
 work:
   call void @claim_chunks(ptr %st)
-  %t0 = call i64 @llvm.readcyclecounter()
+  %t0 = {idle.clock}
   br label %wait
 wait:
   %dv = load atomic i32, ptr %done acquire, align 4
   %all = icmp eq i32 %dv, %nchunks
   br i1 %all, label %exit, label %idle
 idle:
-  %t = call i64 @llvm.readcyclecounter()
+  %t = {idle.clock}
   %el = sub i64 %t, %t0
-  %spin = icmp ult i64 %el, {_SPIN_TICKS}
+  %spin = icmp ult i64 %el, {idle.spin}
   br i1 %spin, label %do_pause, label %do_yield
-do_pause:
-  call void @llvm.x86.sse2.pause()
+do_pause:{f"{chr(10)}  {idle.hint}" if idle.hint else ""}
   br label %wait
 do_yield:
-  %y = call i32 @sched_yield()
+  %y = {idle.yield_}
   br label %wait
 exit:
   ret void
