@@ -39,6 +39,7 @@ class Settings:
     presets: dict[str, dict] = field(default_factory=dict)  # model path -> saved overrides
     json_schema: str = ""  # last schema typed in the schema editor
     personas: dict[str, str] = field(default_factory=dict)  # name -> saved system prompt
+    library_folders: list[str] = field(default_factory=list)  # folders the model library scans
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -50,6 +51,8 @@ class Settings:
         lo, hi = FONT_SIZE_RANGE
         self.font_size = max(lo, min(int(self.font_size), hi))
         self.recent_models = [str(p) for p in self.recent_models][:MAX_RECENT_MODELS]
+        folders = self.library_folders if isinstance(self.library_folders, list) else []
+        self.library_folders = [p for p in folders if isinstance(p, str) and p][:100]
         if not isinstance(self.presets, dict):
             self.presets = {}
         personas = self.personas if isinstance(self.personas, dict) else {}

@@ -1,0 +1,88 @@
+"""Describe a GGUF file from its header alone, fast enough to list a folder of models.
+
+`python -m engine info` (engine/__main__.py model_info) builds the tokenizer and resolves presets
+too; a library listing cannot pay that (SmolLM2's tokenizer alone is ~100 ms). Here the header is
+walked without decoding the vocabulary (open_gguf(skip_string_arrays=True)) and the model config
+is checked exactly as the loader checks it, so "supported" means what a load would say about the
+architecture, tensor types and shapes. A file that is not a readable GGUF gives a summary with
+`error` set instead of an exception: one broken file must not break a listing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gguf import LlamaFileType
+
+from engine.config import ModelConfig
+from engine.errors import EngineError, UnsupportedModelError
+from engine.gguf import GGUFFile, open_gguf
+from engine.types import ModelFileSummary
+
+
+def summarize_model_file(
+    path: str | os.PathLike[str], *, source: str = "", display_name: str = ""
+) -> ModelFileSummary:
+    """The library's facts about one file; never raises for a bad file (see `error`)."""
+    path = Path(path)
+    shown = display_name or path.name
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        return ModelFileSummary(str(path), 0, source, shown, error=f"cannot read: {exc.strerror}")
+    reason: str | None = None
+    try:
+        try:
+            gguf_file = open_gguf(path, skip_string_arrays=True)
+        except UnsupportedModelError as exc:
+            reason = _without_path(exc, path)
+            gguf_file = open_gguf(path, skip_unsupported_types=True, skip_string_arrays=True)
+        config = None
+        if reason is None:
+            try:
+                config = ModelConfig.from_gguf(gguf_file)
+            except UnsupportedModelError as exc:
+                reason = _without_path(exc, path)
+    except EngineError as exc:  # not a GGUF, truncated, a key of the wrong type...
+        return ModelFileSummary(str(path), size, source, shown, error=_without_path(exc, path))
+    metadata = gguf_file.metadata
+    mix = tuple((name, n, b) for name, (n, b) in gguf_file.quant_mix().items())
+    context = config.context_length if config else gguf_file.arch_value("context_length")
+    return ModelFileSummary(
+        path=str(path),
+        size=size,
+        source=source,
+        display_name=shown,
+        name=_text(metadata.get("general.name")),
+        architecture=gguf_file.arch,
+        parameters=gguf_file.parameter_count(),
+        quant=_quant_label(gguf_file, mix),
+        quant_mix=mix,
+        context_length=context if isinstance(context, int) else None,
+        has_chat_template=bool(metadata.get("tokenizer.chat_template")),
+        supported=reason is None,
+        unsupported_reason=reason,
+    )
+
+
+def _quant_label(gguf_file: GGUFFile, mix: tuple[tuple[str, int, int], ...]) -> str | None:
+    """llama.cpp's name for the file type (Q4_K_M), else the type holding the most bytes."""
+    file_type = gguf_file.metadata.get("general.file_type")
+    if isinstance(file_type, int):
+        try:
+            return LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    return mix[0][0] if mix else None
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _without_path(exc: Exception, path: Path) -> str:
+    """The message without the leading "<path>: " (the library shows the path in its own column)."""
+    message = str(exc)
+    prefix = f"{path}: "
+    return message[len(prefix) :] if message.startswith(prefix) else message
