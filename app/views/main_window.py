@@ -41,6 +41,7 @@ from app.store import Store, StoredMessage
 from app.theme import apply_theme
 from app.views.chat_view import ChatView
 from app.views.json_mode_bar import JsonModeBar
+from app.views.library_dialog import LibraryDialog
 from app.views.model_bar import ModelBar
 from app.views.notice_banner import NoticeBanner
 from app.views.persona_picker import PersonaPicker
@@ -88,6 +89,8 @@ class MainWindow(QMainWindow):
         self.details_dialog: ReceiptDialog | None = None  # the open "Details" of a reply
         self.notice = ""  # the last notice about the current reply (e.g. context trimming)
         self._export_tasks: set = set()
+        self._library_runner = None  # app.library.scan_runner.LibraryScanRunner, made on first use
+        self.library_dialog: LibraryDialog | None = None
 
         self.setWindowTitle("LocalChat")
         self.setWindowIcon(app_icon())
@@ -269,6 +272,7 @@ class MainWindow(QMainWindow):
             return act
 
         action(file_menu, "Open model…", "Ctrl+O", self.model_bar.ask_open, "open_action")
+        action(file_menu, "Model library…", "Ctrl+Shift+O", self.open_library, "library_action")
         action(file_menu, "Export chat…", "Ctrl+E", self.ask_export, "export_action")
         action(file_menu, "Settings…", "Ctrl+,", self.open_settings, "settings_action")
         file_menu.addSeparator()
@@ -291,6 +295,25 @@ class MainWindow(QMainWindow):
                 self.show_error("No model", str(exc))
                 return
         self.open_model(path)
+
+    def open_library(self) -> LibraryDialog:
+        """The model library (app/library scans off the GUI thread; imported here so the window
+        opens before the engine's GGUF reader is loaded)."""
+        from app.library.scan_runner import LibraryScanRunner
+
+        if self._library_runner is None:
+            self._library_runner = LibraryScanRunner(self)
+        dialog = LibraryDialog(self._library_runner, self.settings.library_folders, None, self)
+        dialog.openRequested.connect(self.open_model)
+        dialog.foldersChanged.connect(self._on_library_folders)
+        dialog.setAttribute(Qt.WA_DeleteOnClose)
+        dialog.show()
+        self.library_dialog = dialog
+        return dialog
+
+    def _on_library_folders(self, folders: list[str]) -> None:
+        self.settings.library_folders = folders
+        self.settings_file.save(self.settings)
 
     def open_model(self, path: str) -> None:
         self.model_bar.show_loading(path)

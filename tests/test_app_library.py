@@ -1,0 +1,108 @@
+"""The Library dialog over real GGUF files: listing off the GUI thread, filter, broken and
+unsupported rows, opening the chosen model through the window's load path, saved folders."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.library.scan import ModelFolder
+from app.library.scan_runner import LibraryScanRunner
+from app.views.library_dialog import LibraryDialog
+from tests.app_fakes import WAIT_MS, FakeEngine, close_window, make_window
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def models(tmp_path):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("tiny_llama", "tiny_qwen3", "tiny_gemma3"):
+        shutil.copy(FIXTURES / f"{name}.gguf", folder / f"{name}.gguf")
+    (folder / "broken.gguf").write_bytes(b"GGUF" + b"\xff" * 60)
+    return folder
+
+
+def scanned(qtbot, dialog):
+    with qtbot.waitSignal(dialog.runner.finished, timeout=WAIT_MS):
+        pass
+    qtbot.waitUntil(lambda: dialog.table.rowCount() > 0, timeout=WAIT_MS)
+
+
+def make_dialog(qtbot, folders):
+    runner = LibraryScanRunner(known=[])
+    dialog = LibraryDialog(runner, [str(f) for f in folders])
+    qtbot.addWidget(dialog)
+    return dialog
+
+
+def test_lists_files_off_the_gui_thread_with_errors(qtbot, models, monkeypatch):
+    threads = []
+    import app.library.scan as scan
+
+    real = scan.summarize_model_file
+
+    def spy(path, **kw):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(path, **kw)
+
+    monkeypatch.setattr(scan, "summarize_model_file", spy)
+    dialog = make_dialog(qtbot, [models])
+    with qtbot.waitSignal(dialog.runner.finished, timeout=WAIT_MS):
+        pass
+    qtbot.waitUntil(lambda: dialog.table.rowCount() == 4, timeout=WAIT_MS)
+    assert threads and not any(threads)  # every header was read on the scan thread
+    rows = {dialog.table.item(r, 0).text(): r for r in range(4)}
+    assert set(rows) == {"tiny_llama.gguf", "tiny_qwen3.gguf", "tiny_gemma3.gguf", "broken.gguf"}
+    assert dialog.table.item(rows["broken.gguf"], 7).text() == "unreadable"
+    assert dialog.table.item(rows["tiny_qwen3.gguf"], 1).text() == "qwen3"
+    assert dialog.table.item(rows["tiny_qwen3.gguf"], 7).text() == "yes"
+    assert "4 GGUF files" in dialog.status.text() and "1 unreadable" in dialog.status.text()
+    dialog.select_path(str(models / "broken.gguf"))
+    assert not dialog.open_button.isEnabled()
+    assert "Cannot be read" in dialog.detail.text()
+
+
+def test_filter_and_open(qtbot, models):
+    dialog = make_dialog(qtbot, [models])
+    scanned(qtbot, dialog)
+    dialog.filter_edit.setText("qwen")
+    assert dialog.visible_paths() == [str(models / "tiny_qwen3.gguf")]
+    dialog.filter_edit.setText("llama Q")  # all words must match: name and quant
+    assert dialog.visible_paths() == [str(models / "tiny_llama.gguf")]
+    dialog.select_path(str(models / "tiny_llama.gguf"))
+    assert dialog.open_button.isEnabled()
+    with qtbot.waitSignal(dialog.openRequested, timeout=WAIT_MS) as blocker:
+        qtbot.mouseClick(dialog.open_button, Qt.LeftButton)
+    assert blocker.args == [str(models / "tiny_llama.gguf")]
+
+
+def test_window_menu_opens_library_and_loads_the_choice(qtbot, tmp_path, models, monkeypatch):
+    hf = tmp_path / "hf"
+    monkeypatch.setattr(
+        "app.library.scan_runner.known_model_folders",
+        lambda: [ModelFolder(hf, "Hugging Face cache")],
+    )
+    data = tmp_path / "data"
+    data.mkdir()
+    window = make_window(qtbot, data, FakeEngine())
+    try:
+        assert window.library_action.shortcut().toString() == "Ctrl+Shift+O"
+        window.library_action.trigger()
+        dialog = window.library_dialog
+        assert dialog is not None and dialog.isVisible()
+        dialog.add_folder(str(models))  # saved in the settings, then rescanned
+        assert window.settings_file.load().library_folders == [str(models)]
+        qtbot.waitUntil(lambda: dialog.table.rowCount() == 4, timeout=WAIT_MS)
+        dialog.select_path(str(models / "tiny_gemma3.gguf"))
+        with qtbot.waitSignal(window.controller.modelLoaded, timeout=WAIT_MS) as blocker:
+            dialog.open_selected()
+        assert blocker.args[0].path == str(models / "tiny_gemma3.gguf")
+    finally:
+        window._library_runner.wait()
+        close_window(window)
