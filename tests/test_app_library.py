@@ -106,3 +106,77 @@ def test_window_menu_opens_library_and_loads_the_choice(qtbot, tmp_path, models,
     finally:
         window._library_runner.wait()
         close_window(window)
+
+
+# --- the Download tab, against the loopback Hub mirror ------------------------------------------
+@pytest.fixture
+def hub_mirror():
+    from tests.hub_mirror import HubMirror
+
+    with HubMirror() as hub:
+        hub.state.repos["tiny-org/Tiny-Qwen3-GGUF"] = {
+            "tiny-qwen3-Q8_0.gguf": (FIXTURES / "tiny_qwen3.gguf").read_bytes()
+        }
+        yield hub
+
+
+def test_download_tab_searches_downloads_and_lists_the_file(qtbot, tmp_path, hub_mirror):
+    from app.library.download_runner import DownloadRunner
+    from app.library.hub import HubClient
+    from app.library.scan import FolderKind
+    from app.views.download_panel import DownloadPanel
+
+    cache = tmp_path / "hub"
+    env = {"HF_ENDPOINT": hub_mirror.url, "HF_HUB_CACHE": str(cache)}
+    runner = DownloadRunner(client_factory=lambda: HubClient(env=env))
+    panel = DownloadPanel(runner)
+    scan = LibraryScanRunner(known=[ModelFolder(cache, "Hugging Face cache", FolderKind.HF_CACHE)])
+    dialog = LibraryDialog(scan, [], panel)
+    qtbot.addWidget(dialog)
+    assert hub_mirror.url in panel.status.text()
+    panel.query.setText("qwen3")
+    with qtbot.waitSignal(runner.searched, timeout=WAIT_MS):
+        panel.search()
+    assert panel.repos.count() == 1
+    with qtbot.waitSignal(runner.listed, timeout=WAIT_MS):
+        panel.repos.setCurrentRow(0)
+    assert panel.table.item(0, 0).text() == "tiny-qwen3-Q8_0.gguf"
+    assert panel.table.item(0, 1).text() == "Q8_0" and panel.table.item(0, 3).text() == ""
+    panel.select_file("tiny-qwen3-Q8_0.gguf")
+    with (
+        qtbot.waitSignal(dialog.runner.finished, timeout=WAIT_MS),  # the rescan after download
+        qtbot.waitSignal(runner.downloaded, timeout=WAIT_MS) as done,
+    ):
+        qtbot.mouseClick(panel.download_button, Qt.LeftButton)
+    path = done.args[0]
+    assert "Downloaded and verified" in panel.status.text()
+    qtbot.waitUntil(lambda: dialog.selected_summary() is not None, timeout=WAIT_MS)
+    chosen = dialog.selected_summary()
+    assert chosen.path == path and chosen.supported and chosen.architecture == "qwen3"
+    assert dialog.tabs.currentIndex() == 0
+    qtbot.waitUntil(
+        lambda: panel.table.item(0, 3) is not None and panel.table.item(0, 3).text() == "yes",
+        timeout=WAIT_MS,
+    )
+    runner.wait()
+    scan.wait()
+
+
+def test_download_tab_says_when_the_hub_is_unreachable(qtbot, tmp_path):
+    import socket
+
+    from app.library.download_runner import DownloadRunner
+    from app.library.hub import HubClient
+    from app.views.download_panel import DownloadPanel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_CACHE": str(tmp_path)}
+    runner = DownloadRunner(client_factory=lambda: HubClient(env=env))
+    panel = DownloadPanel(runner)
+    qtbot.addWidget(panel)
+    with qtbot.waitSignal(runner.failed, timeout=WAIT_MS):
+        panel.search()
+    assert "Cannot reach" in panel.status.text() and panel.search_button.isEnabled()
+    runner.wait()

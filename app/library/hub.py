@@ -85,6 +85,7 @@ class RemoteFile:
     filename: str
     size: int | None
     sha256: str | None  # LFS files only
+    quant: str = ""  # as the file name states it (quant_of)
 
 
 def quant_of(filename: str) -> str:
@@ -142,7 +143,9 @@ class HubClient:
             if sibling.rfilename.lower().endswith(".gguf"):
                 sha = sibling.lfs.sha256 if sibling.lfs else None
                 size = sibling.lfs.size if sibling.lfs else sibling.size
-                files.append(RemoteFile(repo_id, sibling.rfilename, size, sha))
+                files.append(
+                    RemoteFile(repo_id, sibling.rfilename, size, sha, quant_of(sibling.rfilename))
+                )
         return sorted(files, key=lambda f: f.filename)
 
     # --- downloading ------------------------------------------------------------------------

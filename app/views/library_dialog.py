@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.views.size_format import human_size
 from engine.types import ModelFileSummary
 
 COLUMNS = (
@@ -39,15 +40,6 @@ COLUMNS = (
     "Runs here",
     "Found in",
 )
-
-
-def human_size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"
 
 
 def human_count(n: int | None) -> str:
@@ -99,9 +91,11 @@ class LibraryDialog(QDialog):
         self.summaries: list[ModelFileSummary] = []
         self.tabs = QTabWidget()
         self.tabs.addTab(self._build_library(), "Models on this computer")
+        self.download_panel = download_panel
+        self._select_after_scan: str | None = None
         if download_panel is not None:
-            self.download_panel = download_panel
             self.tabs.addTab(download_panel, "Download from Hugging Face")
+            download_panel.downloaded.connect(self._on_downloaded)
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
         runner.finished.connect(self._on_scanned)
@@ -223,6 +217,15 @@ class LibraryDialog(QDialog):
         if broken:
             parts.append(f"{broken} unreadable")
         self.status.setText(", ".join(parts))
+        if self._select_after_scan is not None:
+            self.select_path(self._select_after_scan)
+            self._select_after_scan = None
+            self.tabs.setCurrentIndex(0)
+
+    def _on_downloaded(self, path: str) -> None:
+        """A new file in the HF cache: rescan, show the library with it selected."""
+        self._select_after_scan = path
+        self.rescan()
 
     def _on_failed(self, message: str) -> None:
         self.rescan_button.setEnabled(True)

@@ -40,6 +40,7 @@ from app.settings import Settings, SettingsFile
 from app.store import Store, StoredMessage
 from app.theme import apply_theme
 from app.views.chat_view import ChatView
+from app.views.download_panel import DownloadPanel
 from app.views.json_mode_bar import JsonModeBar
 from app.views.library_dialog import LibraryDialog
 from app.views.model_bar import ModelBar
@@ -89,7 +90,9 @@ class MainWindow(QMainWindow):
         self.details_dialog: ReceiptDialog | None = None  # the open "Details" of a reply
         self.notice = ""  # the last notice about the current reply (e.g. context trimming)
         self._export_tasks: set = set()
-        self._library_runner = None  # app.library.scan_runner.LibraryScanRunner, made on first use
+        # app.library's scan and download runners, made when the library is first opened.
+        self._library_runner = None
+        self._download_runner = None
         self.library_dialog: LibraryDialog | None = None
 
         self.setWindowTitle("LocalChat")
@@ -299,11 +302,14 @@ class MainWindow(QMainWindow):
     def open_library(self) -> LibraryDialog:
         """The model library (app/library scans off the GUI thread; imported here so the window
         opens before the engine's GGUF reader is loaded)."""
+        from app.library.download_runner import DownloadRunner
         from app.library.scan_runner import LibraryScanRunner
 
         if self._library_runner is None:
             self._library_runner = LibraryScanRunner(self)
-        dialog = LibraryDialog(self._library_runner, self.settings.library_folders, None, self)
+            self._download_runner = DownloadRunner(self)
+        panel = DownloadPanel(self._download_runner)
+        dialog = LibraryDialog(self._library_runner, self.settings.library_folders, panel, self)
         dialog.openRequested.connect(self.open_model)
         dialog.foldersChanged.connect(self._on_library_folders)
         dialog.setAttribute(Qt.WA_DeleteOnClose)
@@ -650,6 +656,8 @@ class MainWindow(QMainWindow):
         self.session.tick()  # last partial save before the thread goes away
         self.session.retry_saves()  # and a last try for replies a full disk kept in memory
         self.save_retry_timer.stop()
+        if self._download_runner is not None:
+            self._download_runner.stop()  # the partial file is kept; the next download continues it
         self.controller.shutdown()
         self.settings_file.save(self.settings)
         super().closeEvent(event)
