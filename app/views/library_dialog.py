@@ -29,16 +29,17 @@ from PySide6.QtWidgets import (
 from app.views.size_format import human_size
 from engine.types import ModelFileSummary
 
-COLUMNS = (
-    "Model",
-    "Architecture",
-    "Parameters",
-    "Quant",
-    "Size",
-    "Context",
-    "Template",
-    "Runs here",
-    "Found in",
+COLUMNS = ("Model", "Arch", "Params", "Quant", "Size", "Context", "Chat", "Runs", "Found in")
+COLUMN_TIPS = (
+    "File name",
+    "Architecture (general.architecture)",
+    "Parameter count, from the tensor shapes",
+    "Quantization (general.file_type; hover a row for the mix of tensor types)",
+    "Size on disk",
+    "Context length the model was trained for",
+    "Has a chat template",
+    "Whether this engine can run it (hover for the reason when not)",
+    "The folder or tool it was found in, and the repository",
 )
 
 
@@ -85,7 +86,7 @@ class LibraryDialog(QDialog):
         scanner, which reads GGUF headers through the engine)."""
         super().__init__(parent)
         self.setWindowTitle("Model library")
-        self.resize(1040, 600)
+        self.resize(1180, 640)
         self.runner = runner
         self.user_folders = list(folders)
         self.summaries: list[ModelFileSummary] = []
@@ -120,13 +121,16 @@ class LibraryDialog(QDialog):
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setObjectName("library_table")
         self.table.setHorizontalHeaderLabels(COLUMNS)
+        for col, tip in enumerate(COLUMN_TIPS):
+            self.table.horizontalHeaderItem(col).setToolTip(tip)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
-        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
-        for col in range(1, len(COLUMNS)):
-            self.table.horizontalHeader().setSectionResizeMode(col, QHeaderView.ResizeToContents)
+        header = self.table.horizontalHeader()
+        for col in range(len(COLUMNS) - 1):
+            header.setSectionResizeMode(col, QHeaderView.ResizeToContents)
+        header.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.Stretch)  # where: repo, folder
         self.table.itemDoubleClicked.connect(lambda _item: self.open_selected())
         self.table.itemSelectionChanged.connect(self._on_selection)
         layout.addWidget(self.table, 1)
@@ -236,8 +240,10 @@ class LibraryDialog(QDialog):
         self.table.setRowCount(len(self.summaries))
         for row, s in enumerate(self.summaries):
             runs = "yes" if s.supported else ("unreadable" if s.error else "no")
+            # "org/repo/file.gguf" (HF cache, LM Studio) -> the file, and the repo under "Found in"
+            where, _, file_name = s.display_name.rpartition("/")
             cells = [
-                QTableWidgetItem(s.display_name),
+                QTableWidgetItem(file_name),
                 QTableWidgetItem(s.architecture or ""),
                 _SortKeyItem(human_count(s.parameters), s.parameters or 0),
                 QTableWidgetItem(s.quant or ""),
@@ -247,7 +253,7 @@ class LibraryDialog(QDialog):
                 ),
                 QTableWidgetItem("yes" if s.has_chat_template else ("" if s.error else "no")),
                 QTableWidgetItem(runs),
-                QTableWidgetItem(s.source),
+                QTableWidgetItem(f"{s.source}: {where}" if where else s.source),
             ]
             tip = "\n".join(
                 filter(
