@@ -29,9 +29,8 @@ def models(tmp_path):
 
 
 def scanned(qtbot, dialog):
-    with qtbot.waitSignal(dialog.runner.finished, timeout=WAIT_MS):
-        pass
-    qtbot.waitUntil(lambda: dialog.table.rowCount() > 0, timeout=WAIT_MS)
+    # Not waitSignal: the scan thread may have emitted before a waiter could connect.
+    qtbot.waitUntil(lambda: dialog.rescan_button.isEnabled(), timeout=WAIT_MS)
 
 
 def make_dialog(qtbot, folders):
@@ -53,9 +52,8 @@ def test_lists_files_off_the_gui_thread_with_errors(qtbot, models, monkeypatch):
 
     monkeypatch.setattr(scan, "summarize_model_file", spy)
     dialog = make_dialog(qtbot, [models])
-    with qtbot.waitSignal(dialog.runner.finished, timeout=WAIT_MS):
-        pass
-    qtbot.waitUntil(lambda: dialog.table.rowCount() == 4, timeout=WAIT_MS)
+    scanned(qtbot, dialog)
+    assert dialog.table.rowCount() == 4
     assert threads and not any(threads)  # every header was read on the scan thread
     rows = {dialog.table.item(r, 0).text(): r for r in range(4)}
     assert set(rows) == {"tiny_llama.gguf", "tiny_qwen3.gguf", "tiny_gemma3.gguf", "broken.gguf"}
@@ -103,6 +101,12 @@ def test_window_menu_opens_library_and_loads_the_choice(qtbot, tmp_path, models,
         with qtbot.waitSignal(window.controller.modelLoaded, timeout=WAIT_MS) as blocker:
             dialog.open_selected()
         assert blocker.args[0].path == str(models / "tiny_gemma3.gguf")
+        # Accepting deletes it; opening again makes a new one, and again brings that one back.
+        qtbot.waitUntil(lambda: window.library_dialog is None, timeout=WAIT_MS)
+        window.library_action.trigger()
+        again = window.library_dialog
+        assert again is not None and window.open_library() is again
+        again.close()
     finally:
         window._library_runner.wait()
         close_window(window)

@@ -308,6 +308,10 @@ class MainWindow(QMainWindow):
         from app.library.download_runner import DownloadRunner
         from app.library.scan_runner import LibraryScanRunner
 
+        if self.library_dialog is not None and self.library_dialog.isVisible():  # bring it forward
+            self.library_dialog.raise_()
+            self.library_dialog.activateWindow()
+            return self.library_dialog
         if self._library_runner is None:
             self._library_runner = LibraryScanRunner(self)
             self._download_runner = DownloadRunner(self)
@@ -316,9 +320,13 @@ class MainWindow(QMainWindow):
         dialog.openRequested.connect(self.open_model)
         dialog.foldersChanged.connect(self._on_library_folders)
         dialog.setAttribute(Qt.WA_DeleteOnClose)
+        dialog.destroyed.connect(self._on_library_closed)
         dialog.show()
         self.library_dialog = dialog
         return dialog
+
+    def _on_library_closed(self) -> None:
+        self.library_dialog = None
 
     def open_compare(self) -> CompareDialog | None:
         """One prompt answered by two presets at once, with this chat's history."""
