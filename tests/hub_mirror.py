@@ -32,6 +32,9 @@ class MirrorState:
     downloads: dict[str, int] = field(default_factory=dict)
     drop_after: int | None = None  # applies once
     corrupt: bool = False
+    # As huggingface.co does for LFS files: /resolve answers 302 to a CDN URL (absolute) and puts
+    # the file's sha256 and size in X-Linked-Etag / X-Linked-Size; the CDN serves the bytes.
+    redirect_to_cdn: bool = False
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     body_bytes_sent: int = 0
 
@@ -105,14 +108,31 @@ class _Handler(BaseHTTPRequestHandler):
             ]
             siblings.append({"rfilename": "README.md", "size": 5})
             return self._json({"id": repo, "sha": COMMIT, "siblings": siblings})
+        cdn = re.fullmatch(r"/cdn/(.+)/([^/]+)", path)
         match = re.fullmatch(r"/(.+?)/resolve/([^/]+)/(.+)", path)
-        if not match or match.group(1) not in state.repos:
+        if cdn:
+            repo, name = cdn.groups()
+        elif match:
+            repo, _rev, name = match.groups()
+        else:
             return self._not_found("repository")
-        repo, _rev, name = match.groups()
+        if repo not in state.repos:
+            return self._not_found("repository")
         if name not in state.repos[repo]:
             return self._not_found("entry")
         data = state.repos[repo][name]
         sha = hashlib.sha256(data).hexdigest()
+        if match and state.redirect_to_cdn:
+            host = self.headers.get("Host")
+            self.send_response(302)
+            self.send_header("Location", f"http://{host}/cdn/{repo}/{name}")
+            self.send_header("X-Repo-Commit", COMMIT)
+            self.send_header("X-Linked-Etag", f'"{sha}"')
+            self.send_header("ETag", '"pointer-file-etag"')  # the LFS pointer's, not the file's
+            self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if state.corrupt:
             data = bytes([data[0] ^ 0xFF]) + data[1:]
         start = 0

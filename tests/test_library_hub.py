@@ -137,6 +137,17 @@ def test_cancelled_download_continues_next_time(mirror, tmp_path, content):
     assert last[2] == f"bytes={kept}-"
 
 
+def test_lfs_redirect_to_a_cdn_like_the_hub(mirror, tmp_path, content):
+    mirror.state.redirect_to_cdn = True
+    mirror.state.drop_after = 100_000  # and the CDN drops the first connection
+    path = client(mirror, tmp_path).download(REPO, FILE)
+    assert path.read_bytes() == content
+    sha = hashlib.sha256(content).hexdigest()
+    assert path.resolve().name == sha  # the blob is named by X-Linked-Etag, not the pointer's ETag
+    cdn = [r for r in mirror.state.requests if r[0] == "GET" and r[1].startswith("/cdn/")]
+    assert len(cdn) == 2 and cdn[1][2].startswith("bytes=")
+
+
 def test_damaged_transfer_is_refused(mirror, tmp_path):
     mirror.state.corrupt = True
     hub = client(mirror, tmp_path)
