@@ -11,6 +11,7 @@ architecture, tensor types and shapes. A file that is not a readable GGUF gives 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from gguf import LlamaFileType
@@ -19,6 +20,30 @@ from engine.config import ModelConfig
 from engine.errors import EngineError, UnsupportedModelError
 from engine.gguf import GGUFFile, open_gguf
 from engine.types import ModelFileSummary
+
+# llama.cpp's gguf-split names: model-00001-of-00003.gguf
+_SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+def split_part(path: Path, metadata: dict | None = None) -> tuple[int, int] | None:
+    """(part, parts) for one file of a model split by gguf-split, from its split.* keys or its
+    name; None for a whole model."""
+    if metadata is not None and isinstance(metadata.get("split.count"), int):
+        count = metadata["split.count"]
+        if count > 1:
+            return int(metadata.get("split.no", 0)) + 1, count
+        return None
+    match = _SPLIT_NAME.search(path.name)
+    if match and int(match.group(2)) > 1:
+        return int(match.group(1)), int(match.group(2))
+    return None
+
+
+def _split_reason(part: tuple[int, int]) -> str:
+    return (
+        f"part {part[0]} of {part[1]} of a split model; this engine loads single-file GGUF "
+        f"models (join the parts with `llama-gguf-split --merge`)"
+    )
 
 
 def summarize_model_file(
@@ -39,13 +64,18 @@ def summarize_model_file(
             reason = _without_path(exc, path)
             gguf_file = open_gguf(path, skip_unsupported_types=True, skip_string_arrays=True)
         config = None
+        part = split_part(path, gguf_file.metadata)
+        if part is not None:  # each part holds a share of the tensors: "missing tensor" is noise
+            reason = _split_reason(part)
         if reason is None:
             try:
                 config = ModelConfig.from_gguf(gguf_file)
             except UnsupportedModelError as exc:
                 reason = _without_path(exc, path)
     except EngineError as exc:  # not a GGUF, truncated, a key of the wrong type...
-        return ModelFileSummary(str(path), size, source, shown, error=_without_path(exc, path))
+        part = split_part(path)
+        message = _split_reason(part) if part else _without_path(exc, path)
+        return ModelFileSummary(str(path), size, source, shown, error=message)
     metadata = gguf_file.metadata
     mix = tuple((name, n, b) for name, (n, b) in gguf_file.quant_mix().items())
     context = config.context_length if config else gguf_file.arch_value("context_length")

@@ -209,3 +209,20 @@ def test_hf_cache_env_order(tmp_path):
     assert hf_hub_cache({"HF_HOME": "/h"}, tmp_path) == Path("/h/hub")
     assert hf_hub_cache({"XDG_CACHE_HOME": "/x"}, tmp_path) == Path("/x/huggingface/hub")
     assert hf_hub_cache({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}, tmp_path) == Path("/c")
+
+
+def test_split_model_parts_say_so(tmp_path):
+    # A part whose header reads (here a whole tiny model under a gguf-split name) is listed as
+    # not runnable with the reason; a later part without general.architecture likewise, as an
+    # unreadable file that says what it is.
+    first = tmp_path / "model-00001-of-00002.gguf"
+    shutil.copy(TINY[0], first)
+    (tmp_path / "model-00002-of-00002.gguf").write_bytes(TINY[0].read_bytes()[:2000])
+    rows = {Path(s.path).name: s for s in LibraryScanner().scan([ModelFolder(tmp_path, "t")])}
+    one = rows["model-00001-of-00002.gguf"]
+    assert one.error is None and not one.supported
+    assert "part 1 of 2 of a split model" in one.unsupported_reason
+    two = rows["model-00002-of-00002.gguf"]
+    assert "part 2 of 2 of a split model" in two.error
+    # An ordinary name is not taken for a part.
+    assert summarize_model_file(TINY[0]).supported
