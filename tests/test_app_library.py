@@ -28,6 +28,19 @@ def models(tmp_path):
     return folder
 
 
+def test_unsupported_file_shows_why_and_cannot_be_opened(qtbot, tmp_path):
+    data = (FIXTURES / "tiny_llama.gguf").read_bytes()
+    (tmp_path / "mamba.gguf").write_bytes(data.replace(b"llama", b"mamba", 1))
+    dialog = make_dialog(qtbot, [tmp_path])
+    scanned(qtbot, dialog)
+    dialog.select_path(str(tmp_path / "mamba.gguf"))
+    assert dialog.table.item(0, 7).text() == "no"
+    assert "cannot run it" in dialog.detail.text() and "mamba" in dialog.detail.text()
+    assert not dialog.open_button.isEnabled()
+    with qtbot.assertNotEmitted(dialog.openRequested):
+        dialog.open_selected()
+
+
 def scanned(qtbot, dialog):
     # Not waitSignal: the scan thread may have emitted before a waiter could connect.
     qtbot.waitUntil(lambda: dialog.rescan_button.isEnabled(), timeout=WAIT_MS)
@@ -164,6 +177,28 @@ def test_download_tab_searches_downloads_and_lists_the_file(qtbot, tmp_path, hub
     )
     runner.wait()
     scan.wait()
+
+
+def test_download_tab_reports_a_damaged_download(qtbot, tmp_path, hub_mirror):
+    from app.library.download_runner import DownloadRunner
+    from app.library.hub import HubClient
+    from app.views.download_panel import DownloadPanel
+
+    hub_mirror.state.corrupt = True
+    env = {"HF_ENDPOINT": hub_mirror.url, "HF_HUB_CACHE": str(tmp_path)}
+    runner = DownloadRunner(client_factory=lambda: HubClient(env=env))
+    panel = DownloadPanel(runner)
+    qtbot.addWidget(panel)
+    with qtbot.waitSignal(runner.searched, timeout=WAIT_MS):
+        panel.search()
+    with qtbot.waitSignal(runner.listed, timeout=WAIT_MS):
+        panel.repos.setCurrentRow(0)
+    panel.select_file("tiny-qwen3-Q8_0.gguf")
+    with qtbot.waitSignal(runner.failed, timeout=WAIT_MS):
+        panel.download_selected()
+    assert "arrived damaged" in panel.status.text() and not panel.progress.isVisible()
+    qtbot.waitUntil(lambda: panel.download_button.isEnabled(), timeout=WAIT_MS)
+    runner.wait()
 
 
 def test_download_tab_says_when_the_hub_is_unreachable(qtbot, tmp_path):
