@@ -4,11 +4,8 @@ chose different tokens, and a reply rendered with per-token confidence shading.
 Two columns share a tokenizer when they run on the same model (today: always, one model is
 loaded at a time), so their token ids are comparable position by position. The divergence is the
 first generated position whose token ids differ; the distributions shown there are each
-column's top alternatives at that position (TokenSampled.top: the model's log-probabilities after
-the logits processors, i.e. repetition penalties and the JSON mask, but before the sampler's
-temperature and top-k/top-p/min-p). Two presets on one model and one prefix therefore show the
-same distribution at the divergence: the model saw the same thing and the samplers chose
-differently; a different distribution there means the prefixes or the penalties differed.
+column's top alternatives at that position (TokenSampled.top: log-probabilities after the
+preset's processors, what the sampler chose from).
 """
 
 from __future__ import annotations

@@ -247,8 +247,7 @@ class CompareDialog(QDialog):
 
         return (
             f"<p>First divergence at generated token {index + 1} (outlined in both replies). "
-            f"The model's top {COMPARE_TOP_LOGPROBS} tokens there in each column (after penalties, "
-            f"before temperature and top-k/p; ▶ the one chosen):</p>"
+            f"Each column's top {COMPARE_TOP_LOGPROBS} choices there, after its sampling settings:</p>"
             f"<table width='100%'><tr>{table('A', a)}{table('B', b)}</tr></table>"
         )
 
