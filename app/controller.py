@@ -54,14 +54,6 @@ class EngineController(QObject):
     _load = Signal(str, int, int)
     _generate = Signal(int, object, object)
     _replay = Signal(int, object, object, object)
-    _compare = Signal(object, object, object)
-    # The compare view's columns (compare()): column index first.
-    compareTokens = Signal(int, object)  # list[TokenSampled]
-    compareText = Signal(int, str)
-    compareUsage = Signal(int, object)
-    compareFinished = Signal(int, object)  # engine Finished
-    compareErrored = Signal(int, str)
-    compareDone = Signal()  # every column has ended
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None):
         super().__init__(parent)
@@ -73,8 +65,6 @@ class EngineController(QObject):
         self._cancel: CancelToken | None = None
         self._replay_id: int | None = None
         self._replay_cancel: CancelToken | None = None
-        self._compare_columns: dict[int, int] = {}  # request id -> column, while comparing
-        self._compare_cancel: CancelToken | None = None
 
         self._thread = QThread()
         self._thread.setObjectName("engine-worker")
@@ -83,7 +73,6 @@ class EngineController(QObject):
         self._load.connect(self._worker.load)
         self._generate.connect(self._worker.generate)
         self._replay.connect(self._worker.replay)
-        self._compare.connect(self._worker.compare)
         w = self._worker
         w.loadProgress.connect(self.loadProgress)
         w.modelLoaded.connect(self._on_loaded)
@@ -109,7 +98,7 @@ class EngineController(QObject):
         self._load.emit(str(path), int(n_ctx), int(n_threads))
 
     def generate(self, request: GenerationRequest) -> int:
-        if self._active is not None or self._replay_id is not None or self._compare_columns:
+        if self._active is not None or self._replay_id is not None:
             raise RuntimeError("a reply is already being generated")
         self._request_id += 1
         self._active = self._request_id
@@ -117,26 +106,7 @@ class EngineController(QObject):
         self._generate.emit(self._request_id, request, self._cancel)
         return self._request_id
 
-    @property
-    def comparing(self) -> bool:
-        return bool(self._compare_columns)
-
-    def compare(self, requests: list[GenerationRequest]) -> None:
-        """Run the requests side by side on the worker (EngineWorker.compare); the compare*
-        signals report each column, compareDone when all have ended. Cancel stops them."""
-        if self._active is not None or self._replay_id is not None or self._compare_columns:
-            raise RuntimeError("the engine is busy")
-        ids = []
-        for column in range(len(requests)):
-            self._request_id += 1
-            ids.append(self._request_id)
-            self._compare_columns[self._request_id] = column
-        self._compare_cancel = CancelToken()
-        self._compare.emit(ids, list(requests), self._compare_cancel)
-
     def cancel(self) -> None:
-        if self._compare_cancel is not None:
-            self._compare_cancel.cancel()
         if self._cancel is not None:
             self._cancel.cancel()
         if self._replay_cancel is not None:
@@ -201,10 +171,6 @@ class EngineController(QObject):
         """Everything the worker produced since the last drain, merged into one emit per kind."""
         self._last_drain = time.monotonic()
         for item in self._worker.channel.drain():
-            request_id = item.request_id if isinstance(item, EventBatch) else item[0]
-            if request_id in self._compare_columns:
-                self._route_compare(item)
-                continue
             if isinstance(item, EventBatch):
                 if item.request_id == self._active:  # else: a superseded request's tail
                     for notice in item.notices:
@@ -219,26 +185,6 @@ class EngineController(QObject):
                 self.replyFinished.emit(event)
             else:
                 self.replyErrored.emit(event.message)
-
-    def _route_compare(self, item) -> None:
-        if isinstance(item, EventBatch):
-            column = self._compare_columns[item.request_id]
-            if item.tokens:
-                self.compareTokens.emit(column, item.tokens)
-            if item.text:
-                self.compareText.emit(column, "".join(item.text))
-            if item.usage is not None:
-                self.compareUsage.emit(column, item.usage)
-            return
-        request_id, event = item
-        column = self._compare_columns.pop(request_id)
-        if isinstance(event, Finished):
-            self.compareFinished.emit(column, event)
-        else:
-            self.compareErrored.emit(column, event.message)
-        if not self._compare_columns:
-            self._compare_cancel = None
-            self.compareDone.emit()
 
     def _emit_batch(self, text, reasoning, tokens, usage) -> None:
         if tokens:

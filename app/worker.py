@@ -167,49 +167,6 @@ class EngineWorker(QObject):
                     ),
                 )
 
-    @Slot(object, object, object)
-    def compare(self, request_ids: list, requests: list, cancel: CancelToken) -> None:
-        """Stream several requests at once on the loaded model (the compare view's columns):
-        one event of each in turn, so the columns grow together. Each request has its own KV
-        cache and sampler (engine/models/transformer.py: two generations on one model may be
-        interleaved step by step); a forward pass uses every core, so taking turns loses nothing
-        on a CPU. Each request ends with exactly one terminal item, as in `generate`."""
-        if self.lm is None:
-            for request_id in request_ids:
-                self._put(request_id, RequestFailed("No model is loaded yet."))
-            return
-        running: dict[int, object] = {}
-        try:
-            for request_id, request in zip(request_ids, requests, strict=True):
-                try:
-                    running[request_id] = iter(self._bridge.generate(self.lm, request, cancel))
-                except BaseException as exc:
-                    self._put(request_id, RequestFailed(_user_message(exc)))
-                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                        raise
-            while running:
-                for request_id, events in list(running.items()):
-                    try:
-                        event = next(events)  # type: ignore[call-overload]
-                    except StopIteration:
-                        del running[request_id]
-                        self._put(request_id, RequestFailed(_stopped_message(cancel)))
-                        continue
-                    except BaseException as exc:
-                        del running[request_id]
-                        self._put(request_id, RequestFailed(_user_message(exc)))
-                        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                            raise
-                        continue
-                    self._put(request_id, event)
-                    if isinstance(event, Finished):
-                        del running[request_id]
-                        _close(events)
-        finally:
-            for request_id, events in running.items():  # only after KeyboardInterrupt/SystemExit
-                _close(events)
-                self._put(request_id, RequestFailed(_stopped_message(cancel)))
-
     @Slot(int, object, object, object)
     def replay(self, request_id: int, receipt: dict, original_tokens: list, cancel) -> None:
         """Run a reply again from its receipt (engine/receipt.py) and report how it compares."""
@@ -234,20 +191,6 @@ class EngineWorker(QObject):
     def _put(self, request_id: int, event) -> None:
         if self.channel.put(request_id, event):
             self.eventsReady.emit()
-
-
-def _stopped_message(cancel: CancelToken) -> str:
-    return (
-        "The request was cancelled before the reply started."
-        if cancel.cancelled
-        else "The engine stopped without finishing the reply."
-    )
-
-
-def _close(events) -> None:
-    close = getattr(events, "close", None)
-    if close is not None:
-        close()
 
 
 def _user_message(exc: BaseException) -> str:

@@ -40,7 +40,6 @@ from app.settings import Settings, SettingsFile
 from app.store import Store, StoredMessage
 from app.theme import apply_theme
 from app.views.chat_view import ChatView
-from app.views.compare_dialog import CompareDialog
 from app.views.download_panel import DownloadPanel
 from app.views.json_mode_bar import JsonModeBar
 from app.views.library_dialog import LibraryDialog
@@ -95,7 +94,6 @@ class MainWindow(QMainWindow):
         self._library_runner = None
         self._download_runner = None
         self.library_dialog: LibraryDialog | None = None
-        self.compare_dialog: CompareDialog | None = None
 
         self.setWindowTitle("LocalChat")
         self.setWindowIcon(app_icon())
@@ -285,7 +283,6 @@ class MainWindow(QMainWindow):
         action(chat_menu, "New chat", "Ctrl+N", self.new_chat, "new_chat_action")
         action(chat_menu, "Stop generating", "Esc", self.cancel, "cancel_action")
         action(chat_menu, "Regenerate reply", "Ctrl+R", self.regenerate, "regenerate_action")
-        action(chat_menu, "Compare side by side…", "Ctrl+K", self.open_compare, "compare_action")
         action(chat_menu, "Focus input", "Ctrl+L", self.input.setFocus, "focus_action")
 
     # --- model ----------------------------------------------------------------------------------
@@ -327,18 +324,6 @@ class MainWindow(QMainWindow):
 
     def _on_library_closed(self) -> None:
         self.library_dialog = None
-
-    def open_compare(self) -> CompareDialog | None:
-        """One prompt answered by two presets at once, with this chat's history."""
-        if self.controller.model is None or self.session.busy:
-            self.state_label.setText("Compare needs a loaded model and no reply in progress.")
-            return None
-        base = self.session.build_request(self.session.ensure_conversation())
-        dialog = CompareDialog(self.controller, base, self)
-        dialog.setAttribute(Qt.WA_DeleteOnClose)
-        dialog.show()
-        self.compare_dialog = dialog
-        return dialog
 
     def _on_library_folders(self, folders: list[str]) -> None:
         self.settings.library_folders = folders
