@@ -41,6 +41,7 @@ class Settings:
     personas: dict[str, str] = field(default_factory=dict)  # name -> saved system prompt
     # OpenAI-compatible servers (app/backends/openai_client.py Connection.to_dict); never a key
     connections: list[dict] = field(default_factory=list)
+    library_folders: list[str] = field(default_factory=list)  # folders the model library scans
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -52,6 +53,8 @@ class Settings:
         lo, hi = FONT_SIZE_RANGE
         self.font_size = max(lo, min(int(self.font_size), hi))
         self.recent_models = [str(p) for p in self.recent_models][:MAX_RECENT_MODELS]
+        folders = self.library_folders if isinstance(self.library_folders, list) else []
+        self.library_folders = [p for p in folders if isinstance(p, str) and p][:100]
         if not isinstance(self.presets, dict):
             self.presets = {}
         personas = self.personas if isinstance(self.personas, dict) else {}

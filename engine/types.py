@@ -263,3 +263,25 @@ class SchedulerStats:
     steps: int  # batched forward passes run so far
     max_concurrency: int
     max_queue: int
+
+
+@dataclass(frozen=True)
+class ModelFileSummary:
+    """One GGUF file as the model library lists it, read from the header alone (no weights, no
+    tokenizer): engine.model_summary.summarize_model_file builds it. A file that cannot be read
+    has `error` set and the other facts left empty; it is listed, not dropped."""
+
+    path: str
+    size: int  # bytes on disk
+    source: str = ""  # where it was found: "Hugging Face cache", "LM Studio", a chosen folder...
+    display_name: str = ""  # repo/file, Ollama model:tag or the file name
+    name: str | None = None  # general.name
+    architecture: str | None = None
+    parameters: int | None = None
+    quant: str | None = None  # general.file_type as llama.cpp names it (Q4_K_M) or the main type
+    quant_mix: tuple[tuple[str, int, int], ...] = ()  # (type, tensors, bytes), largest first
+    context_length: int | None = None
+    has_chat_template: bool = False
+    supported: bool = False
+    unsupported_reason: str | None = None
+    error: str | None = None  # the file is not a readable GGUF: why

@@ -10,7 +10,7 @@ Shots: 01-loading, 02-streaming, 03-chat, 04-json, 05-tokens, 06-sampling, 07-da
 `--only explore` takes just the exploring shots: 09-versions (a reply regenerated twice, version
 2 of 3 showing), 10-details-replay (its receipt and an exact replay), 11-replay-diverged (the
 receipt's preset changed behind its back), 12-chat-defaults (the preset panel's chat defaults
-and an implied do_sample). `--only compare` takes 13-compare (greedy vs seeded sampling side by
+and an implied do_sample). `--only compare` takes 15-compare (greedy vs seeded sampling side by
 side, the divergence marked, the confidence shading).
 """
 
@@ -274,7 +274,7 @@ def _compare_shot(app, window, send) -> None:
     if not _wait(app, lambda: not dialog.run.running, 300):
         raise SystemExit("demo: the comparison did not finish")
     _settle(app, 0.5)
-    path = Path(window.demo_out_dir) / "13-compare.png"
+    path = Path(window.demo_out_dir) / "15-compare.png"
     dialog.grab().save(str(path))
     print(path)
     dialog.close()

@@ -1,6 +1,6 @@
 """Screenshot of a chat with a remote OpenAI-compatible server, for the README.
 
-    .venv/bin/python -m tools.remote_demo resources/screenshots/09-remote-chat.png
+    .venv/bin/python -m tools.remote_demo resources/screenshots/16-remote-chat.png
 
 Starts llama-cpp-python's server (pip install "llama-cpp-python[server]") on a free loopback
 port serving the embedded SmolLM2 as model "smollm2", opens the main window on a throw-away data
@@ -56,7 +56,7 @@ def _wait(app, predicate, timeout_s: float) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0] if argv else "resources/screenshots/09-remote-chat.png")
+    out = Path(argv[0] if argv else "resources/screenshots/16-remote-chat.png")
     from PySide6.QtWidgets import QApplication
 
     from app.controller import EngineController

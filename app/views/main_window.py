@@ -53,7 +53,9 @@ from app.theme import apply_theme
 from app.views.chat_view import ChatView
 from app.views.compare_view import CompareDialog, CompareRun
 from app.views.connections_dialog import ConnectionsDialog
+from app.views.download_panel import DownloadPanel
 from app.views.json_mode_bar import JsonModeBar
+from app.views.library_dialog import LibraryDialog
 from app.views.model_bar import ModelBar
 from app.views.notice_banner import NoticeBanner
 from app.views.persona_picker import PersonaPicker
@@ -120,6 +122,10 @@ class MainWindow(QMainWindow):
         self.compare_dialog: CompareDialog | None = None  # the latest compare view
         self.notice = ""  # the last notice about the current reply (e.g. context trimming)
         self._export_tasks: set = set()
+        # app.library's scan and download runners, made when the library is first opened.
+        self._library_runner = None
+        self._download_runner = None
+        self.library_dialog: LibraryDialog | None = None
 
         self.setWindowTitle("LocalChat")
         self.setWindowIcon(app_icon())
@@ -318,6 +324,7 @@ class MainWindow(QMainWindow):
             return act
 
         action(file_menu, "Open model…", "Ctrl+O", self.model_bar.ask_open, "open_action")
+        action(file_menu, "Model library…", "Ctrl+Shift+O", self.open_library, "library_action")
         action(file_menu, "Export chat…", "Ctrl+E", self.ask_export, "export_action")
         action(file_menu, "Settings…", "Ctrl+,", self.open_settings, "settings_action")
         action(file_menu, "Connections…", "", self.open_connections, "connections_action")
@@ -352,6 +359,36 @@ class MainWindow(QMainWindow):
                 self.show_error("No model", str(exc))
                 return
         self.open_model(path)
+
+    def open_library(self) -> LibraryDialog:
+        """The model library (app/library scans off the GUI thread; imported here so the window
+        opens before the engine's GGUF reader is loaded)."""
+        from app.library.download_runner import DownloadRunner
+        from app.library.scan_runner import LibraryScanRunner
+
+        if self.library_dialog is not None and self.library_dialog.isVisible():  # bring it forward
+            self.library_dialog.raise_()
+            self.library_dialog.activateWindow()
+            return self.library_dialog
+        if self._library_runner is None:
+            self._library_runner = LibraryScanRunner(self)
+            self._download_runner = DownloadRunner(self)
+        panel = DownloadPanel(self._download_runner)
+        dialog = LibraryDialog(self._library_runner, self.settings.library_folders, panel, self)
+        dialog.openRequested.connect(self.open_model)
+        dialog.foldersChanged.connect(self._on_library_folders)
+        dialog.setAttribute(Qt.WA_DeleteOnClose)
+        dialog.destroyed.connect(self._on_library_closed)
+        dialog.show()
+        self.library_dialog = dialog
+        return dialog
+
+    def _on_library_closed(self) -> None:
+        self.library_dialog = None
+
+    def _on_library_folders(self, folders: list[str]) -> None:
+        self.settings.library_folders = folders
+        self.settings_file.save(self.settings)
 
     def open_model(self, path: str) -> None:
         remote = parse_remote_path(path)
@@ -872,6 +909,8 @@ class MainWindow(QMainWindow):
         self.session.tick()  # last partial save before the thread goes away
         self.session.retry_saves()  # and a last try for replies a full disk kept in memory
         self.save_retry_timer.stop()
+        if self._download_runner is not None:
+            self._download_runner.stop()  # the partial file is kept; the next download continues it
         self.backends.shutdown()
         self.settings_file.save(self.settings)
         super().closeEvent(event)
