@@ -105,6 +105,9 @@ class RealEngine:
         self._prefix_cache = None
         self._digests = None
         self._digest_cache = digest_cache
+        self._scheduler = None  # BatchScheduler of `_scheduler_lm`, once it has been served
+        self._scheduler_lm = None
+        self._server = None  # engine.server.background.BackgroundServer while serving
 
     def _model_digests(self):
         """sha256 of model files for receipts, cached on disk (engine/receipt.py)."""
@@ -113,9 +116,6 @@ class RealEngine:
 
             self._digests = ModelDigests(self._digest_cache or default_digest_cache())
         return self._digests
-        self._scheduler = None  # BatchScheduler of `_scheduler_lm`, once it has been served
-        self._scheduler_lm = None
-        self._server = None  # engine.server.background.BackgroundServer while serving
 
     def load(self, path, *, n_ctx, n_threads, progress):
         from engine.errors import ConfigValidationError

@@ -247,9 +247,11 @@ class MainWindow(QMainWindow):
         c.loadProgress.connect(self.model_bar.show_progress)
         c.modelLoaded.connect(self._on_model_loaded)
         c.loadFailed.connect(self._on_load_failed)
-        c.serverStarted.connect(self._on_server_started)
-        c.serverStopped.connect(self._on_server_stopped)
-        c.serverFailed.connect(self._on_server_failed)
+        # "Serve this model" serves the local engine's model: its controller, not the router
+        local = self.controller
+        local.serverStarted.connect(self._on_server_started)
+        local.serverStopped.connect(self._on_server_stopped)
+        local.serverFailed.connect(self._on_server_failed)
 
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.conversationSelected.connect(self._open_conversation)
