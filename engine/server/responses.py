@@ -44,6 +44,7 @@ plus `usage.timings`, our extra field:
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Callable
@@ -117,6 +118,7 @@ class ResponseWriter:
         self._content: list[str] = []  # answer text, with malformed calls' text in place
         self._calls: list[dict] = []  # executable calls, OpenAI's tool_calls entries
         self._malformed: list[dict] = []
+        self._arguments_text: dict[str, list[str]] = {}  # per call, as the model wrote it
 
     # --- streaming ---------------------------------------------------------------------------
     def opening_chunks(self) -> list[dict]:
@@ -198,12 +200,13 @@ class ResponseWriter:
                 return [self._tool_delta(event.id, first)]
             self._held[event.id] = [first]
         elif isinstance(event, ToolCallArgumentsDelta):
+            self._arguments_text.setdefault(event.id, []).append(event.text)
             fragment = {"function": {"arguments": event.text}}
             if event.id in self._call_index:
                 return [self._tool_delta(event.id, fragment)]
             self._held.setdefault(event.id, []).append(fragment)
         elif isinstance(event, ToolCallFinished):
-            self._calls.append(event.call.to_openai())
+            self._calls.append(self._whole_call(event))
             held = self._held.pop(event.id, [])
             return [self._tool_delta(event.id, delta) for delta in held]
         elif isinstance(event, ToolCallMalformed):
@@ -216,6 +219,19 @@ class ResponseWriter:
             self._content.append(event.text)
             return [self._chunk({"content": event.text})] if event.text else []
         return []
+
+    def _whole_call(self, event: ToolCallFinished) -> dict:
+        """The call for message.tool_calls, its arguments the text the model wrote (what the
+        streamed fragments concatenate to), so a client gets the same call either way."""
+        entry = event.call.to_openai()
+        written = "".join(self._arguments_text.get(event.id, ()))
+        try:
+            same = json.loads(written) == event.arguments
+        except ValueError:
+            same = False
+        if same:
+            entry["function"]["arguments"] = written
+        return entry
 
     def _tool_delta(self, call_id: str, delta: dict) -> dict:
         index = self._call_index.setdefault(call_id, len(self._call_index))
