@@ -382,6 +382,36 @@ def test_stop_mid_stream_is_seen_by_our_server_as_a_cancelled_request(localchat_
         time.sleep(0.1)
 
 
+def test_our_server_with_a_key_refuses_a_wrong_one_and_dies_mid_stream(smollm2_path, tmp_path):
+    """`python -m engine serve --api-key`: a wrong key is named without showing it, the right one
+    chats, and the server killed mid-stream leaves the partial reply with a named error."""
+    from tests.engine_server import start_server, stop_server
+
+    key, wrong = "sk-ours-correct-key", "sk-ours-wrong-key-42"
+    server = start_server(smollm2_path, tmp_path / "stderr.txt", "--api-key", key)
+    events = []
+    try:
+        with _client(server.base_url, wrong) as client:
+            with pytest.raises(AuthError) as listed:
+                client.list_models()
+            with pytest.raises(AuthError) as chatted:
+                _run(client, QUESTION, GREEDY, model=server.model)
+        for exc in (listed.value, chatted.value):
+            assert "API key" in str(exc) and wrong not in str(exc) and key not in str(exc)
+        with _client(server.base_url, key) as client:
+            params = {"temperature": 0, "max_tokens": 400}
+            for event in client.chat(server.model, LONG, params, CancelToken()):
+                events.append(event)
+                if len([e for e in events if isinstance(e, TextDelta)]) == 3:
+                    server.process.kill()
+    finally:
+        stop_server(server.process)
+    finished = _finished(events)
+    assert finished.finish_reason == FinishReason.ERROR
+    assert finished.text and finished.text == _text(events)
+    assert "127.0.0.1" in finished.error
+
+
 def _localchat(server):
     """`server` when it is our own (tests/engine_server.py), else None."""
     from tests.engine_server import Server
