@@ -18,6 +18,7 @@ import pytest
 
 from app.backends.openai_client import Connection, OpenAIClient
 from app.backends.remote import ConnectionBook, RemoteEngine, remote_model_path
+from app.engine_bridge import StreamNotice
 from engine.cancel import CancelToken
 from engine.events import (
     Finished,
@@ -178,3 +179,14 @@ def test_a_call_cut_off_by_the_stream_is_never_executable():
     (malformed,) = [e for e in events if isinstance(e, ToolCallMalformed)]
     assert "ended before the call was complete" in malformed.problem
     assert events[-1].finish_reason == FinishReason.ERROR and events[-1].tool_calls == ()
+
+
+def test_a_server_that_ignores_a_required_call_answers_in_text_and_is_named(openai_server):
+    """llama-cpp-python with this model's chat format ignores tool_choice "required"."""
+    events = remote_run(openai_server, tool_request("required", max_new_tokens=12))
+    finished = events[-1]
+    assert finished.error is None and finished.text and finished.tool_calls == ()
+    assert finished.finish_reason != FinishReason.TOOL_CALLS
+    assert not any(isinstance(e, (ToolCallStarted, ToolCallMalformed)) for e in events)
+    notices = [e.message for e in events if isinstance(e, StreamNotice)]
+    assert any("does not support tools" in n for n in notices), notices

@@ -18,7 +18,8 @@ the local engine checks its own (engine.tool_calls.stream): arguments that parse
 and validate against the offered tool's schema make a ToolCallFinished (and an entry of
 Finished.tool_calls, the only calls the app executes); anything else, including a call cut off by
 Stop or a broken stream, is a ToolCallMalformed naming the problem. A server that ignores tools
-just answers in text.
+just answers in text; when a call was required (tool_choice "required" or a named function) a
+StreamNotice says the server does not support tools.
 
 Timing is measured here from the stream itself (time to the first delta, time between the first
 and the last), so it includes the network; Usage says so (`measured_over_network`).
@@ -313,6 +314,14 @@ class OpenAIClient:
         for kind, text in splitter.flush():
             yield from self._deliver(stream, kind, text)
         yield from self._close_calls(stream, body, complete=stream.done and error is None)
+        forced = body.get("tools") and (
+            body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict)
+        )
+        if forced and stream.done and error is None and not stream.calls:
+            yield StreamNotice(
+                f"{self.connection.label} answered in text although a tool call was required: "
+                "this server (or its chat format for this model) does not support tools."
+            )
         if cancel.cancelled and not stream.done:
             yield self._finished(stream, FinishReason.CANCELLED, body)
         elif error is not None:
