@@ -252,3 +252,22 @@ def openai_server_with_key(smollm2_path, tmp_path_factory):
     )
     yield server
     server.stop()
+
+
+# --- our own server (`python -m engine serve`) on loopback -----------------------------------------
+@pytest.fixture(scope="session")
+def localchat_server(smollm2_path, tmp_path_factory):
+    """`python -m engine serve` serving SmolLM2 (2048-token context, no key) for the app's remote
+    client: the same requests as against llama-cpp-python, where the behaviour should match."""
+    from tests.engine_server import running_server
+
+    log = tmp_path_factory.mktemp("localchat-server") / "stderr.txt"
+    with running_server(smollm2_path, log, "--n-ctx", "2048") as server:
+        yield server
+
+
+@pytest.fixture(params=["llama_cpp", "localchat"])
+def any_openai_server(request, smollm2_path):
+    """Each real OpenAI-compatible server in turn: llama-cpp-python, then our own."""
+    name = "openai_server" if request.param == "llama_cpp" else "localchat_server"
+    return request.getfixturevalue(name)

@@ -24,7 +24,9 @@ def dialogs(monkeypatch):
     return shown
 
 
-def add_connection(qtbot, window, base_url: str, key: str = "") -> None:
+def add_connection(
+    qtbot, window, base_url: str, key: str = "", models: tuple[str, ...] = ("smollm2",)
+) -> None:
     dialog = window.open_connections()
     qtbot.mouseClick(dialog.findChild(type(dialog.test_button), "add_connection"), Qt.LeftButton)
     qtbot.keyClicks(dialog.name, "loopback llama")
@@ -35,7 +37,7 @@ def add_connection(qtbot, window, base_url: str, key: str = "") -> None:
     qtbot.waitUntil(
         lambda: dialog.models.count() > 0 or "Cannot" in dialog.status.text(), timeout=WAIT_MS
     )
-    assert [dialog.models.item(i).text() for i in range(dialog.models.count())] == ["smollm2"]
+    assert [dialog.models.item(i).text() for i in range(dialog.models.count())] == list(models)
     assert "Connected" in dialog.status.text()
     dialog.accept()
 
@@ -125,6 +127,80 @@ def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_s
         send(qtbot, again, "Thanks.")
     assert again.store.messages(cid)[-1].role == Role.ASSISTANT
     assert again.store.messages(cid)[-1].content.strip()
+    close_window(again)
+
+
+def test_our_own_server_as_a_remote_model_stop_cancels_there_and_restart_keeps_it(
+    qtbot, tmp_path, localchat_server, dialogs
+):
+    """The app's remote side against `python -m engine serve`: its usage (include_usage) reaches
+    the usage panel, Stop reaches the server as a cancelled request (/health), and after a
+    restart the chat is still bound to it and still answers."""
+    server = localchat_server
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    add_connection(qtbot, window, server.base_url, models=(server.model,))
+    connection = window.book.connections[0]
+    path = pick_remote_model(qtbot, window)
+    assert path == remote_model_path(connection.id, server.model)
+    assert window.backends.kind == "remote"
+
+    window.session.set_preset_value("max_new_tokens", 12)
+    window.session.set_preset_value("do_sample", False)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as done:
+        send(qtbot, window, "Name three colors.")
+    stored = done.args[0]
+    assert stored.status == MessageStatus.COMPLETE and stored.content.strip()
+    assert window.chat_view.widgets[-1].text == stored.content
+    # Our server sends the include_usage chunk: the prompt is counted by the server.
+    assert int(window.usage_panel.text_of("prompt_tokens")) > 5
+    assert int(window.usage_panel.text_of("completion_tokens")) == len(stored.tokens) <= 12
+
+    before = server.health()["requests"]
+    window.session.set_preset_value("max_new_tokens", 400)
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as finished:
+        send(qtbot, window, "Write a long story about a dragon.")
+        qtbot.waitUntil(
+            lambda: (
+                window.chat_view.streaming_widget is not None
+                and len(window.chat_view.streaming_widget.text) > 20
+            ),
+            timeout=WAIT_MS,
+        )
+        qtbot.mouseClick(window.cancel_button, Qt.LeftButton)
+    stopped = finished.args[0]
+    assert stopped.status == MessageStatus.CANCELLED and stopped.content
+    # The server saw the connection close and ended the request as cancelled, freeing its KV.
+    qtbot.waitUntil(
+        lambda: server.health()["requests"]["cancelled"] == before["cancelled"] + 1,
+        timeout=WAIT_MS,
+    )
+    qtbot.waitUntil(lambda: server.health()["kv_bytes_reserved"] == 0, timeout=WAIT_MS)
+    assert server.health()["requests"]["completed"] == before["completed"]
+    cid = window.session.conversation_id
+    binding = window.store.chat_backend(cid)
+    assert (binding.kind, binding.connection_id, binding.model) == (
+        "remote",
+        connection.id,
+        server.model,
+    )
+    messages_before = [(m.role, m.content) for m in window.store.messages(cid)]
+    assert dialogs == []
+    close_window(window)
+
+    again = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    again.start()
+    qtbot.waitUntil(
+        lambda: again.backends.model is not None and again.backends.model.path == path,
+        timeout=WAIT_MS,
+    )
+    assert again.session.conversation_id == cid
+    assert [(m.role, m.content) for m in again.store.messages(cid)] == messages_before
+    again.session.set_preset_value("max_new_tokens", 8)
+    with qtbot.waitSignal(again.session.replyFinished, timeout=WAIT_MS) as answered:
+        send(qtbot, again, "Thanks.")
+    assert answered.args[0].status == MessageStatus.COMPLETE
+    assert again.store.messages(cid)[-1].content.strip()
+    assert again.store.chat_backend(cid).model == server.model
     close_window(again)
 
 

@@ -72,22 +72,32 @@ def proxy(openai_server):
     p.stop()
 
 
-def test_streamed_reply_equals_the_servers_own_reply_and_carries_usage(openai_server):
-    with _client(openai_server.base_url) as client:
+def test_streamed_reply_equals_the_servers_own_reply_and_carries_usage(any_openai_server):
+    server = any_openai_server
+    with _client(server.base_url) as client:
         models = client.list_models()
-        events = _run(client, QUESTION, GREEDY)
-    assert "smollm2" in [m.id for m in models]
+        events = _run(client, QUESTION, GREEDY, model=server.model)
+    assert server.model in [m.id for m in models]
     finished = _finished(events)
-    golden = _non_streamed(openai_server, QUESTION, GREEDY)
+    golden = _non_streamed(server, QUESTION, GREEDY)
     assert _text(events) == golden["choices"][0]["message"]["content"] == finished.text
     assert len([e for e in events if isinstance(e, TextDelta)]) > 3  # really streamed
-    assert finished.finish_reason == golden["choices"][0]["finish_reason"] == FinishReason.STOP
+    assert finished.finish_reason == golden["choices"][0]["finish_reason"]
+    assert finished.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     u = finished.usage
-    # llama-cpp-python sends no usage chunk in a stream (include_usage is ignored): the reply's
-    # tokens are counted from the stream (one delta per token there), the prompt is unknown (0).
-    assert u.prompt_tokens in (0, golden["usage"]["prompt_tokens"])
     assert u.completion_tokens == golden["usage"]["completion_tokens"]
     assert u.measured_over_network and u.ttft_ms > 0 and u.decode_tok_s > 0
+    if server is _localchat(server):
+        # Ours answers stream_options.include_usage with the usage chunk: the prompt is counted
+        # by the server, and the prefix cache's share is reported (the same question was asked
+        # whole just now... or before: either way a number, never "unknown").
+        assert u.prompt_tokens == golden["usage"]["prompt_tokens"] > 0
+        assert isinstance(u.cached_tokens, int)
+    else:
+        # llama-cpp-python sends no usage chunk in a stream (include_usage is ignored): the
+        # reply's tokens are counted from the stream (one delta per token there), the prompt is
+        # unknown (0).
+        assert u.prompt_tokens in (0, golden["usage"]["prompt_tokens"])
 
 
 USAGE_CHUNK = (
@@ -129,17 +139,24 @@ def test_reasoning_from_reasoning_content_and_think_tags(proxy, openai_server):
     assert finished.text == _text(events) == golden
 
 
-def test_a_value_the_server_refuses_comes_back_in_its_own_words(openai_server):
-    with _client(openai_server.base_url) as client, pytest.raises(RequestRejectedError) as caught:
-        _run(client, QUESTION, {"max_tokens": "many"})
-    assert "max_tokens" in str(caught.value) and "valid integer" in str(caught.value)
+def test_a_value_the_server_refuses_comes_back_in_its_own_words(any_openai_server):
+    server = any_openai_server
+    with _client(server.base_url) as client, pytest.raises(RequestRejectedError) as caught:
+        _run(client, QUESTION, {"max_tokens": "many"}, model=server.model)
+    own_words = "an integer" if server is _localchat(server) else "valid integer"
+    assert "max_tokens" in str(caught.value) and own_words in str(caught.value)
 
 
-def test_logprobs_become_tokens_for_the_inspector(openai_server):
-    with _client(openai_server.base_url) as client:
-        events = _run(client, QUESTION, {**GREEDY, "logprobs": True, "top_logprobs": 3})
+def test_logprobs_become_tokens_for_the_inspector(any_openai_server):
+    server = any_openai_server
+    with _client(server.base_url) as client:
+        params = {**GREEDY, "logprobs": True, "top_logprobs": 3}
+        events = _run(client, QUESTION, params, model=server.model)
     tokens = [e for e in events if isinstance(e, TokenSampled)]
     notices = [e for e in events if isinstance(e, StreamNotice)]
+    if server is _localchat(server):
+        assert not notices and tokens  # ours serves logprobs in streams
+        assert all(len(t.top) == 3 for t in tokens)
     if notices:  # this server refused logprobs: the request went again without them
         assert "logprobs" in notices[0].message and not tokens
         return
@@ -148,26 +165,28 @@ def test_logprobs_become_tokens_for_the_inspector(openai_server):
     assert all(t.logprob <= 0 for t in tokens)
 
 
-def test_same_seed_same_reply_other_seed_other_reply(openai_server):
+def test_same_seed_same_reply_other_seed_other_reply(any_openai_server):
     sampled = {"temperature": 1.5, "max_tokens": 24}
-    with _client(openai_server.base_url) as client:
-        a = _finished(_run(client, QUESTION, {**sampled, "seed": 7})).text
-        b = _finished(_run(client, QUESTION, {**sampled, "seed": 7})).text
-        c = _finished(_run(client, QUESTION, {**sampled, "seed": 8})).text
+    model = any_openai_server.model
+    with _client(any_openai_server.base_url) as client:
+        a = _finished(_run(client, QUESTION, {**sampled, "seed": 7}, model=model)).text
+        b = _finished(_run(client, QUESTION, {**sampled, "seed": 7}, model=model)).text
+        c = _finished(_run(client, QUESTION, {**sampled, "seed": 8}, model=model)).text
     assert a == b
     assert a != c
 
 
-def test_json_schema_mode_reply_matches_the_schema(openai_server):
+def test_json_schema_mode_reply_matches_the_schema(any_openai_server):
     schema = {
         "type": "object",
         "properties": {"color": {"type": "string"}, "count": {"type": "integer"}},
         "required": ["color", "count"],
     }
-    engine = RemoteEngine(
-        ConnectionBook([Connection("c1", "t", openai_server.base_url)], _NoKeys())
+    server = any_openai_server
+    engine = RemoteEngine(ConnectionBook([Connection("c1", "t", server.base_url)], _NoKeys()))
+    handle = engine.load(
+        remote_model_path("c1", server.model), n_ctx=0, n_threads=0, progress=_quiet
     )
-    handle = engine.load(remote_model_path("c1", "smollm2"), n_ctx=0, n_threads=0, progress=_quiet)
     request = GenerationRequest(
         messages=({"role": "user", "content": "Give a color and a count as JSON."},),
         overrides={"do_sample": False, "max_new_tokens": 60},
@@ -179,18 +198,21 @@ def test_json_schema_mode_reply_matches_the_schema(openai_server):
     finally:
         engine.unload(handle)
     finished = _finished(events)
-    # llama-cpp-python refuses the OpenAI json_schema form: the client sends its own form once
-    # more and says so.
     notices = [e.message for e in events if isinstance(e, StreamNotice)]
-    assert any("json_object with a schema" in n for n in notices), notices
+    if server is _localchat(server):
+        assert notices == []  # ours takes the OpenAI json_schema form as it is
+    else:
+        # llama-cpp-python refuses the OpenAI json_schema form: the client sends its own form
+        # once more and says so.
+        assert any("json_object with a schema" in n for n in notices), notices
     assert not any("did not follow" in n for n in notices), notices
     value = json.loads(finished.text)
     assert isinstance(value["color"], str) and isinstance(value["count"], int)
 
 
-def test_unknown_model_is_named(openai_server):
+def test_unknown_model_is_named(any_openai_server):
     engine = RemoteEngine(
-        ConnectionBook([Connection("c1", "t", openai_server.base_url)], _NoKeys())
+        ConnectionBook([Connection("c1", "t", any_openai_server.base_url)], _NoKeys())
     )
     with pytest.raises(UnknownModelError, match="no-such-model"):
         engine.load(remote_model_path("c1", "no-such-model"), n_ctx=0, n_threads=0, progress=_quiet)
@@ -332,6 +354,69 @@ def test_unreachable_host_and_tls_mismatch_are_named(openai_server):
         pytest.raises(TlsError, match="secure connection"),
     ):
         client.list_models()
+
+
+def test_stop_mid_stream_is_seen_by_our_server_as_a_cancelled_request(localchat_server):
+    """Our server counts what happened to each request (/health): the Stop's closed socket must
+    reach it as a cancelled request, and its KV reservation must be freed."""
+    server = localchat_server
+    before = server.health()["requests"]
+    cancel = CancelToken()
+    events = []
+    with _client(server.base_url) as client:
+        params = {"temperature": 0, "max_tokens": 400}
+        for event in client.chat(server.model, LONG, params, cancel):
+            events.append(event)
+            if len([e for e in events if isinstance(e, TextDelta)]) == 3:
+                threading.Thread(target=lambda: (cancel.cancel(), client.interrupt())).start()
+    finished = _finished(events)
+    assert finished.finish_reason == FinishReason.CANCELLED
+    assert finished.text and finished.text == _text(events)
+    deadline = time.monotonic() + 60
+    while (health := server.health())["requests"]["cancelled"] == before["cancelled"]:
+        assert time.monotonic() < deadline, f"our server never saw the client go: {health}"
+        time.sleep(0.1)
+    assert health["requests"]["completed"] == before["completed"]
+    while (health := server.health())["kv_bytes_reserved"] != 0:
+        assert time.monotonic() < deadline, f"the cancelled request kept its KV: {health}"
+        time.sleep(0.1)
+
+
+def test_our_server_with_a_key_refuses_a_wrong_one_and_dies_mid_stream(smollm2_path, tmp_path):
+    """`python -m engine serve --api-key`: a wrong key is named without showing it, the right one
+    chats, and the server killed mid-stream leaves the partial reply with a named error."""
+    from tests.engine_server import start_server, stop_server
+
+    key, wrong = "sk-ours-correct-key", "sk-ours-wrong-key-42"
+    server = start_server(smollm2_path, tmp_path / "stderr.txt", "--api-key", key)
+    events = []
+    try:
+        with _client(server.base_url, wrong) as client:
+            with pytest.raises(AuthError) as listed:
+                client.list_models()
+            with pytest.raises(AuthError) as chatted:
+                _run(client, QUESTION, GREEDY, model=server.model)
+        for exc in (listed.value, chatted.value):
+            assert "API key" in str(exc) and wrong not in str(exc) and key not in str(exc)
+        with _client(server.base_url, key) as client:
+            params = {"temperature": 0, "max_tokens": 400}
+            for event in client.chat(server.model, LONG, params, CancelToken()):
+                events.append(event)
+                if len([e for e in events if isinstance(e, TextDelta)]) == 3:
+                    server.process.kill()
+    finally:
+        stop_server(server.process)
+    finished = _finished(events)
+    assert finished.finish_reason == FinishReason.ERROR
+    assert finished.text and finished.text == _text(events)
+    assert "127.0.0.1" in finished.error
+
+
+def _localchat(server):
+    """`server` when it is our own (tests/engine_server.py), else None."""
+    from tests.engine_server import Server
+
+    return server if isinstance(server, Server) else None
 
 
 def test_retry_after_as_http_date():

@@ -9,18 +9,11 @@ Token counts stay small so the module runs in well under a minute on a quiet mac
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-import os
-import re
-import selectors
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import jsonschema
 import openai
@@ -30,6 +23,7 @@ from engine.cancel import CancelToken
 from engine.events import Finished
 from engine.generate import generate
 from engine.types import GenerationRequest
+from tests.engine_server import running_server
 
 KEY = "test-key-1234"
 ORIGIN = "http://localhost:3000"
@@ -42,43 +36,6 @@ NEVER_FITS_TOKENS = 400  # 430+ positions: inside the 512 context, beyond the 40
 HI = [{"role": "user", "content": "Say hello."}]
 
 
-@dataclass
-class Server:
-    process: subprocess.Popen
-    url: str  # http://127.0.0.1:PORT/v1
-    host: str
-    port: int
-
-
-@contextlib.contextmanager
-def running_server(model_path, log, *flags):
-    """`python -m engine serve MODEL --port 0 ...` until the block ends; then Ctrl-C, which must
-    stop it cleanly (exit 0)."""
-    command = [sys.executable, "-m", "engine", "serve", str(model_path), "--port", "0", *flags]
-    with open(log, "wb") as stderr:
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    try:
-        url = _wait_for_url(process, log)
-        host, port = re.match(r"http://([\d.]+):(\d+)/v1$", url).groups()
-        yield Server(process, url, host, int(port))
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(timeout=WAIT_DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            code = None
-        process.stdout.close()
-    assert code == 0, log.read_text()
-
-
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "stderr.txt"
@@ -87,24 +44,6 @@ def server(smollm2_path, tmp_path_factory):
     flags += ["--kv-budget-mb", str(KV_BUDGET_MB)]
     with running_server(smollm2_path, log, *flags) as started:
         yield started
-
-
-def _wait_for_url(process: subprocess.Popen, log) -> str:
-    deadline = time.monotonic() + START_DEADLINE_S
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=1.0):
-                if process.poll() is not None:
-                    break
-                continue
-            line = process.stdout.readline().decode()
-            if not line:
-                break
-            found = re.search(r"http://\S+/v1", line)
-            if found:
-                return found.group(0)
-    raise AssertionError(f"the server did not start: {log.read_text()}")
 
 
 @pytest.fixture(scope="module")

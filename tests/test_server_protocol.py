@@ -3,6 +3,8 @@ refusal names), engine events -> response objects and chunks, engine errors -> s
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engine.errors import (
@@ -11,7 +13,18 @@ from engine.errors import (
     ContextOverflowError,
     MemoryBudgetError,
 )
-from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, TopAlternative, Usage
+from engine.events import (
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    TokenSampled,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallMalformed,
+    ToolCallStarted,
+    TopAlternative,
+    Usage,
+)
 from engine.server.api_errors import ApiError, from_engine_error
 from engine.server.protocol import CHAT, COMPLETION, parse_chat, parse_completion
 from engine.server.responses import ResponseWriter
@@ -130,13 +143,37 @@ def test_messages_roles_and_text_parts():
         ),
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+        ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role"),
+        (
+            {"messages": [{"role": "assistant", "content": None, "tool_calls": {"id": "x"}}]},
+            "messages[0].tool_calls",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": ""}}]}
+                ]
+            },
+            "messages[0].tool_calls[0].function.name",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": 3}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages[0].content[0].type",
         ),
-        ({"tools": [{"type": "function"}]}, "tools"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"model": 3}, "model"),
     ],
@@ -347,3 +384,139 @@ def test_no_cors_unless_an_origin_is_named():
 
     assert middleware(None) == []
     assert middleware("http://localhost:3000") == [CORSMiddleware]
+
+
+# --- tools -----------------------------------------------------------------------------------------
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_tools_and_a_tool_history_reach_the_engine_request():
+    history = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "4 C, rain"},
+    ]
+    parsed = chat(messages=history, tools=[WEATHER], tool_choice="required")
+    assert parsed.request.tools == [WEATHER] and parsed.request.tool_choice == "required"
+    assert parsed.tools_constrained
+    assert parsed.request.messages[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": history[1]["tool_calls"],
+    }
+    assert parsed.request.messages[2] == {
+        "role": "tool",
+        "content": "4 C, rain",
+        "tool_call_id": "call_1",
+    }
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert chat(tools=[WEATHER], tool_choice=named).tools_constrained
+    assert not chat(tools=[WEATHER], tool_choice="auto").tools_constrained
+    assert not chat(tools=[WEATHER]).tools_constrained
+
+
+def _call_events(call_id="call_a", arguments='{"city": "Oslo"}', ok=True):
+    events = [
+        TextDelta("Let me look. "),
+        ToolCallStarted(call_id, "get_weather"),
+        ToolCallArgumentsDelta(call_id, arguments[:5]),
+        ToolCallArgumentsDelta(call_id, arguments[5:]),
+    ]
+    if ok:
+        events.append(ToolCallFinished(call_id, "get_weather", json.loads(arguments)))
+    else:
+        events.append(ToolCallMalformed(call_id, "get_weather", arguments, "not JSON"))
+    return events
+
+
+def _stream(w: ResponseWriter, events, reason) -> tuple[list, list[dict]]:
+    sent = []
+    for event in events:
+        sent.append((type(event).__name__, w.chunks(event)))
+    done = Finished(finish_reason=reason, usage=usage(), text="Let me look. ")
+    return sent, w.closing_chunks(done)
+
+
+def test_an_auto_call_is_held_until_checked_then_sent_in_openais_delta_shape():
+    w = writer(tools=[WEATHER], stream=True)
+    sent, closing = _stream(w, _call_events(), FinishReason.TOOL_CALLS)
+    by_event = dict((name, chunks) for name, chunks in sent if name != "ToolCallArgumentsDelta")
+    assert by_event["ToolCallStarted"] == []  # held: not yet known to be a valid call
+    deltas = [c["choices"][0]["delta"]["tool_calls"] for c in by_event["ToolCallFinished"]]
+    assert deltas == [
+        [
+            {
+                "index": 0,
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": ""},
+            }
+        ],
+        [{"index": 0, "function": {"arguments": '{"cit'}}],
+        [{"index": 0, "function": {"arguments": 'y": "Oslo"}'}}],
+    ]
+    assert closing[0]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_constrained_call_streams_its_deltas_as_they_form():
+    w = writer(tools=[WEATHER], stream=True, tool_choice="required")
+    sent, _ = _stream(w, _call_events(), FinishReason.TOOL_CALLS)
+    started = dict(sent)["ToolCallStarted"]
+    assert started[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert dict(sent)["ToolCallFinished"] == []  # everything was sent already
+
+
+def test_a_malformed_call_comes_back_as_text_with_a_note_never_as_a_tool_call():
+    w = writer(tools=[WEATHER], stream=True)
+    sent, closing = _stream(w, _call_events(arguments='{"city": Oslo}', ok=False), "tool_calls")
+    all_chunks = [c for _, chunks in sent for c in chunks] + closing
+    assert not any("tool_calls" in c["choices"][0]["delta"] for c in all_chunks)
+    texts = [c["choices"][0]["delta"].get("content") for c in all_chunks]
+    assert '{"city": Oslo}' in texts
+    assert closing[0]["choices"][0]["finish_reason"] == "stop"
+    assert closing[0]["choices"][0]["malformed_tool_calls"][0]["problem"] == "not JSON"
+    whole = writer(tools=[WEATHER])
+    for event in _call_events(arguments='{"city": Oslo}', ok=False):
+        whole.chunks(event)
+    body = whole.response(Finished(FinishReason.TOOL_CALLS, usage(), "Let me look. "))
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == 'Let me look. {"city": Oslo}'
+    assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "stop"
+
+
+def test_a_whole_response_carries_the_calls_and_null_content_when_only_calls():
+    w = writer(tools=[WEATHER], tool_choice="required")
+    for event in _call_events()[1:]:
+        w.chunks(event)
+    body = w.response(Finished(FinishReason.TOOL_CALLS, usage(), ""))
+    message = body["choices"][0]["message"]
+    assert message["content"] is None
+    assert message["tool_calls"] == [
+        {
+            "id": "call_a",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        }
+    ]
+    assert body["choices"][0]["finish_reason"] == "tool_calls"

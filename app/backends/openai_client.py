@@ -11,6 +11,16 @@ pooled (one TCP connection per request, negligible beside a model's time to firs
 httpcore's trace hook hands us each request's socket as soon as it is connected, before a single
 byte of the answer has arrived.
 
+Tool calls: `delta.tool_calls` fragments (OpenAI's shape: index, then id/type/name in a call's
+first delta and argument fragments after) become the engine's ToolCallStarted ->
+ToolCallArgumentsDelta* events as they arrive. When the stream ends each call is checked the way
+the local engine checks its own (engine.tool_calls.stream): arguments that parse as a JSON object
+and validate against the offered tool's schema make a ToolCallFinished (and an entry of
+Finished.tool_calls, the only calls the app executes); anything else, including a call cut off by
+Stop or a broken stream, is a ToolCallMalformed naming the problem. A server that ignores tools
+just answers in text; when a call was required (tool_choice "required" or a named function) a
+StreamNotice says the server does not support tools.
+
 Timing is measured here from the stream itself (time to the first delta, time between the first
 and the last), so it includes the network; Usage says so (`measured_over_network`).
 """
@@ -47,9 +57,20 @@ from app.backends.errors import (
 from app.backends.sse import DONE, SseParser
 from app.engine_bridge import StreamNotice
 from engine.cancel import CancelToken
-from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, TopAlternative, Usage
+from engine.events import (
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    TokenSampled,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallMalformed,
+    ToolCallStarted,
+    TopAlternative,
+    Usage,
+)
 from engine.reasoning import ANSWER, ReasoningSplitter
-from engine.types import FinishReason
+from engine.types import FinishReason, ToolCall
 
 CONNECT_TIMEOUT_S = 10.0
 __all__ = ["DEFAULT_TIMEOUT_S", "Connection", "OpenAIClient", "RemoteModel", "normalized_base_url"]
@@ -74,9 +95,19 @@ FINISH_REASONS = {
     "stop_sequence": FinishReason.STOP_SEQUENCE,
     "length": FinishReason.LENGTH,
     "max_tokens": FinishReason.LENGTH,
-    "tool_calls": FinishReason.STOP,
-    "function_call": FinishReason.STOP,
+    "tool_calls": FinishReason.TOOL_CALLS,  # STOP when none of the calls is executable
+    "function_call": FinishReason.TOOL_CALLS,
 }
+
+
+@dataclass
+class _StreamedCall:
+    """One tool call as its deltas arrive (keyed by the delta's `index`)."""
+
+    id: str
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    started: bool = False  # ToolCallStarted was yielded (the name is known)
 
 
 @dataclass
@@ -93,6 +124,8 @@ class _Stream:
     finish: str | None = None
     usage: dict | None = None
     done: bool = False
+    calls: dict[int, _StreamedCall] = field(default_factory=dict)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # the executable ones, at the end
 
 
 class OpenAIClient:
@@ -280,6 +313,15 @@ class OpenAIClient:
                 error = self._transport_error(exc, "streaming the reply", stream)
         for kind, text in splitter.flush():
             yield from self._deliver(stream, kind, text)
+        yield from self._close_calls(stream, body, complete=stream.done and error is None)
+        forced = body.get("tools") and (
+            body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict)
+        )
+        if forced and stream.done and error is None and not stream.calls:
+            yield StreamNotice(
+                f"{self.connection.label} answered in text although a tool call was required: "
+                "this server (or its chat format for this model) does not support tools."
+            )
         if cancel.cancelled and not stream.done:
             yield self._finished(stream, FinishReason.CANCELLED, body)
         elif error is not None:
@@ -293,6 +335,10 @@ class OpenAIClient:
             yield self._finished(stream, FinishReason.ERROR, body, str(error))
         else:
             reason = FINISH_REASONS.get(stream.finish or "stop", FinishReason.STOP)
+            if stream.tool_calls:
+                reason = FinishReason.TOOL_CALLS  # some servers say "stop" after calls
+            elif reason == FinishReason.TOOL_CALLS:
+                reason = FinishReason.STOP  # none of the calls can be executed
             if stream.finish == "content_filter":
                 message = f"{self.connection.label} stopped the reply (content filter)."
                 yield self._finished(stream, FinishReason.ERROR, body, message)
@@ -337,6 +383,9 @@ class OpenAIClient:
             if isinstance(content, str) and content:
                 for kind, text in splitter.push(content):
                     yield from self._deliver(stream, kind, text)
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                yield from self._on_tool_calls(calls, stream)
             logprobs = choice.get("logprobs")
             if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
                 for entry in logprobs["content"]:
@@ -346,6 +395,74 @@ class OpenAIClient:
                         yield token
             if choice.get("finish_reason"):
                 stream.finish = str(choice["finish_reason"])
+
+    def _on_tool_calls(self, parts: list, stream: _Stream):
+        label = self.connection.label
+        for position, part in enumerate(parts):
+            if not isinstance(part, dict):
+                raise MalformedChunkError(label, f"{label} sent a tool call that is not an object")
+            index = part.get("index", position)
+            if not isinstance(index, int):
+                raise MalformedChunkError(label, f"{label} sent a tool call index {index!r}")
+            function = part.get("function") or {}
+            if not isinstance(function, dict):
+                raise MalformedChunkError(label, f"{label} sent a tool call without a function")
+            call = stream.calls.get(index)
+            if call is None:
+                call_id = part.get("id")
+                call_id = call_id if isinstance(call_id, str) and call_id else f"call_{index}"
+                call = stream.calls[index] = _StreamedCall(call_id)
+            name = function.get("name")
+            if isinstance(name, str) and name and not call.name:
+                call.name = name
+            fragment = function.get("arguments")
+            if isinstance(fragment, dict):  # a server that sends the object itself
+                fragment = json.dumps(fragment)
+            if isinstance(fragment, str) and fragment:
+                call.arguments.append(fragment)
+            self._mark_delta(stream)
+            if not call.started and call.name:
+                call.started = True
+                yield ToolCallStarted(call.id, call.name)
+                if call.arguments:  # what arrived before the name
+                    yield ToolCallArgumentsDelta(call.id, "".join(call.arguments))
+            elif call.started and isinstance(fragment, str) and fragment:
+                yield ToolCallArgumentsDelta(call.id, fragment)
+
+    def _close_calls(self, stream: _Stream, body: dict, complete: bool):
+        """Each streamed call, checked: ToolCallFinished (executable) or ToolCallMalformed."""
+        schemas = _offered_schemas(body)
+        for index in sorted(stream.calls):
+            call = stream.calls[index]
+            text = "".join(call.arguments)
+            problem = None
+            arguments: object = None
+            if not complete:
+                problem = "the reply ended before the call was complete"
+            elif not call.name:
+                problem = "the server sent a call without a function name"
+            elif call.name not in schemas:
+                offered = ", ".join(schemas) or "none"
+                problem = f"no tool is named {call.name!r} (offered: {offered})"
+            else:
+                try:
+                    arguments = json.loads(text or "{}")
+                except ValueError as exc:
+                    problem = f"the arguments are not JSON ({exc})"
+                else:
+                    problem = _arguments_problem(arguments, call.name, schemas[call.name])
+            if problem is None and isinstance(arguments, dict):
+                stream.tool_calls.append(ToolCall(call.id, call.name, arguments))
+                yield ToolCallFinished(call.id, call.name, arguments)
+            else:
+                yield ToolCallMalformed(call.id, call.name, text, problem or "not an object")
+
+    def _mark_delta(self, stream: _Stream) -> None:
+        now = time.perf_counter()
+        if stream.first_at is None:
+            stream.first_at = now
+        stream.last_at = now
+        stream.n_deltas += 1
 
     def _deliver(self, stream: _Stream, kind: str, text: str):
         now = time.perf_counter()
@@ -369,7 +486,10 @@ class OpenAIClient:
             text="".join(stream.text),
             reasoning="".join(stream.reasoning),
             error=error,
-            preset={k: v for k, v in body.items() if k not in ("messages", "stream", "model")},
+            preset={
+                k: v for k, v in body.items() if k not in ("messages", "stream", "model", "tools")
+            },
+            tool_calls=tuple(stream.tool_calls),
         )
 
     # --- errors ---------------------------------------------------------------------------------
@@ -433,6 +553,36 @@ class OpenAIClient:
         if status >= 500 and not _is_validation_failure(detail):
             return ServerError(label, f"{label} failed to answer (HTTP {status}){said}.")
         return RequestRejectedError(label, f"{label} refused the request (HTTP {status}){said}")
+
+
+def _offered_schemas(body: dict) -> dict[str, dict]:
+    """name -> parameters schema of the tools the request offered."""
+    schemas: dict[str, dict] = {}
+    for tool in body.get("tools") or ():
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            parameters = function.get("parameters")
+            schemas[function["name"]] = parameters if isinstance(parameters, dict) else {}
+    return schemas
+
+
+def _arguments_problem(arguments: object, name: str, schema: dict) -> str | None:
+    if not isinstance(arguments, dict):
+        return "the arguments are not a JSON object"
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        errors = sorted(
+            Draft202012Validator(schema).iter_errors(arguments), key=lambda e: list(e.path)
+        )
+    except SchemaError as exc:
+        return f"{name}'s schema cannot be checked ({exc.message})"
+    if not errors:
+        return None
+    first = errors[0]
+    where = "/".join(str(p) for p in first.absolute_path) or "(the arguments)"
+    return f"the arguments do not match {name}'s schema at {where}: {first.message}"
 
 
 def _is_tls_failure(exc: BaseException) -> bool:

@@ -108,7 +108,43 @@ def openai_params(request: GenerationRequest, preset: ResolvedPreset) -> dict:
     if request.top_logprobs:
         params["logprobs"] = True
         params["top_logprobs"] = int(request.top_logprobs)
+    tools = [_openai_tool(t) for t in request.tools or ()]
+    if tools:
+        params["tools"] = tools
+        choice = request.tool_choice
+        params["tool_choice"] = str(choice) if isinstance(choice, str) else dict(choice)
     return params
+
+
+def _openai_tool(tool) -> dict:
+    """The OpenAI function-tool dict (GenerationRequest.tools also takes the bare function)."""
+    tool = dict(tool)
+    return tool if "function" in tool else {"type": "function", "function": tool}
+
+
+def openai_message(message) -> dict:
+    """A chat message as the OpenAI API takes it: tool calls in the history with their arguments
+    as JSON text, a tool result with the id of the call it answers."""
+    out: dict = {"role": str(message["role"]), "content": message.get("content")}
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [_openai_call(c) for c in calls]
+    for key in ("tool_call_id", "name"):
+        if message.get(key) and (key != "name" or out["role"] == "tool"):
+            out[key] = message[key]
+    if out["content"] is None and not calls:
+        out["content"] = ""
+    return out
+
+
+def _openai_call(call) -> dict:
+    if hasattr(call, "to_openai"):  # engine.types.ToolCall
+        return call.to_openai()
+    call = dict(call)
+    function = dict(call.get("function") or {})
+    if not isinstance(function.get("arguments", ""), str):
+        function["arguments"] = json.dumps(function["arguments"])
+    return {**call, "type": "function", "function": function}
 
 
 class RemoteEngine:
@@ -184,7 +220,7 @@ class RemoteEngine:
     ) -> Iterator[object]:
         preset = self.resolve_preset(self.describe(handle), request.saved_preset, request.overrides)
         params = openai_params(request, preset)
-        messages = [{"role": str(m["role"]), "content": m["content"]} for m in request.messages]
+        messages = [openai_message(m) for m in request.messages]
         self._active = handle.client
         events = handle.client.chat(handle.model, messages, params, cancel)
         if request.json_mode == JsonMode.OFF:

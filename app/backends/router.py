@@ -97,10 +97,13 @@ class BackendRouter(QObject):
 
     def load_model(self, path: str, n_ctx: int = 0, n_threads: int = 0) -> None:
         """Open a local GGUF or connect to a remote model ("remote://..."); the backend becomes
-        active when it has loaded. A model already loaded in its backend is switched to at once."""
+        active when it has loaded. A model already loaded in the other backend is switched to at
+        once; opening the active model again loads it anew (new settings, a server restarted on
+        it), as it did before there were two backends."""
         controller = self._remote() if is_remote_path(path) else self.local
         self._wanted = controller
-        if controller.model is not None and controller.model.path == str(path):
+        switching_back = controller is not self.active
+        if switching_back and controller.model is not None and controller.model.path == str(path):
             self._on_loaded(controller, controller.model)
             return
         controller.load_model(path, n_ctx, n_threads)

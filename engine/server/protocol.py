@@ -9,7 +9,15 @@ or an ApiError; the app answers 400 in OpenAI's error shape.
 Fields the OpenAI API has and this server does not implement (`user`, `metadata`, `store`,
 `service_tier`, `parallel_tool_calls`, ...) are ignored, as OpenAI ignores fields it does not
 know. Fields whose silent omission would change the answer a client asked for are refused
-instead: n > 1, best_of > 1, echo, suffix, a non-empty logit_bias, tools / functions.
+instead: n > 1, best_of > 1, echo, suffix, a non-empty logit_bias, the legacy `functions` /
+`function_call` (send `tools` / `tool_choice`).
+
+Tools: `tools` and `tool_choice` become GenerationRequest.tools / tool_choice as they are; the
+engine validates them when the request is planned (engine.tool_calls.spec), and its
+ConfigValidationError names the field (`tools[0].function.name`, `tool_choice`), which the app
+answers as a 400. In the history, an assistant message may carry `tool_calls` (OpenAI's
+{"id", "type": "function", "function": {"name", "arguments": JSON text}}) and `role: "tool"`
+messages carry a result (`content`) and the `tool_call_id` they answer.
 
 Sampling values a request leaves out (or sends as null) come from the model's own preset, as in
 the desktop app (`python -m engine info MODEL` lists them). `temperature: 0` means greedy and any
@@ -19,6 +27,7 @@ context window is full" for chat and 16 for /v1/completions (OpenAI's documented
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -50,6 +59,7 @@ SAMPLING_FIELDS = {
 # "developer" is OpenAI's newer name for the system role
 CHAT_ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER}
 CHAT_ROLES["assistant"] = Role.ASSISTANT
+CHAT_ROLES["tool"] = Role.TOOL
 
 
 @dataclass
@@ -61,6 +71,9 @@ class ParsedRequest:
     include_usage: bool  # stream_options.include_usage: a last chunk with usage
     logprobs: bool  # report each token's logprob
     top_logprobs: int  # alternatives per token (0..20)
+    # tool_choice "required" or a named function: every call is decoded under the call grammar,
+    # so its deltas can be streamed as they form (see engine/server/responses.py)
+    tools_constrained: bool = False
 
 
 def parse_chat(body: Any, model_names: Collection[str]) -> ParsedRequest:
@@ -71,13 +84,21 @@ def parse_chat(body: Any, model_names: Collection[str]) -> ParsedRequest:
     top = _optional_int(fields, "top_logprobs", 0, MAX_CHAT_TOP_LOGPROBS)
     if top and not logprobs:
         raise ConfigValidationError("top_logprobs", top, "used together with logprobs: true")
-    _refuse_unsupported(fields, ("tools", "functions"))
+    _refuse_unsupported(fields, ("functions", "function_call"))
     request = GenerationRequest(messages=messages)
     request.overrides = _overrides(fields, default_max_tokens=None)
     request.json_mode, request.json_schema = _response_format(fields.get("response_format"))
     request.top_logprobs = top or 0
+    tools, choice = fields.get("tools"), fields.get("tool_choice")
+    if tools is not None:
+        request.tools = tools  # checked by the engine when planned (typed, field-named)
+    if choice is not None:
+        request.tool_choice = choice
+    constrained = bool(tools) and (choice == "required" or isinstance(choice, dict))
     stream, include_usage = _stream(fields)
-    return ParsedRequest(CHAT, model, request, stream, include_usage, logprobs, top or 0)
+    return ParsedRequest(
+        CHAT, model, request, stream, include_usage, logprobs, top or 0, constrained
+    )
 
 
 def parse_completion(body: Any, model_names: Collection[str]) -> ParsedRequest:
@@ -136,12 +157,55 @@ def _messages(value: Any) -> list[dict]:
         if role not in CHAT_ROLES:
             allowed = ", ".join(sorted(CHAT_ROLES))
             raise ConfigValidationError(f"{where}.role", role, f"one of {allowed}")
-        if role == "assistant" and message.get("tool_calls"):
-            raise ConfigValidationError(
-                f"{where}.tool_calls", "[...]", "absent (tool calls are not supported)"
-            )
-        out.append({"role": str(CHAT_ROLES[role]), "content": _content(message, where)})
+        entry: dict[str, Any] = {"role": str(CHAT_ROLES[role]), "content": _content(message, where)}
+        if role == "assistant" and message.get("tool_calls") is not None:
+            entry["tool_calls"] = _history_tool_calls(message["tool_calls"], f"{where}.tool_calls")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise ConfigValidationError(
+                    f"{where}.tool_call_id", _short(call_id), "the id of the call it answers"
+                )
+            entry["tool_call_id"] = call_id
+            if isinstance(message.get("name"), str):
+                entry["name"] = message["name"]
+        out.append(entry)
     return out
+
+
+def _history_tool_calls(value: Any, where: str) -> list[dict]:
+    """An assistant message's calls as OpenAI sends them back: arguments stay JSON text here
+    (engine.tool_calls.formats.prepare_messages turns them into objects for the template)."""
+    if not isinstance(value, list):
+        raise ConfigValidationError(where, _short(value), "an array of tool calls")
+    calls = []
+    for i, call in enumerate(value):
+        at = f"{where}[{i}]"
+        call = _object(call, at)
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            raise ConfigValidationError(f"{at}.id", _short(call_id), "a non-empty string")
+        if call.get("type", "function") != "function":
+            raise ConfigValidationError(f"{at}.type", _short(call.get("type")), '"function"')
+        function = _object(call.get("function"), f"{at}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigValidationError(f"{at}.function.name", _short(name), "a non-empty string")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, dict):  # some clients send the object itself
+            arguments = json.dumps(arguments)
+        if not isinstance(arguments, str):
+            raise ConfigValidationError(
+                f"{at}.function.arguments", _short(arguments), "a JSON text (string)"
+            )
+        calls.append(
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        )
+    return calls
 
 
 def _content(message: dict, where: str) -> str:
@@ -151,7 +215,7 @@ def _content(message: dict, where: str) -> str:
     if isinstance(content, str):
         return content
     if content is None and message.get("role") == "assistant":
-        return ""
+        return ""  # e.g. a message that only carries tool_calls
     if not isinstance(content, list):
         raise ConfigValidationError(f"{where}.content", _short(content), "a string or text parts")
     texts = []

@@ -19,6 +19,22 @@ stays "length". Two have no OpenAI counterpart and keep our names: "cancelled" (
 cancelled, e.g. the server shut down while it ran) and "error" (the engine failed after the
 request was accepted; a stream then also carries an `error` object, which OpenAI clients raise).
 
+Tool calls: `message.tool_calls` (whole) and `delta.tool_calls` (streamed) in OpenAI's shape,
+finish_reason "tool_calls" when the reply ended on calls. A streamed call's first delta is
+{"index": i, "id", "type": "function", "function": {"name", "arguments": ""}}, then deltas
+{"index": i, "function": {"arguments": fragment}} whose fragments concatenate to the arguments'
+JSON text. When the request's tool_choice is "required" or a named function, every call is
+decoded under the call grammar, so its deltas go out as the model writes them. With "auto" a
+call is held until the engine has checked it (ToolCallFinished: an offered tool, arguments that
+validate), then sent as the same deltas. A call the engine finds malformed (ToolCallMalformed:
+not JSON, an unknown tool, arguments the schema rejects) is never sent as a tool call: OpenAI
+agents execute every `tool_calls` entry they get and most crash on bad arguments, while text
+they show to the user. So what the model wrote comes back as `content` (as llama-server and vLLM
+do with calls their parsers cannot read), and the choice carries our extra field
+`malformed_tool_calls: [{"name", "text", "problem"}]` saying why. (A constrained call can only be
+malformed when it is cut off by max_tokens or a cancel; its deltas were sent already, and the
+finish reason, "length" or "cancelled", says it is incomplete.)
+
 Usage: OpenAI's prompt_tokens, completion_tokens, total_tokens and
 prompt_tokens_details.cached_tokens (prompt tokens whose KV came from the shared prefix cache),
 plus `usage.timings`, our extra field:
@@ -28,12 +44,23 @@ plus `usage.timings`, our extra field:
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
-from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Usage
+from engine.events import (
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    TokenSampled,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallMalformed,
+    ToolCallStarted,
+    Usage,
+)
 from engine.server.protocol import CHAT, ParsedRequest
 from engine.types import FinishReason
 
@@ -42,6 +69,7 @@ OPENAI_FINISH_REASON = {
     FinishReason.STOP_SEQUENCE: "stop",
     FinishReason.GRAMMAR_COMPLETE: "stop",
     FinishReason.LENGTH: "length",
+    FinishReason.TOOL_CALLS: "tool_calls",
     FinishReason.CANCELLED: "cancelled",
     FinishReason.ERROR: "error",
 }
@@ -83,6 +111,14 @@ class ResponseWriter:
         self._unsent_tokens: list[TokenSampled] = []
         self._role_sent = False
         self._text_offset = 0  # completions logprobs: characters of text before each token
+        # tool calls: index in the reply's tool_calls (in the order they were sent), the deltas
+        # of calls held back until checked, and what the whole response reports
+        self._call_index: dict[str, int] = {}
+        self._held: dict[str, list[dict]] = {}
+        self._content: list[str] = []  # answer text, with malformed calls' text in place
+        self._calls: list[dict] = []  # executable calls, OpenAI's tool_calls entries
+        self._malformed: list[dict] = []
+        self._arguments_text: dict[str, list[str]] = {}  # per call, as the model wrote it
 
     # --- streaming ---------------------------------------------------------------------------
     def opening_chunks(self) -> list[dict]:
@@ -98,8 +134,13 @@ class ResponseWriter:
             if self.parsed.logprobs and self.parsed.stream:
                 self._unsent_tokens.append(event)
             return []
+        if isinstance(event, TextDelta):
+            self._content.append(event.text)
+        tool_chunks = self._tool_call_chunks(event)
         if not self.parsed.stream:
             return []
+        if tool_chunks:
+            return tool_chunks
         if isinstance(event, TextDelta) and event.text:
             return [self._chunk({"content": event.text}, logprobs=self._take_logprobs())]
         if isinstance(event, ReasoningDelta) and event.text:
@@ -111,9 +152,11 @@ class ResponseWriter:
             self._chunk(
                 {},
                 logprobs=self._take_logprobs(),
-                finish_reason=openai_finish_reason(finished.finish_reason),
+                finish_reason=self._finish_reason(finished),
             )
         ]
+        if self._malformed:  # our extra field, on the chunk that closes the choice
+            out[0]["choices"][0]["malformed_tool_calls"] = list(self._malformed)
         if self.parsed.include_usage:
             usage_chunk = self._envelope(self.object + ".chunk")
             usage_chunk["choices"] = []
@@ -127,17 +170,77 @@ class ResponseWriter:
         logprobs = self._logprobs(self.tokens) if self.parsed.logprobs else None
         choice: dict[str, Any] = {"index": 0}
         if self.parsed.kind == CHAT:
-            message: dict[str, Any] = {"role": "assistant", "content": finished.text}
+            content = "".join(self._content) if self._malformed else finished.text
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if self._calls:
+                message["tool_calls"] = list(self._calls)
+                if not content:
+                    message["content"] = None  # as OpenAI sends a reply that is only calls
             if finished.reasoning:
                 message["reasoning_content"] = finished.reasoning
             choice["message"] = message
         else:
             choice["text"] = finished.text
         choice["logprobs"] = logprobs
-        choice["finish_reason"] = openai_finish_reason(finished.finish_reason)
+        choice["finish_reason"] = self._finish_reason(finished)
+        if self._malformed:
+            choice["malformed_tool_calls"] = list(self._malformed)
         body["choices"] = [choice]
         body["usage"] = usage_object(finished.usage)
         return body
+
+    # --- tool calls --------------------------------------------------------------------------
+    def _tool_call_chunks(self, event: object) -> list[dict]:
+        """The chunks a tool-call event sends now (none while an "auto" call is held back)."""
+        live = self.parsed.tools_constrained
+        if isinstance(event, ToolCallStarted):
+            first: dict[str, Any] = {"id": event.id, "type": "function"}
+            first["function"] = {"name": event.name, "arguments": ""}
+            if live:
+                return [self._tool_delta(event.id, first)]
+            self._held[event.id] = [first]
+        elif isinstance(event, ToolCallArgumentsDelta):
+            self._arguments_text.setdefault(event.id, []).append(event.text)
+            fragment = {"function": {"arguments": event.text}}
+            if event.id in self._call_index:
+                return [self._tool_delta(event.id, fragment)]
+            self._held.setdefault(event.id, []).append(fragment)
+        elif isinstance(event, ToolCallFinished):
+            self._calls.append(self._whole_call(event))
+            held = self._held.pop(event.id, [])
+            return [self._tool_delta(event.id, delta) for delta in held]
+        elif isinstance(event, ToolCallMalformed):
+            self._held.pop(event.id, None)
+            self._malformed.append(
+                {"name": event.name, "text": event.text, "problem": event.problem}
+            )
+            if event.id in self._call_index:
+                return []  # a constrained call cut short: sent already, the finish reason says so
+            self._content.append(event.text)
+            return [self._chunk({"content": event.text})] if event.text else []
+        return []
+
+    def _whole_call(self, event: ToolCallFinished) -> dict:
+        """The call for message.tool_calls, its arguments the text the model wrote (what the
+        streamed fragments concatenate to), so a client gets the same call either way."""
+        entry = event.call.to_openai()
+        written = "".join(self._arguments_text.get(event.id, ()))
+        try:
+            same = json.loads(written) == event.arguments
+        except ValueError:
+            same = False
+        if same:
+            entry["function"]["arguments"] = written
+        return entry
+
+    def _tool_delta(self, call_id: str, delta: dict) -> dict:
+        index = self._call_index.setdefault(call_id, len(self._call_index))
+        return self._chunk({"tool_calls": [{"index": index, **delta}]})
+
+    def _finish_reason(self, finished: Finished) -> str:
+        if finished.finish_reason == FinishReason.TOOL_CALLS and not self._calls:
+            return "stop"  # only malformed calls: they came back as text
+        return openai_finish_reason(finished.finish_reason)
 
     # --- pieces ------------------------------------------------------------------------------
     def _envelope(self, object_name: str) -> dict:
