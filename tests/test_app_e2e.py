@@ -37,6 +37,9 @@ def test_question_gets_an_answer_with_usage_and_ttft(qtbot, tmp_path, model_path
     assert window.preset_panel.isEnabled() and window.preset_panel.table.rowCount() > 5
     assert window.session.set_preset_value("max_new_tokens", 12) is None
     assert window.preset_panel.source_text("max_new_tokens") == "override"
+    # greedy, stated: SmolLM2 states no sampling values, so chat would sample with the LocalChat
+    # chat defaults and end at a different length each run
+    assert window.session.set_preset_value("do_sample", False) is None
 
     with wait_reply(qtbot, window):
         window.input.setPlainText("What is the capital of France?")
@@ -144,6 +147,7 @@ def test_json_object_mode_gives_parseable_output(qtbot, tmp_path, model_path):
     window.json_bar.combo.setCurrentIndex(1)  # any JSON object
     assert window.session.json_mode == "object"
     window.session.set_preset_value("max_new_tokens", 48)
+    window.session.set_preset_value("do_sample", False)  # greedy: the object closes within 48
     with wait_reply(qtbot, window):
         window.input.setPlainText(
             "Give me a JSON object describing Paris with keys name and country."
