@@ -39,6 +39,8 @@ class Settings:
     presets: dict[str, dict] = field(default_factory=dict)  # model path -> saved overrides
     json_schema: str = ""  # last schema typed in the schema editor
     personas: dict[str, str] = field(default_factory=dict)  # name -> saved system prompt
+    # MCP servers the user added (Tools panel): {"name", "command": [argv] | "url": str}
+    mcp_servers: list[dict] = field(default_factory=list)
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -63,6 +65,7 @@ class Settings:
                 and len(prompt) <= MAX_PERSONA_CHARS
             )[:MAX_PERSONAS]
         )
+        self.mcp_servers = [s for s in _list(self.mcp_servers) if _usable_server(s)]
         return self
 
     def remember_model(self, path: str) -> None:
@@ -70,6 +73,21 @@ class Settings:
         self.recent_models = [path] + [p for p in self.recent_models if p != path]
         self.recent_models = self.recent_models[:MAX_RECENT_MODELS]
         self.last_model = path
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _usable_server(entry) -> bool:
+    """An MCP server entry a hand edit has not broken: a name and exactly one of command/url."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        return False
+    command, url = entry.get("command"), entry.get("url")
+    has_command = isinstance(command, list) and bool(command)
+    has_command = has_command and all(isinstance(a, str) for a in command)
+    has_url = isinstance(url, str) and bool(url.strip())
+    return bool(entry["name"].strip()) and has_command != has_url
 
 
 class SettingsFile:
