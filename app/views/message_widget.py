@@ -282,6 +282,8 @@ class MessageWidget(QFrame):
         self.status_label.setText(STATUS_NOTES.get(status, ""))
         self.status_label.setProperty("status", status)
         self._show_tool_calls(streaming)
+        # A reply that is only tool calls has no text to frame.
+        self.body.setVisible(bool(self.text) or streaming or not m.tool_calls)
         self.usage_label.setText(_usage_line(m.usage) if not streaming else "")
         self.usage_label.setVisible(bool(self.usage_label.text()))
 

@@ -4,6 +4,7 @@ chat / Deny), and its result, collapsed until the user opens it."""
 
 from __future__ import annotations
 
+import html
 import json
 
 from PySide6.QtCore import Qt, Signal
@@ -67,8 +68,12 @@ class ToolCallWidget(QFrame):
         layout.setContentsMargins(10, 6, 10, 6)
         layout.setSpacing(3)
         header = QHBoxLayout()
-        where = f" · {tool['server']}" if tool.get("server") else ""
-        self.title = QLabel(f"<b>Tool call: {tool.get('name', '?')}</b>{where}")
+        where = (
+            f" (MCP server {html.escape(str(tool['server']))})"
+            if tool.get("server")
+            else " (built-in)"
+        )
+        self.title = QLabel(f"<b>Tool call: {html.escape(str(tool.get('name', '?')))}</b>{where} —")
         self.status_label = QLabel()
         self.status_label.setObjectName("tool_status")
         header.addWidget(self.title)

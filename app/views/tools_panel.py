@@ -101,6 +101,7 @@ class ToolsPanel(QWidget):
         while self._list_layout.count():
             item = self._list_layout.takeAt(0)
             if item.widget() is not None:
+                item.widget().hide()  # deleteLater alone leaves it drawn until the loop runs
                 item.widget().deleteLater()
         self.boxes, self.server_labels = {}, {}
         builtin = QGroupBox("Built-in (run without asking)")
