@@ -52,6 +52,10 @@ class ToolRunner(QObject):
         super().__init__(parent)
         self.store, self.registry = store, registry
         self.max_rounds = DEFAULT_MAX_ROUNDS
+        # The first round's tool_choice. "auto" lets the model decide every round; "required" or
+        # a named function forces one call (decoded under the tool's grammar, so it is always
+        # valid) and the rounds after it answer from the result (tool_choice "none").
+        self.first_choice: object = ToolChoice.AUTO
         self.rounds = 0  # tool rounds run in the current user turn
         self._queue: list[int] = []  # tool message ids still to run, in order
         self._running: int | None = None  # the message whose call runs now
@@ -82,6 +86,9 @@ class ToolRunner(QObject):
                 f"{self.max_rounds}); it now has to answer without them."
             )
             return [t.schema for t in offered], ToolChoice.NONE
+        if self.first_choice != ToolChoice.AUTO:
+            choice = self.first_choice if self.rounds == 0 else ToolChoice.NONE
+            return [t.schema for t in offered], choice
         return [t.schema for t in offered], ToolChoice.AUTO
 
     # --- a round ---------------------------------------------------------------------------------

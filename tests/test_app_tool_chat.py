@@ -252,3 +252,89 @@ def test_stop_during_a_tool_call_cancels_it(qtbot, mcp_window):
     assert widget.message.tool["error"] == "ToolCancelled"
     assert len(engine.requests) == 1  # no generation after Stop
     assert window.send_button.isEnabled()
+
+
+def test_stop_cancels_the_running_call_through_its_token(qtbot, mcp_window):
+    """The call's thread ends on Stop (ToolCancelled within the client's 50 ms poll), not at
+    the 30 s time limit: the MCP client got the cancel token."""
+    from app.tools.mcp_client import ToolCancelled
+
+    window, engine, registry = mcp_window([ToolCallReply(calls=(("hang", {"seconds": 60}),))])
+    registry.call_timeout_s = 30.0
+    window.session.set_tool_enabled(mcp_key("test", "hang"), True)
+    window.session.send("hang")
+    qtbot.waitUntil(lambda: bool(_tool_widgets(window)), timeout=WAIT_MS)
+    qtbot.waitUntil(_tool_widgets(window)[0].approval_row.isVisible, timeout=WAIT_MS)
+    _tool_widgets(window)[0].allow_once_button.click()
+    qtbot.waitUntil(lambda: "running" in _tool_widgets(window)[0].status_label.text())
+    with qtbot.waitSignal(window.session.tools._outcome, timeout=10_000) as blocker:
+        window.session.cancel()
+    assert isinstance(blocker.args[1], ToolCancelled)
+
+
+def test_stop_while_a_call_waits_for_approval(qtbot, mcp_window):
+    window, engine, _ = mcp_window([ToolCallReply(calls=(("add", {"a": 1, "b": 1}),)), "x"])
+    window.session.set_tool_enabled(mcp_key("test", "add"), True)
+    window.session.send("add")
+    qtbot.waitUntil(lambda: bool(_tool_widgets(window)), timeout=WAIT_MS)
+    widget = _tool_widgets(window)[0]
+    qtbot.waitUntil(widget.approval_row.isVisible, timeout=WAIT_MS)
+    window.cancel_button.click()
+    qtbot.waitUntil(lambda: _finished(window), timeout=WAIT_MS)
+    assert widget.message.tool["approval"] == ToolApproval.CANCELLED
+    assert not widget.approval_row.isVisible()
+    assert not window.session.answer_tool(widget.message.id, ToolApproval.ONCE)  # too late
+    assert len(engine.requests) == 1
+    # the next turn sends the cancelled call's answer, so every call in the history is paired
+    window.session.send("again")
+    qtbot.waitUntil(lambda: len(engine.requests) == 2 and _finished(window), timeout=WAIT_MS)
+    history = engine.requests[1].messages
+    tool_message = next(m for m in history if m["role"] == "tool")
+    assert tool_message["content"].startswith("The user stopped")
+
+
+def test_malformed_call_is_shown_and_never_run(qtbot, tmp_path):
+    engine = FakeEngine(
+        replies=[ToolCallReply(text="Let me see.", malformed=(("calculator", "not JSON"),))]
+    )
+    window = make_window(qtbot, tmp_path, engine)
+    try:
+        window.session.set_tool_enabled(builtin_key("calculator"), True)
+        window.session.send("hm")
+        qtbot.waitUntil(lambda: _finished(window) and bool(engine.requests), timeout=WAIT_MS)
+        assert not _tool_widgets(window)
+        reply = window.chat_view.widgets[-1]
+        assert "Malformed tool call calculator: not JSON" in reply.tool_calls_label.text()
+        assert reply.message.tool["malformed"][0]["problem"] == "not JSON"
+        assert len(engine.requests) == 1
+    finally:
+        close_window(window)
+
+
+def test_tools_panel_adds_a_server_and_shows_a_failed_start(qtbot, tmp_path):
+    engine = FakeEngine()
+    window = make_window(qtbot, tmp_path, engine, load=False)
+    try:
+        panel = window.tools_panel
+        panel.name_edit.setText("broken")
+        panel.target_edit.setText(f"{sys.executable} -c 'import sys; sys.exit(7)'")
+        panel.add_button.click()
+        registry = window.session.tool_registry
+        qtbot.waitUntil(lambda: registry.servers["broken"].status == "error", timeout=WAIT_MS)
+        assert "could not be started" in panel.server_labels["broken"].text()
+        assert window.settings.mcp_servers == [
+            {"name": "broken", "command": [sys.executable, "-c", "import sys; sys.exit(7)"]}
+        ]
+        panel.name_edit.setText("broken")
+        panel.target_edit.setText("http://127.0.0.1:9/mcp")
+        panel.add_button.click()
+        assert "already an MCP server named 'broken'" in panel.add_error.text()
+        panel.name_edit.setText("")
+        panel.add_button.click()
+        assert "name" in panel.add_error.text()
+        removed = panel.server_labels["broken"]
+        registry.remove_server("broken")
+        assert "broken" not in panel.server_labels and removed is not None
+        assert window.settings.mcp_servers == []
+    finally:
+        close_window(window)
