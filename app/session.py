@@ -443,7 +443,7 @@ class ChatSession(QObject):
                 messages.append(
                     {
                         "role": Role.ASSISTANT,
-                        "content": m.content or None,
+                        "content": m.content,  # "" not None: ChatML templates concatenate it
                         "tool_calls": m.tool_calls,
                     }
                 )

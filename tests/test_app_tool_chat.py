@@ -48,7 +48,7 @@ def test_builtin_calculator_round_runs_without_asking_and_continues(qtbot, tmp_p
         assert [t["function"]["name"] for t in first.tools] == ["calculator"]
         # the second request carries the call and its result, paired by id
         assistant, tool = second.messages[-2], second.messages[-1]
-        assert assistant["role"] == "assistant" and assistant["content"] is None
+        assert assistant["role"] == "assistant" and assistant["content"] == ""
         call = assistant["tool_calls"][0]
         assert call["function"]["name"] == "calculator"
         assert json.loads(call["function"]["arguments"]) == {"expression": "6*7"}
@@ -336,5 +336,33 @@ def test_tools_panel_adds_a_server_and_shows_a_failed_start(qtbot, tmp_path):
         registry.remove_server("broken")
         assert "broken" not in panel.server_labels and removed is not None
         assert window.settings.mcp_servers == []
+    finally:
+        close_window(window)
+
+
+def test_calculator_end_to_end_with_a_real_model(qtbot, tmp_path, smollm2_path):
+    """SmolLM2 with tool_choice required: the constrained call is always a valid calculator
+    call; the app runs it and the model answers from the result in text."""
+    from app.engine_bridge import RealEngine
+
+    window = make_window(qtbot, tmp_path, RealEngine(), model_path=str(smollm2_path))
+    try:
+        errors = []
+        window.show_error = lambda title, message: errors.append(message)
+        window.session.tools.first_choice = ToolChoice.REQUIRED
+        window.session.set_tool_enabled(builtin_key("calculator"), True)
+        window.session.set_preset_value("max_new_tokens", 160)
+        window.session.send("Use the calculator: what is 17 * 23?")
+        qtbot.waitUntil(lambda: _finished(window), timeout=300_000)
+        assert not errors, errors
+        roles = [m.role for m in window.session.branch]
+        assert roles == ["user", "assistant", "tool", "assistant"], roles
+        tool = window.session.branch[2]
+        assert tool.tool["name"] == "calculator" and not tool.tool["is_error"], tool.content
+        expression = tool.tool["arguments"]["expression"]
+        from app.tools.calculator import evaluate, format_number
+
+        assert tool.content == format_number(evaluate(expression))
+        assert window.session.branch[3].content.strip()  # answered in text
     finally:
         close_window(window)
