@@ -366,3 +366,22 @@ def test_calculator_end_to_end_with_a_real_model(qtbot, tmp_path, smollm2_path):
         assert window.session.branch[3].content.strip()  # answered in text
     finally:
         close_window(window)
+
+
+def test_saved_servers_start_with_the_app_and_broken_entries_are_dropped(qtbot, tmp_path):
+    good = {"name": "test", "command": [sys.executable, str(SERVER)]}
+    broken = [
+        {"name": "both", "command": ["x"], "url": "http://127.0.0.1:9/mcp"},
+        {"name": "", "command": ["x"]},
+        {"name": "args", "command": ["x", 3]},
+        "not a dict",
+    ]
+    (tmp_path / "settings.json").write_text(json.dumps({"mcp_servers": [good, *broken]}))
+    window = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    try:
+        registry = window.session.tool_registry
+        assert list(registry.servers) == ["test"]
+        qtbot.waitUntil(lambda: registry.servers["test"].status == READY, timeout=WAIT_MS)
+        assert "add" in [b.text() for b in window.tools_panel.boxes.values()]
+    finally:
+        close_window(window)
