@@ -664,6 +664,7 @@ class MainWindow(QMainWindow):
         self.session.retry_saves()  # and a last try for replies a full disk kept in memory
         self.save_retry_timer.stop()
         self.controller.shutdown()
+        self.session.tools.cancel()  # a call waiting or running ends, answered as stopped
         self.session.tool_registry.close()
         self.settings_file.save(self.settings)
         super().closeEvent(event)
