@@ -46,6 +46,7 @@ class EngineController(QObject):
     replyTokens = Signal(object)  # list[TokenSampled]; object, not list: no per-item conversion
     replyUsage = Signal(object)
     replyNotice = Signal(str)  # e.g. older turns left out to fit the context
+    replyToolEvents = Signal(object)  # list of engine ToolCall* events, in order
     replyFinished = Signal(object)  # engine Finished
     replyErrored = Signal(str)
     replayFinished = Signal(object)  # ReplayReport
@@ -264,6 +265,8 @@ class EngineController(QObject):
                     for notice in item.notices:
                         self.replyNotice.emit(notice)
                     self._emit_batch(item.text, item.reasoning, item.tokens, item.usage)
+                    if item.tool_events:
+                        self.replyToolEvents.emit(item.tool_events)
                 continue
             request_id, event = item
             if request_id != self._active:

@@ -20,6 +20,7 @@ ROLE_TITLES = {
     Role.SYSTEM: "System",
     Role.USER: "You",
     Role.ASSISTANT: "Assistant",
+    Role.TOOL: "Tool",
 }  # also on screen
 # POSIX file systems (ext4, btrfs, APFS, NTFS via the OS) limit a name to 255 bytes, not
 # characters: a title of 200 accented letters is 400 bytes and the write fails.
@@ -74,8 +75,46 @@ def to_markdown(conversation: Conversation, messages: list[StoredMessage]) -> st
         if m.reasoning:
             quoted = "\n".join("> " + line for line in m.reasoning.splitlines())
             lines += ["<details><summary>Reasoning</summary>", "", quoted, "", "</details>", ""]
+        if m.role == Role.TOOL and m.tool:
+            lines += _tool_markdown(m)
+            continue
         lines += [m.content, ""]
+        for call in m.tool_calls:
+            function = call.get("function", {})
+            lines += [f"**Tool call** `{function.get('name')}`", "", "```json"]
+            lines += [_pretty_arguments(function.get("arguments")), "```", ""]
+        for bad in (m.tool or {}).get("malformed") or []:
+            lines += [
+                f"**Malformed tool call** `{bad.get('name')}` (not run): {bad.get('problem')}",
+                "",
+            ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _pretty_arguments(arguments) -> str:
+    try:
+        return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(arguments)
+
+
+def _tool_markdown(m: StoredMessage) -> list[str]:
+    tool = m.tool or {}
+    note = f"`{tool.get('name')}` ({tool.get('approval')}"
+    note += f", {tool['error']})" if tool.get("error") else ")"
+    fence = "````" if "```" in m.content else "```"
+    return [
+        f"Result of {note}:",
+        "",
+        "<details><summary>Result</summary>",
+        "",
+        fence,
+        m.content,
+        fence,
+        "",
+        "</details>",
+        "",
+    ]
 
 
 def to_json(
@@ -104,6 +143,7 @@ def to_json(
                 "json_mode": m.json_mode,
                 "created_at": m.created_at,
                 "receipt": m.receipt,
+                "tool": m.tool,  # tool_calls (OpenAI shape) or a tool result's call id/approval
             }
             for m in (tree if tree is not None else messages)
         ],

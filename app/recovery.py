@@ -356,6 +356,7 @@ def _message(record: dict, conversation_id: int, position: int, report) -> Store
         usage=_json(record.get("usage_json"), None, report),
         tokens=_json(record.get("tokens_json"), [], report),
         receipt=_json(record.get("receipt_json"), None, report),
+        tool=_json(record.get("tool_json"), None, report),
         json_mode=_text(record.get("json_mode"), report) or "off",
         created_at=_number(record.get("created_at")),
     )

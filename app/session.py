@@ -27,8 +27,10 @@ from app.preset_state import PresetState
 from app.reply_recorder import ReplyRecorder
 from app.settings import Settings, SettingsFile
 from app.store import Store, StoredMessage, StoreWriteError
+from app.tool_registry import ToolRegistry
+from app.tool_runner import ToolRunner
 from engine.errors import EngineError
-from engine.events import Finished
+from engine.events import Finished, ToolCallMalformed
 from engine.types import GenerationRequest, JsonMode, MessageStatus, ModelInfo, Role
 
 TOP_LOGPROBS = 5
@@ -84,6 +86,11 @@ class ChatSession(QObject):
     # The opened chat is bound to another model than the one in use (a remote connection's
     # model, or back to a local file): the window opens it (app/backends/router.py).
     backendRequested = Signal(str)  # model path, "remote://connection/model" for a remote one
+    toolMessageAdded = Signal(object)  # StoredMessage (role tool), shown below the reply
+    toolMessageChanged = Signal(object)  # StoredMessage (role tool): approval or result
+    replyToolEvents = Signal(object)  # list of ToolCall* events of the streaming reply
+    toolNotice = Signal(str)  # the round limit was reached (shown above the chat)
+    chatToolsChanged = Signal(dict)  # the open chat's {"enabled": [...], "always": [...]}
 
     def __init__(
         self,
@@ -123,11 +130,22 @@ class ChatSession(QObject):
         controller.replayFinished.connect(self._on_replay_finished)
         controller.replayFailed.connect(self._on_replay_failed)
         self._replaying: int | None = None  # the message whose replay runs
+        self._malformed: list[dict] = []  # the streaming reply's malformed tool calls
+        # Tools (app/tool_runner.py drives the rounds; the registry holds the MCP servers).
+        self.tool_registry = ToolRegistry(settings, settings_file, self)
+        self.tools = ToolRunner(store, self.tool_registry, self)
+        controller.replyToolEvents.connect(self._on_tool_events)
+        self.tools.messageAdded.connect(self._on_tool_message_added)
+        self.tools.messageChanged.connect(self._on_tool_message_changed)
+        self.tools.roundDone.connect(self._continue_after_tools)
+        self.tools.stopped.connect(lambda: self.busyChanged.emit(self.busy))
+        self.tools.capNotice.connect(self.toolNotice)
+        self.tool_registry.start_saved()
 
     # --- conversations --------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self._recorder is not None
+        return self._recorder is not None or self.tools.active
 
     def open_conversation(self, conversation_id: int) -> None:
         """Show a chat. Leaving a chat whose reply is streaming stops that reply (kept, marked
@@ -141,6 +159,7 @@ class ChatSession(QObject):
         self.branch = self.store.branch(conversation_id)
         self.conversationOpened.emit(conv, list(self.branch))
         self._restore_backend(conversation_id)
+        self.chatToolsChanged.emit(self.chat_tools())
 
     def _redraw(self) -> None:
         """Show the in-memory branch again (after it changed shape: a new version, a switch)."""
@@ -347,7 +366,63 @@ class ChatSession(QObject):
         return new_id
 
     def cancel(self) -> None:
+        """Stop: the generation and any tool call running or waiting for approval."""
         self.controller.cancel()
+        self.tools.cancel()
+
+    # --- tools ----------------------------------------------------------------------------------
+    def chat_tools(self) -> dict:
+        if self.conversation_id is None:
+            return {}
+        return self.store.chat_tools(self.conversation_id)
+
+    @_reports_write_errors
+    def set_tool_enabled(self, key: str, enabled: bool) -> None:
+        """Offer the tool `key` (ToolRegistry keys) to the model in the open chat, or not."""
+        cid = self.ensure_conversation()
+        chat = self.store.chat_tools(cid)
+        keys = set(chat.get("enabled") or [])
+        keys = keys | {key} if enabled else keys - {key}
+        chat["enabled"] = sorted(keys)
+        self.store.set_chat_tools(cid, chat)
+        self.chatToolsChanged.emit(chat)
+
+    def answer_tool(self, message_id: int, decision: str) -> bool:
+        """The user's answer to a tool call waiting for approval (engine.types.ToolApproval)."""
+        return self.tools.answer(message_id, decision)
+
+    def _on_tool_events(self, events: list) -> None:
+        if self._recorder is None:
+            return
+        for event in events:
+            if isinstance(event, ToolCallMalformed):
+                self._malformed.append(
+                    {
+                        "id": event.id,
+                        "name": event.name,
+                        "text": event.text,
+                        "problem": event.problem,
+                    }
+                )
+        self.replyToolEvents.emit(events)
+
+    def _on_tool_message_added(self, message: StoredMessage) -> None:
+        if message.conversation_id == self.conversation_id:
+            self.branch.append(message)
+            self.toolMessageAdded.emit(message)
+
+    def _on_tool_message_changed(self, message: StoredMessage) -> None:
+        if message.conversation_id == self.conversation_id:
+            self.branch = [message if m.id == message.id else m for m in self.branch]
+            self.toolMessageChanged.emit(message)
+
+    @_reports_write_errors
+    def _continue_after_tools(self, conversation_id: int) -> None:
+        """Every call of the round has its result: the model reads them and goes on."""
+        if conversation_id != self.conversation_id or self.controller.model is None:
+            self.busyChanged.emit(self.busy)
+            return
+        self._start_reply(conversation_id, continuing=True)
 
     # --- receipts and replay --------------------------------------------------------------------
     def receipt(self, message_id: int) -> dict | None:
@@ -398,12 +473,27 @@ class ChatSession(QObject):
         for m in branch:
             if m.id in unsaved:  # its final save failed: the copy in memory is the reply
                 m = unsaved[m.id].in_memory(m)
-            if (
+            if m.role == Role.TOOL and m.tool:
+                # A result for every call, also one the app never finished (closed meanwhile).
+                text = m.content or "The tool call did not finish."
+                messages.append(
+                    {"role": Role.TOOL, "tool_call_id": m.tool.get("tool_call_id"), "content": text}
+                )
+            elif m.role == Role.ASSISTANT and m.tool_calls and m.status != MessageStatus.STREAMING:
+                messages.append(
+                    {
+                        "role": Role.ASSISTANT,
+                        "content": m.content,  # "" not None: ChatML templates concatenate it
+                        "tool_calls": m.tool_calls,
+                    }
+                )
+            elif (
                 m.role in (Role.USER, Role.ASSISTANT)
                 and m.status != MessageStatus.STREAMING
                 and (m.content or m.role == Role.USER)
             ):
                 messages.append({"role": m.role, "content": m.content})
+        tools, tool_choice = self.tools.request_tools(conversation_id)
         presets = self.presets
         return GenerationRequest(
             messages=tuple(messages),
@@ -413,6 +503,8 @@ class ChatSession(QObject):
             json_schema=self.json_schema if self.json_mode == JsonMode.SCHEMA else None,
             top_logprobs=TOP_LOGPROBS,
             enable_thinking=self.thinking if self._has_thinking_switch() else None,
+            tools=tools,
+            tool_choice=tool_choice,
         )
 
     def _has_thinking_switch(self) -> bool:
@@ -423,7 +515,10 @@ class ChatSession(QObject):
         """Reasoning on or off for the next replies (templates that read enable_thinking)."""
         self.thinking = bool(on)
 
-    def _start_reply(self, cid: int) -> None:
+    def _start_reply(self, cid: int, continuing: bool = False) -> None:
+        if not continuing:
+            self.tools.begin_turn()
+        self._malformed = []
         request = self.build_request(cid)
         parent = self.branch[-1].id if self.branch else None
         reply_id = self.store.begin_reply(cid, json_mode=self.json_mode, parent_id=parent)
@@ -434,7 +529,8 @@ class ChatSession(QObject):
         self._started, self._first_token_at, self._n_tokens = time.perf_counter(), None, 0
         self._prompt_estimate = self._estimate_prompt_tokens(cid, request)
         self.messageAdded.emit(self._reply_message)
-        self.busyChanged.emit(True)
+        if not continuing:
+            self.busyChanged.emit(True)
         self.controller.generate(request)
 
     def _estimate_prompt_tokens(self, cid: int, request: GenerationRequest) -> int:
@@ -447,9 +543,9 @@ class ChatSession(QObject):
         ]
         if replies:
             last = replies[-1]
-            added = request.messages[-1]["content"] if request.messages else ""
+            added = (request.messages[-1].get("content") or "") if request.messages else ""
             return int(last.usage["context_used"]) + len(added) // 4 + 8
-        return sum(len(m["content"]) // 4 + 8 for m in request.messages)
+        return sum(len(m.get("content") or "") // 4 + 8 for m in request.messages)
 
     def tick(self) -> None:
         """Called on every repaint tick while streaming: durability save + live usage."""
@@ -551,8 +647,21 @@ class ChatSession(QObject):
         if recorder is None:
             return
         status = recorder.finish(finished)
+        calls = list(finished.tool_calls) if status == MessageStatus.COMPLETE else []
+        if self.tools.rounds >= self.tools.max_rounds:
+            calls = []  # the capped round offered no tools: a call now is not run
+        malformed, self._malformed = self._malformed, []
+        if calls or malformed:
+            tool = {"tool_calls": [c.to_openai() for c in calls], "malformed": malformed}
+            try:
+                self.store.set_tool(recorder.message_id, tool)
+            except StoreWriteError as exc:
+                self._action_error = exc
+                calls = []  # a round the store cannot hold would lose its pairing
         stored = self._stored_reply(recorder)
-        self.busyChanged.emit(False)
+        if stored is not None and calls:
+            self.tools.run_calls(stored.conversation_id, stored, calls)
+        self.busyChanged.emit(self.busy)
         if stored is None:
             return  # its chat was deleted while it streamed
         if status == MessageStatus.ERROR:
@@ -566,7 +675,7 @@ class ChatSession(QObject):
             return
         recorder.fail(message)
         stored = self._stored_reply(recorder)  # None if its chat was deleted
-        self.busyChanged.emit(False)
+        self.busyChanged.emit(self.busy)
         self.replyFailed.emit(message, stored)
 
     def _stored_reply(self, recorder: ReplyRecorder) -> StoredMessage | None:

@@ -42,6 +42,8 @@ class Settings:
     # OpenAI-compatible servers (app/backends/openai_client.py Connection.to_dict); never a key
     connections: list[dict] = field(default_factory=list)
     library_folders: list[str] = field(default_factory=list)  # folders the model library scans
+    # MCP servers the user added (Tools panel): {"name", "command": [argv] | "url": str}
+    mcp_servers: list[dict] = field(default_factory=list)
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -73,6 +75,7 @@ class Settings:
         self.connections = [
             c for c in self.connections if isinstance(c, dict) and c.get("id") and c.get("base_url")
         ]
+        self.mcp_servers = [s for s in _list(self.mcp_servers) if _usable_server(s)]
         return self
 
     def remember_model(self, path: str) -> None:
@@ -80,6 +83,21 @@ class Settings:
         self.recent_models = [path] + [p for p in self.recent_models if p != path]
         self.recent_models = self.recent_models[:MAX_RECENT_MODELS]
         self.last_model = path
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _usable_server(entry) -> bool:
+    """An MCP server entry a hand edit has not broken: a name and exactly one of command/url."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        return False
+    command, url = entry.get("command"), entry.get("url")
+    has_command = isinstance(command, list) and bool(command)
+    has_command = has_command and all(isinstance(a, str) for a in command)
+    has_url = isinstance(url, str) and bool(url.strip())
+    return bool(entry["name"].strip()) and has_command != has_url
 
 
 class SettingsFile:

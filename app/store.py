@@ -14,7 +14,10 @@ role/content per message; version 2 adds per-conversation system prompts, messag
 reasoning, finish reason, usage and sampled tokens; version 3 makes a chat a tree (each message
 has a parent; regenerate and edit add a sibling "version" instead of overwriting, and the
 `selected` sibling of each group is the one on the visible branch) and stores each reply's
-receipt (engine/receipt.py). `_migrate` upgrades in place, one version at a time.
+receipt (engine/receipt.py). Version 4 adds tool calls: a message's `tool_json` (an assistant reply's
+`tool_calls` in OpenAI's shape plus any malformed calls it wrote; a `role: "tool"` message's
+`tool_call_id`, tool name, approval and error kind) and a chat's `tools_json` (the tools enabled
+in it and those the user allowed always). `_migrate` upgrades in place, one version at a time.
 
 The tree: `parent_id` is the message this one follows (NULL for a chat's first message);
 siblings are the messages sharing a parent (for the first message: the chat's NULL-parent
@@ -40,7 +43,7 @@ import platformdirs
 
 from engine.types import MessageStatus
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_TITLE = "New chat"
 
 # Message status values (engine/types.py says what each means).
@@ -89,6 +92,14 @@ class StoredMessage:
     # branch readers (`messages`, `branch`), () elsewhere.
     version_ids: tuple[int, ...] = ()
     receipt: dict | None = None  # engine.receipt record of how this reply was produced
+    # Tool calls (schema 4). An assistant reply: {"tool_calls": [ToolCall.to_openai()],
+    # "malformed": [{"id", "name", "text", "problem"}]}. A role "tool" message: {"tool_call_id",
+    # "name", "approval": APPROVAL_*, "is_error": bool, "error": error type name or None}.
+    tool: dict | None = None
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return list((self.tool or {}).get("tool_calls") or [])
 
     @property
     def version_number(self) -> int:
@@ -136,6 +147,16 @@ _SCHEMA_V3 = (
     )
     + "CREATE INDEX messages_by_parent ON messages(parent_id);\n"
 )
+
+# Version 4: tool calls on messages and the tools enabled per chat (module docstring).
+_SCHEMA_V4 = _SCHEMA_V3.replace(
+    "    receipt_json TEXT,\n", "    receipt_json TEXT,\n    tool_json TEXT,\n"
+).replace(
+    "    system_prompt TEXT NOT NULL DEFAULT '',\n",
+    "    system_prompt TEXT NOT NULL DEFAULT '',\n    tools_json TEXT,\n",
+)
+# Version 3 as it shipped; kept so tests build a v3 database and test the 3 -> 4 migration.
+SCHEMA_V3 = _SCHEMA_V3 + "PRAGMA user_version = 3;\n"
 
 # Version 2 as it shipped (the release before the tree); kept so tests build a v2 database with
 # the exact DDL that release wrote and the 2 -> 3 migration is tested on it.
@@ -276,7 +297,7 @@ class Store:
                 raise StoreError(f"{self.path} is not a LocalChat database (no schema version).")
             # executescript would commit on its own; statements one by one keep it atomic.
             with self._transaction():
-                for statement in _statements(_SCHEMA_V3):
+                for statement in _statements(_SCHEMA_V4):
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             return
@@ -285,6 +306,9 @@ class Store:
             version = 2
         if version == 2:
             self._migrate_2_to_3()
+            version = 3
+        if version == 3:
+            self._migrate_3_to_4()
 
     def _migrate_1_to_2(self) -> None:
         with self._transaction():
@@ -340,6 +364,13 @@ class Store:
             self._db.executemany("UPDATE messages SET parent_id=?, position=? WHERE id=?", updates)
             self._db.execute("CREATE INDEX messages_by_parent ON messages(parent_id)")
             self._db.execute("PRAGMA user_version = 3")
+
+    def _migrate_3_to_4(self) -> None:
+        """Tool calls: nullable JSON columns, so every version-3 row stays as it was."""
+        with self._transaction():
+            self._db.execute("ALTER TABLE messages ADD COLUMN tool_json TEXT")
+            self._db.execute("ALTER TABLE conversations ADD COLUMN tools_json TEXT")
+            self._db.execute("PRAGMA user_version = 4")
 
     def _transaction(self):
         return _Transaction(self._db)
@@ -544,6 +575,7 @@ class Store:
         json_mode: str = "off",
         parent_id: int | None | Literal["end"] = "end",
         receipt: dict | None = None,
+        tool: dict | None = None,
     ) -> int:
         """Add a message after `parent_id` ("end": after the last message of the visible branch;
         None: as a first message). It becomes the selected version among its siblings, so the
@@ -575,7 +607,7 @@ class Store:
                 cur = self._db.execute(
                     "INSERT INTO messages(conversation_id, position, role, content, reasoning, status,"
                     " finish_reason, usage_json, tokens_json, json_mode, created_at, parent_id,"
-                    " selected, receipt_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,1,?)",
+                    " selected, receipt_json, tool_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,1,?,?)",
                     (
                         conversation_id,
                         position,
@@ -590,6 +622,7 @@ class Store:
                         time.time(),
                         parent_id,
                         json.dumps(receipt) if receipt is not None else None,
+                        json.dumps(tool) if tool is not None else None,
                     ),
                 )
                 self._touch(conversation_id)
@@ -633,14 +666,20 @@ class Store:
                     (title or f"{conv.title} (branch)", conv.system_prompt, now, now),
                 )
                 new_cid = cur.lastrowid
+                self._db.execute(
+                    "UPDATE conversations SET tools_json="
+                    "(SELECT tools_json FROM conversations WHERE id=?) WHERE id=?",
+                    (conv.id, new_cid),
+                )
                 parent: int | None = None
                 for depth, old_id in enumerate(path):
                     cur = self._db.execute(
                         "INSERT INTO messages(conversation_id, position, role, content, reasoning,"
                         " status, finish_reason, usage_json, tokens_json, json_mode, created_at,"
-                        " parent_id, selected, receipt_json)"
+                        " parent_id, selected, receipt_json, tool_json)"
                         " SELECT ?, ?, role, content, reasoning, status, finish_reason, usage_json,"
-                        " tokens_json, json_mode, created_at, ?, 1, receipt_json FROM messages"
+                        " tokens_json, json_mode, created_at, ?, 1, receipt_json, tool_json"
+                        " FROM messages"
                         " WHERE id=?",
                         (new_cid, depth, parent, old_id),
                     )
@@ -710,6 +749,39 @@ class Store:
                 ),
             )
 
+    def set_tool(self, message_id: int, tool: dict | None) -> None:
+        """Record a reply's tool calls (or a tool message's outcome) on the message."""
+        with self._writing():
+            self._db.execute(
+                "UPDATE messages SET tool_json=? WHERE id=?",
+                (json.dumps(tool) if tool is not None else None, message_id),
+            )
+
+    def update_tool_message(
+        self, message_id: int, *, content: str, status: str, tool: dict
+    ) -> None:
+        """A role "tool" message's outcome: its result text, status and approval record."""
+        with self._writing():
+            self._db.execute(
+                "UPDATE messages SET content=?, status=?, tool_json=? WHERE id=?",
+                (content, status, json.dumps(tool), message_id),
+            )
+
+    def chat_tools(self, conversation_id: int) -> dict:
+        """{"enabled": [tool keys], "always": [tool keys]} for a chat ({} if never set)."""
+        row = self._db.execute(
+            "SELECT tools_json FROM conversations WHERE id=?", (conversation_id,)
+        ).fetchone()
+        value = _json_or(row[0], {}) if row else {}
+        return value if isinstance(value, dict) else {}
+
+    def set_chat_tools(self, conversation_id: int, tools: dict) -> None:
+        with self._writing():
+            self._db.execute(
+                "UPDATE conversations SET tools_json=? WHERE id=?",
+                (json.dumps(tools), conversation_id),
+            )
+
     def set_receipt(self, message_id: int, receipt: dict) -> None:
         with self._writing():
             self._db.execute(
@@ -741,7 +813,8 @@ class Store:
             self._db.execute(
                 "INSERT INTO messages(id, conversation_id, position, role, content, reasoning,"
                 " status, finish_reason, usage_json, tokens_json, json_mode, created_at,"
-                " parent_id, selected, receipt_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " parent_id, selected, receipt_json, tool_json)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     m.id,
                     m.conversation_id,
@@ -758,6 +831,7 @@ class Store:
                     m.parent_id,
                     int(selected),
                     json.dumps(m.receipt) if m.receipt is not None else None,
+                    json.dumps(m.tool) if m.tool is not None else None,
                 ),
             )
 
@@ -807,7 +881,8 @@ def _escape_like(text: str) -> str:
 # largest columns, for `tokens()` and `receipt()`).
 _COLUMNS_WITHOUT_TOKENS = (
     "id, conversation_id, position, role, content, reasoning, status, finish_reason, usage_json,"
-    " NULL AS tokens_json, json_mode, created_at, parent_id, selected, NULL AS receipt_json"
+    " NULL AS tokens_json, json_mode, created_at, parent_id, selected, NULL AS receipt_json,"
+    " tool_json"
 )
 
 
@@ -836,7 +911,13 @@ def _message_from_row(row: sqlite3.Row, version_ids: tuple[int, ...] = ()) -> St
         parent_id=row["parent_id"],
         version_ids=version_ids,
         receipt=_json_or(row["receipt_json"], None),
+        tool=_tool_of(row),
     )
+
+
+def _tool_of(row: sqlite3.Row) -> dict | None:
+    value = _json_or(row["tool_json"], None) if "tool_json" in row.keys() else None  # noqa: SIM118 (Row's `in` tests values)
+    return value if isinstance(value, dict) else None
 
 
 def _json_or(text: str | None, default):

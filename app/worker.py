@@ -21,8 +21,21 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from app.engine_bridge import ContextTrimmed, EngineBridge, StreamNotice
 from engine.cancel import CancelToken
-from engine.events import Finished, ReasoningDelta, TextDelta, TokenSampled, Usage
+from engine.events import (
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    TokenSampled,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallMalformed,
+    ToolCallStarted,
+    Usage,
+)
 from engine.types import GenerationRequest
+
+# Tool-call events stay separate and in order (a call's Started before its deltas and Finished).
+TOOL_CALL_EVENTS = (ToolCallStarted, ToolCallArgumentsDelta, ToolCallFinished, ToolCallMalformed)
 
 
 class RequestFailed:
@@ -38,7 +51,7 @@ class EventBatch:
     """Consecutive stream events of one request, merged on the worker thread so the GUI thread
     does O(1) work per drain instead of O(events)."""
 
-    __slots__ = ("request_id", "text", "reasoning", "tokens", "usage", "notices")
+    __slots__ = ("request_id", "text", "reasoning", "tokens", "usage", "notices", "tool_events")
 
     def __init__(self, request_id: int):
         self.request_id = request_id
@@ -47,6 +60,7 @@ class EventBatch:
         self.tokens: list[TokenSampled] = []
         self.usage: Usage | None = None
         self.notices: list[str] = []  # ContextTrimmed / StreamNotice messages
+        self.tool_events: list = []  # ToolCall* events, in the order the engine sent them
 
     def add(self, event) -> bool:
         """False for events that are not stream events (Finished, failures)."""
@@ -60,6 +74,8 @@ class EventBatch:
             self.usage = event
         elif isinstance(event, (ContextTrimmed, StreamNotice)):
             self.notices.append(event.message)
+        elif isinstance(event, TOOL_CALL_EVENTS):
+            self.tool_events.append(event)
         else:
             return False
         return True

@@ -51,6 +51,17 @@ class MessageStatus(StrEnum):
     INTERRUPTED = "interrupted"  # was streaming when the app died; found on the next open
 
 
+class ToolApproval(StrEnum):
+    """How a tool call in the app was let run (stored on its role "tool" message)."""
+
+    AUTOMATIC = "automatic"  # a built-in tool: safe, runs without asking
+    PENDING = "pending"  # waiting for the user's answer
+    ONCE = "once"  # the user allowed this call
+    ALWAYS = "always"  # allowed for this tool in this chat, now and from then on
+    DENIED = "denied"  # the user refused; the model is told so
+    CANCELLED = "cancelled"  # Stop arrived before or while it ran
+
+
 class Role(StrEnum):
     """Chat message roles, as chat templates and the store spell them."""
 

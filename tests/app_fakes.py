@@ -24,14 +24,31 @@ from engine.events import (
     FINISH_CANCELLED,
     FINISH_GRAMMAR_COMPLETE,
     FINISH_STOP,
+    FINISH_TOOL_CALLS,
     Finished,
     ReasoningDelta,
     TextDelta,
     TokenSampled,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallMalformed,
+    ToolCallStarted,
     TopAlternative,
     Usage,
 )
-from engine.types import GenerationRequest, JsonMode, ModelInfo, ResolvedPreset
+from engine.types import GenerationRequest, JsonMode, ModelInfo, ResolvedPreset, ToolCall
+
+
+@dataclass(frozen=True)
+class ToolCallReply:
+    """A scripted reply that ends on tool calls: `calls` are (name, arguments) pairs, emitted as
+    the engine does (Started, argument deltas, Finished) after `text`; `malformed` are
+    (name, problem) pairs emitted as ToolCallMalformed."""
+
+    calls: tuple = ()
+    text: str = ""
+    malformed: tuple = ()
+
 
 # How long a test waits for a signal or condition before failing: generous, because the first
 # kernel compile on a cold JIT cache or a busy shared machine can take far longer than usual.
@@ -115,11 +132,49 @@ class FakeEngine:
         if self.fail_generate_with is not None:
             raise self.fail_generate_with
         reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
+        if isinstance(reply, ToolCallReply):
+            return self._tool_stream(lm, request, reply)
         return self._stream(lm, request, reply, cancel)
+
+    def _tool_stream(self, lm, request, reply: ToolCallReply):
+        import json
+
+        if reply.text:
+            yield TextDelta(reply.text)
+        calls = []
+        n = len(self.requests)
+        for i, (name, arguments) in enumerate(reply.calls):
+            call_id = f"call_{n}_{i}"
+            text = json.dumps(arguments)
+            yield ToolCallStarted(call_id, name)
+            for start in range(0, len(text), 5):
+                yield ToolCallArgumentsDelta(call_id, text[start : start + 5])
+            yield ToolCallFinished(call_id, name, arguments)
+            calls.append(ToolCall(call_id, name, arguments))
+        for i, (name, problem) in enumerate(reply.malformed):
+            yield ToolCallMalformed(f"bad_{n}_{i}", name, "{", problem)
+        usage = Usage(
+            prompt_tokens=10,
+            completion_tokens=5,
+            cached_tokens=None,
+            prefill_ms=1.0,
+            decode_ms=1.0,
+            ttft_ms=1.0,
+            prompt_tok_s=10.0,
+            decode_tok_s=5.0,
+            context_used=15,
+            context_limit=lm.n_ctx,
+        )
+        yield Finished(
+            finish_reason=FINISH_TOOL_CALLS if calls or reply.malformed else FINISH_STOP,
+            usage=usage,
+            text=reply.text,
+            tool_calls=tuple(calls),
+        )
 
     def _stream(self, lm, request, reply, cancel):
         start = time.perf_counter()
-        prompt_tokens = sum(len(m["content"].split()) + 4 for m in request.messages)
+        prompt_tokens = sum(len((m.get("content") or "").split()) + 4 for m in request.messages)
         if self.trimmed is not None:
             yield self.trimmed
         if self.reasoning:

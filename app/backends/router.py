@@ -34,6 +34,7 @@ class BackendRouter(QObject):
     replyNotice = Signal(str)
     replyFinished = Signal(object)
     replyErrored = Signal(str)
+    replyToolEvents = Signal(object)  # ToolCall* events, local or from a server's tool_calls
     replayFinished = Signal(object)  # engine.types.ReplayReport
     replayFailed = Signal(str)
 
@@ -69,6 +70,7 @@ class BackendRouter(QObject):
             "replyNotice",
             "replyFinished",
             "replyErrored",
+            "replyToolEvents",
         ):
             getattr(controller, name).connect(getattr(self, name))
 

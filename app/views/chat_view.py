@@ -10,7 +10,8 @@ from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.store import StoredMessage
 from app.views.message_widget import MessageWidget
-from engine.types import MessageStatus
+from app.views.tool_call_widget import ToolCallWidget
+from engine.types import MessageStatus, Role
 
 RENDER_BACKOFF = 3.0
 
@@ -23,6 +24,7 @@ class ChatView(QScrollArea):
     detailsRequested = Signal(int)
     branchRequested = Signal(int)
     compareRequested = Signal(int)
+    toolApproval = Signal(int, str)  # tool message id, ToolApproval decision
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -66,7 +68,9 @@ class ChatView(QScrollArea):
         self._placeholder.setVisible(not self.widgets)
         QTimer.singleShot(0, self._scroll_to_end)
 
-    def add_message(self, message: StoredMessage, scroll: bool = True) -> MessageWidget:
+    def add_message(self, message: StoredMessage, scroll: bool = True):
+        if message.role == Role.TOOL:
+            return self._add_tool_message(message, scroll)
         widget = MessageWidget(message)
         widget.editRequested.connect(self.editRequested)
         widget.regenerateRequested.connect(self.regenerateRequested)
@@ -85,7 +89,31 @@ class ChatView(QScrollArea):
             QTimer.singleShot(0, self._scroll_to_end)
         return widget
 
-    def widget_for(self, message_id: int) -> MessageWidget | None:
+    def _add_tool_message(self, message: StoredMessage, scroll: bool) -> ToolCallWidget:
+        widget = ToolCallWidget(message)
+        widget.approvalGiven.connect(self.toolApproval)
+        self._layout.insertWidget(self._layout.count() - 1, widget)
+        self.widgets.append(widget)
+        self._placeholder.setVisible(False)
+        if scroll:
+            QTimer.singleShot(0, self._scroll_to_end)
+        return widget
+
+    def update_message(self, message: StoredMessage) -> None:
+        """Redraw a message that changed outside streaming (a tool call's approval or result)."""
+        widget = self.widget_for(message.id)
+        if widget is not None:
+            at_bottom = self._at_bottom()
+            widget.set_message(message)
+            if at_bottom:
+                QTimer.singleShot(50, self._scroll_to_end)
+
+    def show_tool_events(self, events: list) -> None:
+        """The streaming reply is writing tool calls: name them while they form."""
+        if self._streaming is not None:
+            self._streaming.note_tool_events(events)
+
+    def widget_for(self, message_id: int):
         return next((w for w in self.widgets if w.message.id == message_id), None)
 
     # --- streaming ------------------------------------------------------------------------------

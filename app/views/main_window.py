@@ -64,6 +64,7 @@ from app.views.receipt_dialog import ReceiptDialog
 from app.views.settings_dialog import OPEN_CONNECTIONS, SettingsDialog
 from app.views.sidebar import Sidebar
 from app.views.token_inspector import TokenInspector
+from app.views.tools_panel import ToolsPanel
 from app.views.ttft_panel import TtftPanel
 from app.views.usage_panel import UsagePanel
 from engine.errors import EngineError
@@ -220,6 +221,8 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.addTab(self.preset_panel, "Sampling")
         self.tabs.addTab(self.token_inspector, "Tokens")
+        self.tools_panel = ToolsPanel()
+        self.tabs.addTab(self.tools_panel, "Tools")
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(4, 4, 4, 4)
@@ -305,9 +308,42 @@ class MainWindow(QMainWindow):
         s.replayFinished.connect(self._on_replay_finished)
         s.replayFailed.connect(self._on_replay_failed)
 
+        self._connect_tools()
         self.preset_panel.valueEdited.connect(self._on_preset_edit)
         self.preset_panel.saveRequested.connect(self._on_preset_save)
         self.preset_panel.resetRequested.connect(self._on_preset_reset)
+
+    def _connect_tools(self) -> None:
+        """The Tools tab and the tool calls in the chat (app/tool_runner.py runs them)."""
+        s, registry, panel = self.session, self.session.tool_registry, self.tools_panel
+
+        def show_tools() -> None:
+            panel.show_tools(registry.builtin_rows(), registry.snapshot())
+            panel.show_chat_tools(s.chat_tools())
+
+        def add_server(name: str, target: str) -> None:
+            try:
+                registry.add_server(name, target)
+            except ValueError as exc:  # ServerConfigError
+                panel.show_add_error(str(exc))
+                return
+            panel.show_add_error("")
+
+        registry.changed.connect(show_tools)
+        registry.serverFailed.connect(
+            lambda name, message: self.notice_banner.show_notice(f"mcp:{name}", message)
+        )
+        panel.toolToggled.connect(s.set_tool_enabled)
+        panel.addServerRequested.connect(add_server)
+        panel.removeServerRequested.connect(registry.remove_server)
+        panel.restartServerRequested.connect(registry.restart_server)
+        s.chatToolsChanged.connect(panel.show_chat_tools)
+        s.toolMessageAdded.connect(self.chat_view.add_message)
+        s.toolMessageChanged.connect(self.chat_view.update_message)
+        s.replyToolEvents.connect(self.chat_view.show_tool_events)
+        s.toolNotice.connect(lambda text: self.notice_banner.show_notice("tools", text, "info"))
+        self.chat_view.toolApproval.connect(s.answer_tool)
+        show_tools()
 
     def _make_actions(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
@@ -911,6 +947,8 @@ class MainWindow(QMainWindow):
         self.save_retry_timer.stop()
         if self._download_runner is not None:
             self._download_runner.stop()  # the partial file is kept; the next download continues it
+        self.session.tools.cancel()  # a call waiting or running ends, answered as stopped
+        self.session.tool_registry.close()
         self.backends.shutdown()
         self.settings_file.save(self.settings)
         super().closeEvent(event)

@@ -21,6 +21,7 @@ from app.json_reply import render_json_reply
 from app.store import StoredMessage
 from app.views.code_blocks import COPY_SCHEME
 from app.views.markdown_style import set_markdown
+from engine.events import ToolCallStarted
 from engine.types import JsonMode, MessageStatus, Role
 
 LIVE_MARKDOWN_CHARS = 12_000  # beyond this a streaming reply is drawn as plain text until it ends
@@ -191,6 +192,15 @@ class MessageWidget(QFrame):
         self.json_status.setObjectName("json_status")
         layout.addWidget(self.json_status)
 
+        # The tool calls this reply made (each one's block follows the reply) and any it wrote
+        # that cannot run (malformed: shown, never executed).
+        self.tool_calls_label = QLabel()
+        self.tool_calls_label.setObjectName("tool_calls_line")
+        self.tool_calls_label.setWordWrap(True)
+        self.tool_calls_label.setTextFormat(Qt.PlainText)
+        layout.addWidget(self.tool_calls_label)
+        self._live_calls: list[str] = []
+
         self.usage_label = QLabel()
         self.usage_label.setObjectName("usage_line")
         layout.addWidget(self.usage_label)
@@ -278,8 +288,34 @@ class MessageWidget(QFrame):
         self._show_versions(streaming)
         self.status_label.setText(STATUS_NOTES.get(status, ""))
         self.status_label.setProperty("status", status)
+        self._show_tool_calls(streaming)
+        # A reply that is only tool calls has no text to frame.
+        self.body.setVisible(bool(self.text) or streaming or not m.tool_calls)
         self.usage_label.setText(_usage_line(m.usage) if not streaming else "")
         self.usage_label.setVisible(bool(self.usage_label.text()))
+
+    def note_tool_events(self, events: list) -> None:
+        for event in events:
+            if isinstance(event, ToolCallStarted):
+                self._live_calls.append(event.name)
+        self._show_tool_calls(streaming=True)
+
+    def _show_tool_calls(self, streaming: bool) -> None:
+        tool = self.message.tool or {}
+        lines = []
+        if streaming and self._live_calls:
+            lines.append("Calling " + ", ".join(self._live_calls) + "…")
+        elif not streaming:
+            names = [c.get("function", {}).get("name", "?") for c in tool.get("tool_calls") or []]
+            if names:
+                lines.append("Called " + ", ".join(names))
+            for bad in tool.get("malformed") or []:
+                lines.append(
+                    f"✖ Malformed tool call {bad.get('name') or '(no name)'}: "
+                    f"{bad.get('problem', '')} — not run"
+                )
+        self.tool_calls_label.setText("\n".join(lines))
+        self.tool_calls_label.setVisible(bool(lines))
 
     def _details(self) -> None:
         self.selected.emit(self.message.id)
