@@ -352,6 +352,13 @@ class RealEngine:
 
     def replay(self, lm, receipt: dict, original_tokens: list, cancel) -> ReplayReport:
         """Run a reply again from its receipt and compare (worker thread)."""
-        from engine.receipt import replay
+        from engine.receipt import model_file_note, replay
 
-        return replay(lm, receipt, original_tokens, self._digest(lm), cancel)
+        loaded = self._digest(lm)
+        report = replay(lm, receipt, original_tokens, loaded, cancel)
+        wanted = (receipt.get("model") or {}).get("sha256")
+        if isinstance(wanted, str) and wanted != loaded:
+            # a reply from another machine, or a file moved since: say where its model is
+            note = model_file_note(receipt, self._model_digests().path_for(wanted))
+            report = replace(report, differences=(note, *report.differences))
+        return report
