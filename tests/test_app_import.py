@@ -106,8 +106,8 @@ def test_a_version_1_export_imports_as_a_linear_chat(tmp_path):
         "messages": [
             {"role": "user", "content": "Hello", "reasoning": "", "status": "complete",
              "finish_reason": None, "usage": None, "json_mode": "off", "created_at": 101.0},
-            {"role": "assistant", "content": "Hi!", "reasoning": "", "status": "cancelled",
-             "finish_reason": "cancelled", "usage": {"completion_tokens": 2}, "json_mode": "off",
+            {"role": "assistant", "content": "Hi!", "reasoning": "", "status": "streaming",
+             "finish_reason": None, "usage": {"completion_tokens": 2}, "json_mode": "off",
              "created_at": 102.0},
         ],
     }  # fmt: skip
@@ -118,7 +118,7 @@ def test_a_version_1_export_imports_as_a_linear_chat(tmp_path):
     branch = store.branch(cid)
     assert [(m.role, m.content, m.status, m.usage) for m in branch] == [
         ("user", "Hello", "complete", None),
-        ("assistant", "Hi!", "cancelled", {"completion_tokens": 2}),
+        ("assistant", "Hi!", "interrupted", {"completion_tokens": 2}),  # not streaming here
     ]
     assert branch[1].parent_id == branch[0].id and store.conversation(cid).created_at == 100.0
     store.close()
@@ -141,10 +141,16 @@ def cycle(data):
             m["parent_id"] = ids[-1]
 
 
-def deep(data):
-    """A receipt holding a list nested 5000 deep (written as text: json.dumps would refuse)."""
-    next(m for m in data["messages"] if m["receipt"])["receipt"]["deep"] = "DEEP"
-    return json.dumps(data).replace('"DEEP"', "[" * 5000 + "]" * 5000)
+def deep(levels):
+    """A receipt holding a list nested `levels` deep (written as text: json.dumps refuses
+    very deep values). 100 is past our limit (64) and within what json parses; 5000 is past
+    Python's recursion limit."""
+
+    def spoil(data):
+        next(m for m in data["messages"] if m["receipt"])["receipt"]["deep"] = "DEEP"
+        return json.dumps(data).replace('"DEEP"', "[" * levels + "]" * levels)
+
+    return spoil
 
 
 HOSTILE = {
@@ -163,7 +169,8 @@ HOSTILE = {
     "another format": (lambda d: d.update(format="chatgpt"), "not a LocalChat export"),
     "a newer version": (lambda d: d.update(version=3), '"version" is 3'),
     "a time that is infinite": (lambda d: d.update(created_at=float("inf")), "finite number"),
-    "nesting 5000 deep": (deep, "nested deeper"),
+    "nesting 100 deep": (deep(100), "nested deeper"),
+    "nesting 5000 deep": (deep(5000), "nested deeper"),
 }
 
 
