@@ -2,7 +2,8 @@
 in one data directory, the chat is exported to JSON, and a second window with its own data
 directory and its own model-digest cache imports it and replays the reply token for token from
 the imported receipt. A receipt naming a model file this machine has never seen replays on the
-loaded model and says plainly that the receipt's file (name and sha256) is not here."""
+loaded model and says plainly that the receipt's file (name and sha256) is not here; with another
+model loaded, a file here with the receipt's sha256 is used for the replay."""
 
 import json
 
@@ -21,7 +22,9 @@ def replay_in(qtbot, window, message_id):
     return dialog, done.args[1]
 
 
-def test_an_exported_reply_replays_exactly_after_import_elsewhere(qtbot, tmp_path, smollm2_path):
+def test_an_exported_reply_replays_exactly_after_import_elsewhere(
+    qtbot, tmp_path, smollm2_path, gemma3_path
+):
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
     second.mkdir()
@@ -56,11 +59,21 @@ def test_an_exported_reply_replays_exactly_after_import_elsewhere(qtbot, tmp_pat
     data = json.loads(exported.read_text())
     model = data["messages"][-1]["receipt"]["model"]
     model.update(file_name="made-elsewhere.gguf", sha256="ab" * 32)
-    exported.write_text(json.dumps(data))
-    elsewhere = other.store.messages(other.import_from(str(exported)))[-1]
+    tampered = tmp_path / "elsewhere.json"
+    tampered.write_text(json.dumps(data))
+    elsewhere = other.store.messages(other.import_from(str(tampered)))[-1]
     dialog, report = replay_in(qtbot, other, elsewhere.id)
     note = report.differences[0]
     assert "made-elsewhere.gguf" in note and "ab" * 32 in note, note
     assert "not on this machine" in note
     assert "not on this machine" in dialog.result.text()
+
+    # Another model loaded, but this machine has hashed the receipt's file (SmolLM2, opened
+    # above): the replay runs on that file, exactly, and says so.
+    with qtbot.waitSignal(other.controller.modelLoaded, timeout=WAIT_MS):
+        other.open_model(str(gemma3_path))
+    again = other.store.messages(other.import_from(str(exported)))[-1]
+    dialog, report = replay_in(qtbot, other, again.id)
+    assert report.identical, report
+    assert report.differences[0].startswith(f"replayed on {smollm2_path.resolve()}")
     close_window(other)
