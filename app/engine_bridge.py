@@ -352,6 +352,20 @@ class RealEngine:
 
     def replay(self, lm, receipt: dict, original_tokens: list, cancel) -> ReplayReport:
         """Run a reply again from its receipt and compare (worker thread)."""
-        from engine.receipt import replay
+        from engine.loader import load_model
+        from engine.receipt import model_file_note, replay
 
-        return replay(lm, receipt, original_tokens, self._digest(lm), cancel)
+        loaded = self._digest(lm)
+        wanted = (receipt.get("model") or {}).get("sha256")
+        if not isinstance(wanted, str) or wanted == loaded:
+            return replay(lm, receipt, original_tokens, loaded, cancel)
+        # Not the loaded model's file (a reply from another machine, or made with another model):
+        # a file here with the receipt's sha256 replays it exactly, loaded for this replay only;
+        # without one the replay runs on the loaded model and says the receipt's file is not here.
+        known = self._model_digests().path_for(wanted)
+        if known is None:
+            report = replay(lm, receipt, original_tokens, loaded, cancel)
+        else:
+            with load_model(known, n_ctx=None, n_threads=None) as other:
+                report = replay(other, receipt, original_tokens, wanted, cancel)
+        return replace(report, differences=(model_file_note(receipt, known), *report.differences))

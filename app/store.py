@@ -37,11 +37,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import platformdirs
 
 from engine.types import MessageStatus
+
+if TYPE_CHECKING:
+    from app.chat_import import ImportedChat
 
 SCHEMA_VERSION = 4
 DEFAULT_TITLE = "New chat"
@@ -685,6 +688,59 @@ class Store:
                     )
                     parent = cur.lastrowid
             return new_cid
+
+    def import_conversation(self, chat: ImportedChat) -> int:
+        """A new chat holding an imported export's whole tree (app/chat_import.py validated it),
+        in one transaction: a failure leaves the database as it was. The branch's messages are
+        the selected versions; a group off the branch shows its newest. Returns the chat's id."""
+        on_branch = set(chat.branch)
+        with self._writing():
+            with self._transaction():
+                now = time.time()
+                cur = self._db.execute(
+                    "INSERT INTO conversations(title, system_prompt, created_at, updated_at)"
+                    " VALUES (?,?,?,?)",
+                    (chat.title, chat.system_prompt, chat.created_at or now, now),
+                )
+                cid = cur.lastrowid
+                groups: dict[int | None, list[int]] = {}
+                for m in chat.messages:
+                    groups.setdefault(m.parent_key, []).append(m.key)
+                new_id: dict[int, int] = {}
+                depth: dict[int, int] = {}
+                for m in chat.messages:  # parents before children
+                    siblings = groups[m.parent_key]
+                    branch_sibling = next((k for k in siblings if k in on_branch), None)
+                    selected = m.key == (
+                        branch_sibling if branch_sibling is not None else siblings[-1]
+                    )
+                    parent = None if m.parent_key is None else new_id[m.parent_key]
+                    depth[m.key] = 0 if m.parent_key is None else depth[m.parent_key] + 1
+                    cur = self._db.execute(
+                        "INSERT INTO messages(conversation_id, position, role, content, reasoning,"
+                        " status, finish_reason, usage_json, tokens_json, json_mode, created_at,"
+                        " parent_id, selected, receipt_json, tool_json)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        (
+                            cid,
+                            depth[m.key],
+                            m.role,
+                            m.content,
+                            m.reasoning,
+                            m.status,
+                            m.finish_reason,
+                            json.dumps(m.usage) if m.usage is not None else None,
+                            json.dumps(m.tokens) if m.tokens else None,
+                            m.json_mode,
+                            m.created_at,
+                            parent,
+                            int(selected),
+                            json.dumps(m.receipt) if m.receipt is not None else None,
+                            json.dumps(m.tool) if m.tool is not None else None,
+                        ),
+                    )
+                    new_id[m.key] = cur.lastrowid
+            return cid
 
     def _path_to(self, message: StoredMessage) -> list[int]:
         """Ids from the chat's first message down to `message` (following parents)."""

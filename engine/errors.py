@@ -79,6 +79,16 @@ class InputFileError(EngineError):
         super().__init__(f"{role} {path}: {problem}")
 
 
+class ChatImportError(EngineError, ValueError):
+    """A chat export file (File > Import chat...) cannot be imported: too large, not JSON, nested
+    too deeply, a value of the wrong type, or a tree whose ids and parents do not fit together.
+    Carries the path and the problem; nothing of the file has been imported."""
+
+    def __init__(self, path, problem: str):
+        self.path, self.problem = path, problem
+        super().__init__(f"{path}: {problem}")
+
+
 # --- batched serving (engine/batching) -----------------------------------------------------------
 class KVAdmissionError(MemoryBudgetError):
     """The batch scheduler cannot admit a request's worst-case KV cache (prompt + max new tokens,

@@ -132,6 +132,21 @@ class ModelDigests:
         with self._lock:
             return self._known[key]
 
+    def path_for(self, sha256: str) -> Path | None:
+        """A file on this machine known to have contents `sha256` (hashed here before and not
+        changed since: same size and modification time), or None."""
+        with self._lock:
+            self._load()
+            keys = [k for k, v in self._known.items() if v == sha256]
+        for key in keys:
+            path = Path(key.rsplit("|", 2)[0])  # the key is "path|size|mtime_ns"
+            try:
+                if path.is_file() and self._key(path) == key:
+                    return path
+            except OSError:
+                continue
+        return None
+
     def _hash_into_cache(self, path: Path, key: str) -> None:
         value = file_sha256(path)
         with self._lock:
@@ -343,6 +358,22 @@ def receipt_differences(receipt: dict, now: dict, replay_preset: dict | None = N
                     f"{resolved.get(name)!r} in the replay"
                 )
     return out
+
+
+def model_file_note(receipt: dict, known_path: Path | None) -> str:
+    """What to tell the user when the loaded model is not the receipt's file (another sha256):
+    where that file is on this machine, or that it is not here (a reply made elsewhere)."""
+    model = receipt.get("model") or {}
+    named = f"{model.get('file_name')} (sha256 {model.get('sha256')})"
+    if known_path is not None:
+        return (
+            f"the receipt's model file {named} is on this machine at {known_path}: open it, "
+            "then replay to reproduce this reply"
+        )
+    return (
+        f"the receipt's model file {named} is not on this machine (no file with that sha256 "
+        "has been opened here); this replay ran on the loaded model instead"
+    )
 
 
 def replay(

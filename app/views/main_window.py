@@ -41,6 +41,7 @@ from app.backends.remote import (
     remote_model_path,
 )
 from app.backends.router import BackendRouter
+from app.chat_import import read_chat_export
 from app.controller import EngineController
 from app.export import export_file_name, render_export, safe_export_path, write_export
 from app.icon import app_icon
@@ -48,7 +49,7 @@ from app.preset_state import parse_value
 from app.schema_check import check_schema
 from app.session import ChatSession
 from app.settings import Settings, SettingsFile
-from app.store import Store, StoredMessage
+from app.store import Store, StoredMessage, StoreWriteError
 from app.theme import apply_theme
 from app.views.chat_view import ChatView
 from app.views.compare_view import CompareDialog, CompareRun
@@ -67,7 +68,7 @@ from app.views.token_inspector import TokenInspector
 from app.views.tools_panel import ToolsPanel
 from app.views.ttft_panel import TtftPanel
 from app.views.usage_panel import UsagePanel
-from engine.errors import EngineError
+from engine.errors import ChatImportError, EngineError
 from engine.types import MessageStatus, ModelInfo, ResolvedPreset, Role
 
 LOCAL_TOKENS_HINT = (
@@ -362,6 +363,7 @@ class MainWindow(QMainWindow):
         action(file_menu, "Open model…", "Ctrl+O", self.model_bar.ask_open, "open_action")
         action(file_menu, "Model library…", "Ctrl+Shift+O", self.open_library, "library_action")
         action(file_menu, "Export chat…", "Ctrl+E", self.ask_export, "export_action")
+        action(file_menu, "Import chat…", "Ctrl+Shift+I", self.ask_import, "import_action")
         action(file_menu, "Settings…", "Ctrl+,", self.open_settings, "settings_action")
         action(file_menu, "Connections…", "", self.open_connections, "connections_action")
         serve = action(file_menu, "Serve this model", None, lambda: None, "serve_action")
@@ -796,6 +798,33 @@ class MainWindow(QMainWindow):
         else:
             Path(path).write_text(render_export(Path(path), conv, messages, tree), encoding="utf-8")
             self.state_label.setText(f"Exported to {Path(path).name}")
+
+    def ask_import(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Import chat", "", "LocalChat export (*.json);;All files (*)"
+        )
+        if path:
+            self.import_from(path)
+
+    def import_from(self, path: str) -> int | None:
+        """Add a LocalChat JSON export as a new chat (its whole tree and receipts) and open it;
+        a file that cannot be imported is named in an error dialog and nothing is added."""
+        if self.session.busy:
+            self.show_error("Import chat", "Wait for the reply to finish, then import.")
+            return None
+        try:
+            new_id = self.store.import_conversation(read_chat_export(Path(path)))
+        except ChatImportError as exc:
+            self.show_error("Could not import the chat", f"{Path(path).name}\n\n{exc.problem}")
+            return None
+        except StoreWriteError as exc:
+            full = "the disk is full" if exc.disk_full else str(exc)
+            self.show_error("Could not import the chat", f"It cannot be saved ({full}).")
+            return None
+        self._refresh_sidebar()
+        self.session.open_conversation(new_id)
+        self.state_label.setText(f"Imported {Path(path).name}")
+        return new_id
 
     def _export_done(self, task, path: str) -> None:
         self._export_tasks.discard(task)
