@@ -362,13 +362,15 @@ def receipt_differences(receipt: dict, now: dict, replay_preset: dict | None = N
 
 def model_file_note(receipt: dict, known_path: Path | None) -> str:
     """What to tell the user when the loaded model is not the receipt's file (another sha256):
-    where that file is on this machine, or that it is not here (a reply made elsewhere)."""
+    that the replay ran on that file where this machine has it, or that it is not here (a reply
+    made elsewhere) and the loaded model answered instead."""
     model = receipt.get("model") or {}
     named = f"{model.get('file_name')} (sha256 {model.get('sha256')})"
     if known_path is not None:
+        # RealEngine.replay loads that file for the replay: say which file answered
         return (
-            f"the receipt's model file {named} is on this machine at {known_path}: open it, "
-            "then replay to reproduce this reply"
+            f"replayed on {known_path}: the receipt's model file {named}, found on this machine "
+            "by its sha256 (the loaded model is another file)"
         )
     return (
         f"the receipt's model file {named} is not on this machine (no file with that sha256 "

@@ -330,3 +330,39 @@ def test_settings_leads_to_connections_and_names_where_keys_go(qtbot, tmp_path, 
     assert "0600" in dialog.key_note.text()
     dialog.reject()
     close_window(window)
+
+
+def test_a_remote_model_calls_a_tool_and_answers_from_its_result(
+    qtbot, tmp_path, localchat_server, dialogs
+):
+    """The app's tool flow on a remote model: our own server returns the constrained
+    calculator call as OpenAI tool_calls, the client turns them into the engine's tool events,
+    the app runs the built-in tool and sends its result back in the history, and the model
+    answers in text."""
+    from app.tool_registry import builtin_key
+    from app.tools.calculator import evaluate, format_number
+    from engine.types import ToolChoice
+
+    server = localchat_server
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    add_connection(qtbot, window, server.base_url, models=(server.model,))
+    pick_remote_model(qtbot, window)
+    assert window.backends.kind == "remote"
+    window.session.tools.first_choice = ToolChoice.REQUIRED
+    window.session.set_tool_enabled(builtin_key("calculator"), True)
+    window.session.set_preset_value("max_new_tokens", 160)
+    # the server samples with SmolLM2's chat defaults; with this seed the constrained call
+    # closes within the budget (greedy loops inside the "expression" string)
+    window.session.set_preset_value("seed", 1)
+    send(qtbot, window, "Use the calculator: what is 17 * 23?")
+    qtbot.waitUntil(lambda: not window.session.busy, timeout=WAIT_MS)
+    roles = [m.role for m in window.session.branch]
+    assert roles == ["user", "assistant", "tool", "assistant"], [
+        (m.role, m.content, m.finish_reason, m.tool) for m in window.session.branch
+    ]
+    tool = window.session.branch[2]
+    assert tool.tool["name"] == "calculator" and not tool.tool["is_error"], tool.content
+    assert tool.content == format_number(evaluate(tool.tool["arguments"]["expression"]))
+    assert window.session.branch[3].content.strip()  # answered in text, by the server
+    assert dialogs == []
+    close_window(window)
