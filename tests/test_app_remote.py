@@ -15,6 +15,19 @@ from tests.app_fakes import FakeEngine, close_window, make_window
 WAIT_MS = 120_000  # a real model on a busy shared machine
 
 
+@pytest.fixture(scope="module")
+def openai_server(smollm2_path, tmp_path_factory):
+    """This module's own llama-cpp-python server, fresh: in one full run the session's server,
+    after other files' interrupted streams, answered this module's first greedy request with an
+    empty reply (not reproduced alone; the window tests check what the app shows, so they start
+    from a server in a known state)."""
+    from tests.conftest import start_openai_server
+
+    server = start_openai_server(smollm2_path, tmp_path_factory.mktemp("llama-server-window"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def dialogs(monkeypatch):
     shown = []
