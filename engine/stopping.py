@@ -61,6 +61,18 @@ def decide_finish_reason(reasons: Iterable[str]) -> FinishReason | None:
     return None
 
 
+def longest_partial_suffix(buffer: str, tags: Iterable[str]) -> int:
+    """Length of the longest suffix of `buffer` that is a proper prefix of one of `tags`: what a
+    streaming matcher must hold back (stop strings here, tool-call tags in engine/tool_calls)."""
+    longest = 0
+    for tag in tags:
+        for length in range(min(len(tag) - 1, len(buffer)), longest, -1):
+            if buffer.endswith(tag[:length]):
+                longest = length
+                break
+    return longest
+
+
 class StopStringMatcher:
     """Feed text pieces with `push`; it returns what is safe to release and whether a stop string
     matched. After a match, further pushes are refused (the caller ends generation)."""
@@ -93,7 +105,7 @@ class StopStringMatcher:
         if match is not None:
             self._matched, self._held = match, ""
             return buffer[:match_at], True
-        keep = self._longest_partial_suffix(buffer)
+        keep = longest_partial_suffix(buffer, self._stops)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep], False
 
@@ -109,13 +121,3 @@ class StopStringMatcher:
             if at != -1 and at < best_at:
                 best_at, best = at, stop
         return best_at, best
-
-    def _longest_partial_suffix(self, buffer: str) -> int:
-        """Length of the longest suffix of `buffer` that is a proper prefix of some stop string."""
-        longest = 0
-        for stop in self._stops:
-            for length in range(min(len(stop) - 1, len(buffer)), longest, -1):
-                if buffer.endswith(stop[:length]):
-                    longest = length
-                    break
-        return longest

@@ -7,7 +7,7 @@ closing tag after a closed object is optional (a reply may end right after the "
 from __future__ import annotations
 
 from engine.tool_calls.call_body import CallBody
-from engine.tool_calls.items import Item, Text, cut_off, feed_body, partial_suffix
+from engine.tool_calls.items import Item, Text, cut_off, feed_body, split_at_tag
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -45,17 +45,14 @@ class HermesParser:
                     return items
                 self._after_call = False  # no closing tag: what follows is text again
                 continue
-            at = buffer.find(OPEN)
-            if at != -1:
-                if at:
-                    items.append(Text(buffer[:at]))
+            text, after, held = split_at_tag(buffer, OPEN)
+            if text:
+                items.append(Text(text))
+            if after is not None:
                 self._body = CallBody(terminator=CLOSE)
-                buffer = buffer[at + len(OPEN) :]
+                buffer = after
                 continue
-            keep = partial_suffix(buffer, OPEN)
-            if len(buffer) > keep:
-                items.append(Text(buffer[: len(buffer) - keep]))
-            self._held = buffer[len(buffer) - keep :]
+            self._held = held
             break
         return items
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from engine.stopping import longest_partial_suffix
 from engine.tool_calls.call_body import CallBody
 
 
@@ -74,9 +75,11 @@ def cut_off(body: CallBody, key: int) -> CallBroken:
     return CallBroken(key, body.name or "", body.raw, "the reply ended in the middle of the call")
 
 
-def partial_suffix(buffer: str, tag: str) -> int:
-    """Length of the longest end of `buffer` that is a proper start of `tag` (held back)."""
-    for length in range(min(len(tag) - 1, len(buffer)), 0, -1):
-        if buffer.endswith(tag[:length]):
-            return length
-    return 0
+def split_at_tag(buffer: str, tag: str) -> tuple[str, str | None, str]:
+    """Streamed text up to a call's opening `tag`: (text to release, what follows the tag or
+    None when the tag is not in `buffer`, text to hold back because it may be the tag's start)."""
+    at = buffer.find(tag)
+    if at != -1:
+        return buffer[:at], buffer[at + len(tag) :], ""
+    keep = longest_partial_suffix(buffer, (tag,))
+    return buffer[: len(buffer) - keep], None, buffer[len(buffer) - keep :]

@@ -7,7 +7,7 @@ that starts with the array itself (as a constrained call is written) is read the
 from __future__ import annotations
 
 from engine.tool_calls.call_body import CallBody
-from engine.tool_calls.items import Item, Text, cut_off, feed_body, partial_suffix
+from engine.tool_calls.items import Item, Text, cut_off, feed_body, split_at_tag
 
 MARKER = "[TOOL_CALLS]"
 
@@ -65,16 +65,13 @@ class MistralParser:
                         self._state, buffer = "array_open", stripped
                         continue
                     self._state = "text"
-                at = buffer.find(MARKER)
-                if at != -1:
-                    if at:
-                        items.append(Text(buffer[:at]))
-                    self._state, buffer = "array_open", buffer[at + len(MARKER) :]
+                text, after, held = split_at_tag(buffer, MARKER)
+                if text:
+                    items.append(Text(text))
+                if after is not None:
+                    self._state, buffer = "array_open", after
                     continue
-                keep = partial_suffix(buffer, MARKER)
-                if len(buffer) > keep:
-                    items.append(Text(buffer[: len(buffer) - keep]))
-                self._held = buffer[len(buffer) - keep :]
+                self._held = held
                 break
         return items
 
