@@ -373,6 +373,7 @@ class KernelLibrary:
             llvm.parse_assembly(""), _new_target_machine(self.cpu)
         )
         self._addresses: dict[str, int] = {}
+        self.module_names: set[str] = set()  # modules added so far (a later kernel is added once)
         # Runtime helpers the target's code calls but the process may lack; added once, first.
         self._runtime: list[tuple[str, str]] = []
         self._soft_fma = self._tm_for_emit.triple.startswith("x86_64") and not self.cpu.has("fma")
@@ -395,14 +396,17 @@ class KernelLibrary:
     def add_modules(
         self, modules: list[tuple[str, str]], progress: ProgressFn | None = None
     ) -> None:
-        """Compile (or load from cache) each (name, ir_text) module; progress reports per module."""
+        """Compile (or load from cache) each (name, ir_text) module not added before; progress
+        reports per module."""
         start = time.perf_counter()
-        modules, self._runtime = self._runtime + list(modules), []
+        modules = [m for m in modules if m[0] not in self.module_names]
+        modules, self._runtime = self._runtime + modules, []
         total = len(modules)
         for i, (name, ir_text) in enumerate(modules):
             compiled_before = self.stats.compiled
             obj = self._object_code(name, ir_text)
             self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            self.module_names.add(name)
             if progress is not None:
                 # Say which: a first launch compiles (seconds), later launches load the cache.
                 verb = "compiling" if self.stats.compiled > compiled_before else "loading cached"

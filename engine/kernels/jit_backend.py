@@ -60,7 +60,6 @@ def select_isa(cpu: HostCPU) -> str:
 # ternary and MXFP4 types (~0.5 s each, 6.5 s together on a cold cache, which would have made a
 # first launch 70% slower for types most files do not hold).
 LAZY_QUANT_TYPES = frozenset(quant_matmul.UNPACK_IQ)
-_lazy_compiled: set[tuple[int, str]] = set()  # (id(library), type) compiled so far
 
 
 def quant_module(qname: str, isa: str) -> tuple[str, str]:
@@ -113,11 +112,9 @@ def _layout_why(*arrays: np.ndarray, ndim: int = 0) -> str:
 def lazy_quant_kernel(lib: KernelLibrary, qname: str, isa: str) -> int:
     """Address of `mm_<qname>` in the shared library, compiling its module the first time."""
     with _library_lock:
-        # per library: each target CPU (LOCALCHAT_CPU) has its own compiled kernels
-        key = (id(lib), qname)
-        if key not in _lazy_compiled:
+        # each target CPU (LOCALCHAT_CPU) has its own library, which knows what it holds
+        if f"mm_{qname}_{isa}" not in lib.module_names:
             lib.add_modules([quant_module(qname, isa)])
-            _lazy_compiled.add(key)
         return lib.address(f"mm_{qname}")
 
 
