@@ -34,7 +34,7 @@ class Server:
     api_key: str | None = None
 
     @property
-    def base_url(self) -> str:  # the name tests/conftest.py's OpenAIServer uses
+    def base_url(self) -> str:  # the name tests/llama_server.py's OpenAIServer uses
         return self.url
 
     def health(self) -> dict:

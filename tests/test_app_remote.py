@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QMessageBox
 from app.backends.remote import remote_model_path
 from engine.types import MessageStatus, Role
 from tests.app_fakes import FakeEngine, close_window, make_window
+from tests.llama_server import start_openai_server
 
 WAIT_MS = 120_000  # a real model on a busy shared machine
 
@@ -21,8 +22,6 @@ def openai_server(smollm2_path, tmp_path_factory):
     after other files' interrupted streams, answered this module's first greedy request with an
     empty reply (not reproduced alone; the window tests check what the app shows, so they start
     from a server in a known state)."""
-    from tests.conftest import start_openai_server
-
     server = start_openai_server(smollm2_path, tmp_path_factory.mktemp("llama-server-window"))
     yield server
     server.stop()

@@ -319,7 +319,7 @@ def test_rate_limit_shows_retry_after(proxy):
 
 
 def test_server_killed_mid_stream(smollm2_path, tmp_path):
-    from tests.conftest import start_openai_server
+    from tests.llama_server import start_openai_server
 
     server = start_openai_server(smollm2_path, tmp_path)
     events = []
