@@ -154,13 +154,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if state.drop_after is not None and not start:
             cut, state.drop_after = state.drop_after, None
-            self.wfile.write(body[:cut])
+            # Counted before the write: once written, the client may read it all and look at
+            # the counter before this thread runs again (seen on a loaded machine).
             state.body_bytes_sent += cut
+            self.wfile.write(body[:cut])
             self.wfile.flush()
             self.close_connection = True
             return
-        self.wfile.write(body)
         state.body_bytes_sent += len(body)
+        self.wfile.write(body)
 
 
 class HubMirror:
