@@ -23,6 +23,7 @@ import functools
 
 import numpy as np
 
+from engine.kernels import quant_iq_vnni
 from engine.kernels.ir import Fn, f32, mask, splat
 from engine.kernels.quant_chunk import Chunk
 from engine.quant_grids import IQ4NL_VALUES, KSIGNS, MXFP4_VALUES, grid
@@ -54,7 +55,7 @@ TILE_ROWS_IQ = dict.fromkeys(GRID_TYPES, 1)
 DECLARATIONS_IQ = f"""
 declare {V32I8} @llvm.x86.avx2.pshuf.b({V32I8}, {V32I8})
 declare {V32I8} @llvm.abs.v32i8({V32I8}, i1)
-"""
+{quant_iq_vnni.DECLARATIONS_VNNI}"""
 
 
 # --- constant tables in the module ----------------------------------------------------------------
@@ -265,6 +266,8 @@ def _half_scale(f: Fn, blk: str, off: int, h: int, d: str, factor: float) -> str
 
 
 def unpack_iq2_xxs(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ2_XXS"](f, blk, c)
     d = f.half_to_float(blk)
     aux1 = _u32(f, blk, 2 + 8 * c + 4)
     rows = [
@@ -302,6 +305,8 @@ def unpack_iq2_s(f, blk, c, isa):
 
 
 def unpack_iq3_xxs(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ3_XXS"](f, blk, c)
     d = f.half_to_float(blk)
     aux = _u32(f, blk, 66 + 4 * c)
     rows = [
