@@ -99,7 +99,7 @@ _TABLES_OF = {
 def globals_ir(qname: str) -> str:
     """The declarations and constant tables the module of `qname` needs."""
     tables = _tables()
-    lines = [DECLARATIONS_IQ]
+    lines = [DECLARATIONS_IQ, quant_iq_vnni.globals_ir(qname)]
     for name in _TABLES_OF.get(qname, ()):
         ty, values = tables[name]
         body = ", ".join(f"{ty} {v}" for v in values)
@@ -281,6 +281,8 @@ def unpack_iq2_xxs(f, blk, c, isa):
 
 
 def unpack_iq2_xs(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ2_XS"](f, blk, c)
     d = f.half_to_float(blk)
     rows, signs = [], []
     for k in range(4):
@@ -292,6 +294,8 @@ def unpack_iq2_xs(f, blk, c, isa):
 
 
 def unpack_iq2_s(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ2_S"](f, blk, c)
     d = f.half_to_float(blk)
     qh = f.op(f"zext i8 {_u8(f, blk, 66 + c)} to i64")
     rows = []
@@ -320,6 +324,8 @@ def unpack_iq3_xxs(f, blk, c, isa):
 
 
 def unpack_iq3_s(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ3_S"](f, blk, c)
     d = f.half_to_float(blk)
     qh = f.op(f"zext i8 {_u8(f, blk, 66 + c)} to i64")
     rows = []
@@ -354,6 +360,8 @@ def _odd_scale(f: Fn, field: str, d: str) -> str:
 
 
 def unpack_iq1_s(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ1_S"](f, blk, c)
     d = f.half_to_float(blk)
     qh = f.op(f"zext i16 {f.load('i16', f.gep(blk, 34 + 2 * c), 1, 'w')} to i64")
     minus = f.op(f"lshr i64 {qh}, 15")
@@ -380,6 +388,8 @@ def _iq1_m_scale(f: Fn, blk: str) -> str:
 
 
 def unpack_iq1_m(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.unpack_iq1_m(f, blk, c, _iq1_m_scale)
     d = _iq1_m_scale(f, blk)
     rows = []
     for k in range(4):

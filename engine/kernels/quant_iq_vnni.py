@@ -23,6 +23,7 @@ emitted in one iteration).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -37,6 +38,7 @@ V32I16 = "<32 x i16>"
 DECLARATIONS_VNNI = f"""
 declare {V32I16} @llvm.x86.avx512.vpermi2var.hi.512({V32I16}, {V32I16}, {V32I16})
 declare {V64I8} @llvm.x86.avx512.pshuf.b.512({V64I8}, {V64I8})
+declare <16 x i32> @llvm.masked.gather.v16i32.v16p0(<16 x ptr>, i32, <16 x i1>, <16 x i32>)
 """
 
 # grid -> the u byte of each level (quant_iq.py: IQ2/IQ3 grids as stored, IQ1 as 8(g + 1))
@@ -48,26 +50,108 @@ def _vec(ty: str, values) -> str:
 
 
 @functools.cache
-def code_tables(name: str) -> tuple[tuple[str, ...], str, int]:
-    """(u16 code tables as <32 x i16> constants, <64 x i8> level -> u byte pshufb table, bits
-    per value) for grid `name` (IQ1_S's grid serves IQ1_M too)."""
-    g = grid(name).astype(np.int64)
+def _codes(name: str) -> tuple[np.ndarray, list[int], int]:
+    """(u16 code per grid row, u byte per level, bits per value) of grid `name`."""
+    iq1 = name in ("IQ1_S", "IQ1_M")
+    g = grid("IQ1_S" if iq1 else name).astype(np.int64)
     levels = np.unique(g)
     bits = 2 if len(levels) <= 4 else 3
     codes = np.zeros(len(g), np.int64)
     for b in range(g.shape[1]):
         codes |= np.searchsorted(levels, g[:, b]) << (bits * b)
+    u = [_IQ1_U[int(v)] for v in levels] if iq1 else [int(v) for v in levels]
+    return codes, u, bits
+
+
+# Grids of at most this many rows are looked up in registers (vpermi2w, 64 rows per
+# instruction, plus a select tree); larger ones with vpgatherdd from a code table in the module.
+PERMUTE_MAX_ROWS = 256
+
+
+def globals_ir(qname: str) -> str:
+    """The code table a gathered grid (more than PERMUTE_MAX_ROWS rows) needs."""
+    if qname not in (*UNPACK_VNNI, "IQ1_M"):
+        return ""
+    codes, _, _ = _codes(qname)
+    if len(codes) <= PERMUTE_MAX_ROWS or qname in SCALAR_ROWS:
+        return ""
+    body = ", ".join(f"i32 {int(v)}" for v in codes)
+    return f"@codes_{qname} = internal unnamed_addr constant [{len(codes)} x i32] [{body}]\n"
+
+
+def _gather_codes(f: Fn, name: str, idx: str) -> str:
+    """<32 x i16> codes of rows `idx` (<32 x i16>): two 16-lane vpgatherdd."""
+    n = len(_codes(name)[0])
+    ones = "<" + ", ".join(["i1 true"] * 16) + ">"
+    halves = []
+    for h in (0, 1):
+        part = f.op(
+            f"shufflevector {V32I16} {idx}, {V32I16} poison, {mask(range(16 * h, 16 * h + 16))}"
+        )
+        wide = f.op(f"zext <16 x i16> {part} to <16 x i32>")
+        ptrs = f.op(
+            f"getelementptr inbounds [{n} x i32], ptr @codes_{name}, i64 0, <16 x i32> {wide}"
+        )
+        g = f.op(
+            f"call <16 x i32> @llvm.masked.gather.v16i32.v16p0(<16 x ptr> {ptrs}, i32 4, "
+            f"<16 x i1> {ones}, <16 x i32> poison)"
+        )
+        halves.append(f.op(f"trunc <16 x i32> {g} to <16 x i16>"))
+    return f.op(f"shufflevector <16 x i16> {halves[0]}, <16 x i16> {halves[1]}, {mask(range(32))}")
+
+
+@functools.cache
+def code_tables(name: str) -> tuple[tuple[str, ...], str, int]:
+    """(u16 code tables as <32 x i16> constants, <64 x i8> level -> u byte pshufb table, bits
+    per value) for grid `name` (IQ1_S's grid serves IQ1_M too)."""
+    codes, u, bits = _codes(name)
     # vpermi2w takes 64 entries per pair of tables: pad to a multiple of 64
     codes = np.concatenate([codes, np.zeros(-len(codes) % 64, np.int64)])
     as_i16 = codes.astype(np.uint16).view(np.int16)
     tables = tuple(_vec("i16", as_i16[k : k + 32]) for k in range(0, len(as_i16), 32))
-    u = [_IQ1_U[int(v)] for v in levels] if name == "IQ1_S" else [int(v) for v in levels]
     lut = (u + [0] * (16 - len(u))) * 4  # vpshufb looks up within each 128-bit lane
     return tables, _vec("i8", lut), bits
 
 
+# Grids looked up row by row with scalar loads from quant_iq.py's tables (name, rows): the ones
+# whose code tables take too many vpermi2w (16-32 per super-block cost more than the loads)
+SCALAR_ROWS = {
+    "IQ2_S": ("grid_IQ2_S", 1024),
+    "IQ1_S": ("grid_IQ1", 2048),
+    "IQ1_M": ("grid_IQ1", 2048),
+}
+
+
+def spill_indices(f: Fn, idx: str) -> str:
+    """Store the <32 x i16> row indices to a stack buffer (allocated once in the function's
+    entry block): reading them back with scalar loads costs one load each, where extracting
+    them from the vector (vpextrw) costs two micro-ops and a shuffle port."""
+    buf = f.__dict__.get("_iq_idxbuf")
+    if buf is None:
+        buf = f.__dict__["_iq_idxbuf"] = "%iq_idxbuf"
+        f.lines.insert(0, f"  {buf} = alloca {V32I16}, align 64")
+    f(f"store volatile {V32I16} {idx}, ptr {buf}, align 64")
+    return buf
+
+
+def scalar_unit(f: Fn, name: str, buf: str, first: int) -> str:
+    """<64 x i8>: grid rows buf[first..first+7] (8-byte rows), one scalar load each."""
+    table, n = SCALAR_ROWS[name]
+    vec = "poison"
+    for k in range(8):
+        ip = f.op(f"getelementptr inbounds i16, ptr {buf}, i64 {first + k}")
+        i = f.op(f"load volatile i16, ptr {ip}, align 2")
+        i64 = f.op(f"zext i16 {i} to i64")
+        p = f.op(f"getelementptr inbounds [{n} x i64], ptr @{table}, i64 0, i64 {i64}", "gp")
+        row = f.op(f"load volatile i64, ptr {p}, align 8", "g")
+        vec = f.op(f"insertelement <8 x i64> {vec}, i64 {row}, i32 {k}")
+    return f.op(f"bitcast <8 x i64> {vec} to {V64I8}", "u")
+
+
 def lookup_codes(f: Fn, name: str, idx: str) -> str:
     """<32 x i16> codes of grid rows `idx` (<32 x i16>, each < the grid's length)."""
+    if len(_codes(name)[0]) > PERMUTE_MAX_ROWS:
+        return _gather_codes(f, name, idx)
     tables, _, _ = code_tables(name)
     level = [
         f.op(
@@ -93,6 +177,11 @@ def _or_and(f: Fn, ty: str, x: str, shift: int, keep: str) -> str:
     """(x | x << shift) & keep (one vpternlog after the shift)."""
     y = f.op(f"or {ty} {x}, {f.op(f'shl {ty} {x}, {splat_like(ty, shift)}')}")
     return f.op(f"and {ty} {y}, {keep}")
+
+
+def _k(f: Fn, op: str, ty: str, x: str, k: int) -> str:
+    """`op ty x, splat(k)`."""
+    return f.op(f"{op} {ty} {x}, {splat_like(ty, k)}")
 
 
 def splat_like(ty: str, v: int) -> str:
@@ -221,12 +310,18 @@ def unpack_iq2_xxs(f, blk, c):
     return Chunk(_half(f, u, c), (s, s), None, signed_src=_sign_chunk(f, signs, c))
 
 
-def _unit(f: Fn, name: str, blk: str, codes: str, c: int, rows_per_chunk: int) -> str:
-    """The <64 x i8> u values of chunks c - c % 2 and the next one, built once per block."""
+def _unit(f: Fn, name: str, blk: str, codes: str, c: int, rows_per_chunk: int, add=None) -> str:
+    """The <64 x i8> u values of chunks c - c % 2 and the next one, built once per block
+    (`add`: a <64 x i8> to add, IQ1's deltas)."""
     units = f.__dict__.setdefault("_iq_units", {})
     key = (name, blk, c // 2)
     if key not in units:
-        units[key] = expand_unit(f, name, codes, rows_per_chunk * (c - c % 2) % 32)
+        first = rows_per_chunk * (c - c % 2) % 32
+        if name in SCALAR_ROWS:  # `codes` holds the grid row indices
+            u = scalar_unit(f, name, codes, first)
+        else:
+            u = expand_unit(f, name, codes, first)
+        units[key] = u if add is None else f.op(f"add {V64I8} {u}, {add(c // 2)}", "u")
     return units[key]
 
 
@@ -251,7 +346,163 @@ def unpack_iq3_xxs(f, blk, c):
     return Chunk(_half(f, u, c), (s, s), None, signed_src=_sign_chunk(f, signs, c))
 
 
+def _build_iq2_xs(f: Fn, blk: str):
+    d = f.half_to_float(blk)
+    q = f.load(V32I16, f.gep(blk, 2))  # 9-bit grid index | 7-bit ksigns index << 9
+    codes = lookup_codes(f, "IQ2_XS", f.op(f"and {V32I16} {q}, {splat(32, 'i16', 511)}"))
+    s7 = f.op(f"trunc {V32I16} {_k(f, 'lshr', V32I16, q, 9)} to {V32I8}")
+    signs = f.op(f"bitcast {V32I8} {ksign_bits(f, s7)} to <8 x i32>")
+    return codes, signs, _nibble_scales(f, blk, 66, d, 0.25)
+
+
+def _two_scales(f: Fn, scales: str, c: int) -> tuple[str, str]:
+    return _lane(f, scales, 16, 2 * c), _lane(f, scales, 16, 2 * c + 1)
+
+
+def unpack_iq2_xs(f, blk, c):
+    codes, signs, scales = _cached(f, "IQ2_XS", blk, _build_iq2_xs)
+    u = _unit(f, "IQ2_XS", blk, codes, c, 4)
+    return Chunk(_half(f, u, c), _two_scales(f, scales, c), None, _sign_chunk(f, signs, c))
+
+
+def _high_bits(f: Fn, qh: str, n: int, rows_per: int, width: int) -> str:
+    """<32 x i16>: for row r, field r % rows_per (width bits) of byte r // rows_per of the
+    <n x i8> `qh`, shifted to bit 8 (the grid index's high bits)."""
+    w = f.op(f"zext <{n} x i8> {qh} to <{n} x i16>")
+    lanes = f.op(
+        f"shufflevector <{n} x i16> {w}, <{n} x i16> poison, "
+        f"{mask([r // rows_per for r in range(32)])}"
+    )
+    shifts = "<" + ", ".join(f"i16 {width * (r % rows_per)}" for r in range(32)) + ">"
+    x = f.op(f"lshr {V32I16} {lanes}, {shifts}")
+    x = f.op(f"and {V32I16} {x}, {splat(32, 'i16', (1 << width) - 1)}")
+    return f.op(f"shl {V32I16} {x}, {splat(32, 'i16', 8)}")
+
+
+def _low_bytes(f: Fn, blk: str, off: int) -> str:
+    return f.op(f"zext {V32I8} {f.load(V32I8, f.gep(blk, off))} to {V32I16}")
+
+
+def _build_iq2_s(f: Fn, blk: str):
+    d = f.half_to_float(blk)
+    qh = f.load("<8 x i8>", f.gep(blk, 66))
+    idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 2)}, {_high_bits(f, qh, 8, 4, 2)}")
+    codes = spill_indices(f, idx) if "IQ2_S" in SCALAR_ROWS else lookup_codes(f, "IQ2_S", idx)
+    signs = f.load("<8 x i32>", f.gep(blk, 34))
+    return codes, signs, _nibble_scales(f, blk, 74, d, 0.25)
+
+
+def unpack_iq2_s(f, blk, c):
+    codes, signs, scales = _cached(f, "IQ2_S", blk, _build_iq2_s)
+    u = _unit(f, "IQ2_S", blk, codes, c, 4)
+    return Chunk(_half(f, u, c), _two_scales(f, scales, c), None, _sign_chunk(f, signs, c))
+
+
+def _build_iq3_s(f: Fn, blk: str):
+    d = f.half_to_float(blk)
+    codes = []
+    for h in (0, 1):
+        hb = f.op(f"bitcast i32 {f.load('i32', f.gep(blk, 66 + 4 * h))} to <32 x i1>")
+        hi = f.op(f"shl {V32I16} {f.op(f'zext <32 x i1> {hb} to {V32I16}')}, {splat(32, 'i16', 8)}")
+        idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 2 + 32 * h)}, {hi}")
+        codes.append(lookup_codes(f, "IQ3_S", idx))
+    signs = f.load("<8 x i32>", f.gep(blk, 74))
+    q = f.load("<4 x i8>", f.gep(blk, 106))
+    lo = f.op(f"and <4 x i8> {q}, {splat(4, 'i8', 15)}")
+    hi = f.op(f"lshr <4 x i8> {q}, {splat(4, 'i8', 4)}")
+    nib = f.op(f"shufflevector <4 x i8> {lo}, <4 x i8> {hi}, {mask([0, 4, 1, 5, 2, 6, 3, 7])}")
+    odd = f.op(f"or <8 x i8> {_k(f, 'shl', '<8 x i8>', nib, 1)}, {splat(8, 'i8', 1)}")
+    fl = f.op(f"uitofp <8 x i8> {odd} to <8 x float>")
+    return codes, signs, f.op(f"fmul <8 x float> {_bcast(f, d, 8)}, {fl}")
+
+
+def unpack_iq3_s(f, blk, c):
+    codes, signs, scales = _cached(f, "IQ3_S", blk, _build_iq3_s)
+    u = _unit(f, "IQ3_S", blk, codes[c // 4], c, 8)
+    s = _lane(f, scales, 8, c)
+    return Chunk(_half(f, u, c), (s, s), None, signed_src=_sign_chunk(f, signs, c))
+
+
+def _odd_eighths(f: Fn, fields: str, n: int, d: str) -> str:
+    """<n x float> d * (2 * field + 1) * 0.125 for 3-bit fields (<n x i16>)."""
+    odd = f.op(f"or <{n} x i16> {_k(f, 'shl', f'<{n} x i16>', fields, 1)}, {splat(n, 'i16', 1)}")
+    fl = f.op(f"uitofp <{n} x i16> {odd} to <{n} x float>")
+    ds = f.op(f"fmul <{n} x float> {_bcast(f, d, n)}, {fl}")
+    return f.op(f"fmul <{n} x float> {ds}, {splat(n, 'float', f32(0.125))}")
+
+
+def _delta_bytes(f: Fn, plus: str, n: int, per: int) -> Callable[[int], str]:
+    """unit u -> <64 x i8>: 2 in the bytes of each group of `per` values whose delta is +1/8
+    (`plus`: <n x i8>, 1 per group)."""
+    two = f.op(f"shl <{n} x i8> {plus}, {splat(n, 'i8', 1)}")
+
+    def add(u: int) -> str:
+        first = 64 * u // per
+        return f.op(
+            f"shufflevector <{n} x i8> {two}, <{n} x i8> poison, "
+            f"{mask([first + j // per for j in range(64)])}"
+        )
+
+    return add
+
+
+def _build_iq1_s(f: Fn, blk: str):
+    d = f.half_to_float(blk)
+    qh = f.load("<8 x i16>", f.gep(blk, 34))
+    qh8 = f.op(
+        f"shufflevector <8 x i16> {qh}, <8 x i16> poison, {mask([r // 4 for r in range(32)])}"
+    )
+    shifts = "<" + ", ".join(f"i16 {3 * (r % 4)}" for r in range(32)) + ">"
+    hi = f.op(f"and {V32I16} {f.op(f'lshr {V32I16} {qh8}, {shifts}')}, {splat(32, 'i16', 7)}")
+    idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 2)}, {_k(f, 'shl', V32I16, hi, 8)}")
+    codes = spill_indices(f, idx) if "IQ1_S" in SCALAR_ROWS else lookup_codes(f, "IQ1_S", idx)
+    minus = f.op(f"trunc <8 x i16> {_k(f, 'lshr', '<8 x i16>', qh, 15)} to <8 x i8>")
+    plus = f.op(f"xor <8 x i8> {minus}, {splat(8, 'i8', 1)}")
+    sc = f.op(f"and <8 x i16> {_k(f, 'lshr', '<8 x i16>', qh, 12)}, {splat(8, 'i16', 7)}")
+    return codes, _delta_bytes(f, plus, 8, 32), _odd_eighths(f, sc, 8, d)
+
+
+def unpack_iq1_s(f, blk, c):
+    codes, add, scales = _cached(f, "IQ1_S", blk, _build_iq1_s)
+    u = _unit(f, "IQ1_S", blk, codes, c, 4, add)
+    s = _lane(f, scales, 8, c)
+    return Chunk(_half(f, u, c), (s, s), None, offset=9)
+
+
+def _build_iq1_m(f: Fn, blk: str, d: str):
+    qh = f.load("<16 x i8>", f.gep(blk, 32))
+    w = f.op(f"zext <16 x i8> {qh} to <16 x i16>")
+    lanes = f.op(
+        f"shufflevector <16 x i16> {w}, <16 x i16> poison, {mask([r // 2 for r in range(32)])}"
+    )
+    shifts = "<" + ", ".join(f"i16 {4 * (r % 2)}" for r in range(32)) + ">"
+    nib = f.op(f"and {V32I16} {f.op(f'lshr {V32I16} {lanes}, {shifts}')}, {splat(32, 'i16', 15)}")
+    hi = f.op(f"shl {V32I16} {_k(f, 'and', V32I16, nib, 7)}, {splat(32, 'i16', 8)}")
+    idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 0)}, {hi}")
+    codes = spill_indices(f, idx) if "IQ1_M" in SCALAR_ROWS else lookup_codes(f, "IQ1_M", idx)
+    minus = f.op(f"trunc {V32I16} {_k(f, 'lshr', V32I16, nib, 3)} to {V32I8}")
+    plus = f.op(f"xor {V32I8} {minus}, {splat(32, 'i8', 1)}")
+    sw = f.load("<4 x i16>", f.gep(blk, 48))
+    s16 = f.op(
+        f"shufflevector <4 x i16> {sw}, <4 x i16> poison, {mask([i // 4 for i in range(16)])}"
+    )
+    sh = "<" + ", ".join(f"i16 {3 * (i % 4)}" for i in range(16)) + ">"
+    fields = f.op(f"and <16 x i16> {f.op(f'lshr <16 x i16> {s16}, {sh}')}, {splat(16, 'i16', 7)}")
+    return codes, _delta_bytes(f, plus, 32, 8), _odd_eighths(f, fields, 16, d)
+
+
+def unpack_iq1_m(f, blk, c, d_of):
+    """`d_of(f, blk)`: IQ1_M's fp16 super-block scale (quant_iq._iq1_m_scale)."""
+    codes, add, scales = _cached(f, "IQ1_M", blk, lambda f, blk: _build_iq1_m(f, blk, d_of(f, blk)))
+    u = _unit(f, "IQ1_M", blk, codes, c, 4, add)
+    return Chunk(_half(f, u, c), _two_scales(f, scales, c), None, offset=9)
+
+
 UNPACK_VNNI = {
     "IQ2_XXS": unpack_iq2_xxs,
     "IQ3_XXS": unpack_iq3_xxs,
+    "IQ2_XS": unpack_iq2_xs,
+    "IQ2_S": unpack_iq2_s,
+    "IQ3_S": unpack_iq3_s,
+    "IQ1_S": unpack_iq1_s,
 }
