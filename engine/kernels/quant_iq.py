@@ -99,7 +99,7 @@ _TABLES_OF = {
 def globals_ir(qname: str) -> str:
     """The declarations and constant tables the module of `qname` needs."""
     tables = _tables()
-    lines = [DECLARATIONS_IQ, quant_iq_vnni.globals_ir(qname)]
+    lines = [DECLARATIONS_IQ]
     for name in _TABLES_OF.get(qname, ()):
         ty, values = tables[name]
         body = ", ".join(f"{ty} {v}" for v in values)

@@ -38,7 +38,6 @@ V32I16 = "<32 x i16>"
 DECLARATIONS_VNNI = f"""
 declare {V32I16} @llvm.x86.avx512.vpermi2var.hi.512({V32I16}, {V32I16}, {V32I16})
 declare {V64I8} @llvm.x86.avx512.pshuf.b.512({V64I8}, {V64I8})
-declare <16 x i32> @llvm.masked.gather.v16i32.v16p0(<16 x ptr>, i32, <16 x i1>, <16 x i32>)
 """
 
 # grid -> the u byte of each level (quant_iq.py: IQ2/IQ3 grids as stored, IQ1 as 8(g + 1))
@@ -63,43 +62,6 @@ def _codes(name: str) -> tuple[np.ndarray, list[int], int]:
     return codes, u, bits
 
 
-# Grids of at most this many rows are looked up in registers (vpermi2w, 64 rows per
-# instruction, plus a select tree); larger ones with vpgatherdd from a code table in the module.
-PERMUTE_MAX_ROWS = 256
-
-
-def globals_ir(qname: str) -> str:
-    """The code table a gathered grid (more than PERMUTE_MAX_ROWS rows) needs."""
-    if qname not in (*UNPACK_VNNI, "IQ1_M"):
-        return ""
-    codes, _, _ = _codes(qname)
-    if len(codes) <= PERMUTE_MAX_ROWS or qname in SCALAR_ROWS:
-        return ""
-    body = ", ".join(f"i32 {int(v)}" for v in codes)
-    return f"@codes_{qname} = internal unnamed_addr constant [{len(codes)} x i32] [{body}]\n"
-
-
-def _gather_codes(f: Fn, name: str, idx: str) -> str:
-    """<32 x i16> codes of rows `idx` (<32 x i16>): two 16-lane vpgatherdd."""
-    n = len(_codes(name)[0])
-    ones = "<" + ", ".join(["i1 true"] * 16) + ">"
-    halves = []
-    for h in (0, 1):
-        part = f.op(
-            f"shufflevector {V32I16} {idx}, {V32I16} poison, {mask(range(16 * h, 16 * h + 16))}"
-        )
-        wide = f.op(f"zext <16 x i16> {part} to <16 x i32>")
-        ptrs = f.op(
-            f"getelementptr inbounds [{n} x i32], ptr @codes_{name}, i64 0, <16 x i32> {wide}"
-        )
-        g = f.op(
-            f"call <16 x i32> @llvm.masked.gather.v16i32.v16p0(<16 x ptr> {ptrs}, i32 4, "
-            f"<16 x i1> {ones}, <16 x i32> poison)"
-        )
-        halves.append(f.op(f"trunc <16 x i32> {g} to <16 x i16>"))
-    return f.op(f"shufflevector <16 x i16> {halves[0]}, <16 x i16> {halves[1]}, {mask(range(32))}")
-
-
 @functools.cache
 def code_tables(name: str) -> tuple[tuple[str, ...], str, int]:
     """(u16 code tables as <32 x i16> constants, <64 x i8> level -> u byte pshufb table, bits
@@ -116,9 +78,10 @@ def code_tables(name: str) -> tuple[tuple[str, ...], str, int]:
 # Grids looked up row by row with scalar loads from quant_iq.py's tables (name, rows): the ones
 # whose code tables take too many vpermi2w (16-32 per super-block cost more than the loads)
 SCALAR_ROWS = {
-    "IQ2_S": ("grid_IQ2_S", 1024),
-    "IQ1_S": ("grid_IQ1", 2048),
-    "IQ1_M": ("grid_IQ1", 2048),
+    "IQ2_S": ("grid_IQ2_S", 1024, "i64"),
+    "IQ1_S": ("grid_IQ1", 2048, "i64"),
+    "IQ1_M": ("grid_IQ1", 2048, "i64"),
+    "IQ2_XS": ("grid_IQ2_XS", 512, "i64"),
 }
 
 
@@ -126,32 +89,31 @@ def spill_indices(f: Fn, idx: str) -> str:
     """Store the <32 x i16> row indices to a stack buffer (allocated once in the function's
     entry block): reading them back with scalar loads costs one load each, where extracting
     them from the vector (vpextrw) costs two micro-ops and a shuffle port."""
-    buf = f.__dict__.get("_iq_idxbuf")
-    if buf is None:
-        buf = f.__dict__["_iq_idxbuf"] = "%iq_idxbuf"
-        f.lines.insert(0, f"  {buf} = alloca {V32I16}, align 64")
+    buf = f.t("idxbuf")
+    # prefixed to the function's first line (in its entry block), not inserted as a line of
+    # its own: the template keeps line positions for the phis it adds later
+    f.lines[0] = f"  {buf} = alloca {V32I16}, align 64\n{f.lines[0]}"
     f(f"store volatile {V32I16} {idx}, ptr {buf}, align 64")
     return buf
 
 
 def scalar_unit(f: Fn, name: str, buf: str, first: int) -> str:
-    """<64 x i8>: grid rows buf[first..first+7] (8-byte rows), one scalar load each."""
-    table, n = SCALAR_ROWS[name]
+    """<64 x i8>: grid rows buf[first..] (8 rows of 8 bytes or 16 of 4), one load each."""
+    table, n, ty = SCALAR_ROWS[name]
+    count = 8 if ty == "i64" else 16
     vec = "poison"
-    for k in range(8):
+    for k in range(count):
         ip = f.op(f"getelementptr inbounds i16, ptr {buf}, i64 {first + k}")
         i = f.op(f"load volatile i16, ptr {ip}, align 2")
         i64 = f.op(f"zext i16 {i} to i64")
-        p = f.op(f"getelementptr inbounds [{n} x i64], ptr @{table}, i64 0, i64 {i64}", "gp")
-        row = f.op(f"load volatile i64, ptr {p}, align 8", "g")
-        vec = f.op(f"insertelement <8 x i64> {vec}, i64 {row}, i32 {k}")
-    return f.op(f"bitcast <8 x i64> {vec} to {V64I8}", "u")
+        p = f.op(f"getelementptr inbounds [{n} x {ty}], ptr @{table}, i64 0, i64 {i64}", "gp")
+        row = f.op(f"load volatile {ty}, ptr {p}, align {8 if ty == 'i64' else 4}", "g")
+        vec = f.op(f"insertelement <{count} x {ty}> {vec}, {ty} {row}, i32 {k}")
+    return f.op(f"bitcast <{count} x {ty}> {vec} to {V64I8}", "u")
 
 
 def lookup_codes(f: Fn, name: str, idx: str) -> str:
     """<32 x i16> codes of grid rows `idx` (<32 x i16>, each < the grid's length)."""
-    if len(_codes(name)[0]) > PERMUTE_MAX_ROWS:
-        return _gather_codes(f, name, idx)
     tables, _, _ = code_tables(name)
     level = [
         f.op(
@@ -349,7 +311,8 @@ def unpack_iq3_xxs(f, blk, c):
 def _build_iq2_xs(f: Fn, blk: str):
     d = f.half_to_float(blk)
     q = f.load(V32I16, f.gep(blk, 2))  # 9-bit grid index | 7-bit ksigns index << 9
-    codes = lookup_codes(f, "IQ2_XS", f.op(f"and {V32I16} {q}, {splat(32, 'i16', 511)}"))
+    idx = f.op(f"and {V32I16} {q}, {splat(32, 'i16', 511)}")
+    codes = spill_indices(f, idx) if "IQ2_XS" in SCALAR_ROWS else lookup_codes(f, "IQ2_XS", idx)
     s7 = f.op(f"trunc {V32I16} {_k(f, 'lshr', V32I16, q, 9)} to {V32I8}")
     signs = f.op(f"bitcast {V32I8} {ksign_bits(f, s7)} to <8 x i32>")
     return codes, signs, _nibble_scales(f, blk, 66, d, 0.25)
@@ -405,7 +368,9 @@ def _build_iq3_s(f: Fn, blk: str):
         hb = f.op(f"bitcast i32 {f.load('i32', f.gep(blk, 66 + 4 * h))} to <32 x i1>")
         hi = f.op(f"shl {V32I16} {f.op(f'zext <32 x i1> {hb} to {V32I16}')}, {splat(32, 'i16', 8)}")
         idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 2 + 32 * h)}, {hi}")
-        codes.append(lookup_codes(f, "IQ3_S", idx))
+        codes.append(
+            spill_indices(f, idx) if "IQ3_S" in SCALAR_ROWS else lookup_codes(f, "IQ3_S", idx)
+        )
     signs = f.load("<8 x i32>", f.gep(blk, 74))
     q = f.load("<4 x i8>", f.gep(blk, 106))
     lo = f.op(f"and <4 x i8> {q}, {splat(4, 'i8', 15)}")
