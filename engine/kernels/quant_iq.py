@@ -46,11 +46,33 @@ LAYOUTS_IQ = {
     "IQ1_M": (256, 56),
 }
 
-# Weight rows per tile for the grid types (the others use quant_matmul.ROWS = 4): with 4 rows
-# of a super-block in one loop body LLVM hoists every row's index math and spills to the
-# stack; one row measured 1.5-3x faster per call (2048 x 2048 decode mat-vec, VNNI).
+# Weight rows per tile for the grid types (the others use quant_matmul.ROWS = 4), per ISA.
+# Scalar table loads (AVX2, generic): one row; with 4 rows of a super-block in one loop body
+# LLVM hoists every row's index math and spills to the stack (1.5-3x slower per call, 2048 x
+# 2048 decode mat-vec). The VNNI path decodes a block in vector registers, which leaves room
+# for rows that share each activation load and hide each other's lookup latency; measured
+# side by side (1 vs 2 vs 4 rows, bench/RESULTS.md), best per type:
 GRID_TYPES = ("IQ3_S", "IQ3_XXS", "IQ2_XS", "IQ2_XXS", "IQ2_S", "IQ1_S", "IQ1_M")
-TILE_ROWS_IQ = dict.fromkeys(GRID_TYPES, 1)
+_TILE_ROWS_VNNI = {
+    "IQ3_S": 4,
+    "IQ3_XXS": 4,
+    "IQ2_XXS": 4,
+    "IQ2_XS": 2,
+    "IQ2_S": 1,
+    "IQ1_S": 2,
+    "IQ1_M": 2,
+}
+TILE_ROWS_IQ = {
+    "vnni": _TILE_ROWS_VNNI,
+    "avx2": dict.fromkeys(GRID_TYPES, 1),
+    "generic": dict.fromkeys(GRID_TYPES, 1),
+}
+
+
+def tile_rows_iq(qname: str, isa: str) -> int | None:
+    """Rows per tile for `qname` on `isa`, or None for the template's default."""
+    return TILE_ROWS_IQ[isa].get(qname)
+
 
 DECLARATIONS_IQ = f"""
 declare {V32I8} @llvm.x86.avx2.pshuf.b({V32I8}, {V32I8})
