@@ -85,16 +85,22 @@ SCALAR_ROWS = {
 }
 
 
-def spill_indices(f: Fn, idx: str) -> str:
-    """Store the <32 x i16> row indices to a stack buffer (allocated once in the function's
-    entry block): reading them back with scalar loads costs one load each, where extracting
-    them from the vector (vpextrw) costs two micro-ops and a shuffle port."""
-    buf = f.t("idxbuf")
+def spill(f: Fn, ty: str, value: str) -> str:
+    """Store `value` to a stack buffer (allocated in the function's entry block) and return
+    it: reading its parts back with scalar loads costs one load each, where extracting them
+    from the vector (vpextrw / vpextrd) costs two micro-ops and a shuffle port each. Volatile,
+    so LLVM does not forward the store to the loads (back into extracts)."""
+    buf = f.t("spill")
     # prefixed to the function's first line (in its entry block), not inserted as a line of
     # its own: the template keeps line positions for the phis it adds later
-    f.lines[0] = f"  {buf} = alloca {V32I16}, align 64\n{f.lines[0]}"
-    f(f"store volatile {V32I16} {idx}, ptr {buf}, align 64")
+    f.lines[0] = f"  {buf} = alloca {ty}, align 64\n{f.lines[0]}"
+    f(f"store volatile {ty} {value}, ptr {buf}, align 64")
     return buf
+
+
+def spill_indices(f: Fn, idx: str) -> str:
+    """The <32 x i16> row indices in a stack buffer, for `scalar_unit`."""
+    return spill(f, V32I16, idx)
 
 
 def scalar_unit(f: Fn, name: str, buf: str, first: int) -> str:
@@ -199,11 +205,19 @@ def spread7(f: Fn, aux: str) -> str:
     return f.op(f"bitcast {ty} {out} to {V32I8}")
 
 
-def _sign_chunk(f: Fn, bits8: str, c: str | int) -> str:
-    """<32 x i8>, -1 where bit i of word c of `bits8` (<8 x i32>) is set."""
-    w = f.op(f"extractelement <8 x i32> {bits8}, i32 {c}")
-    m = f.op(f"bitcast i32 {w} to <32 x i1>")
-    return f.op(f"sext <32 x i1> {m} to {V32I8}")
+def _sign_chunk(f: Fn, bits: str, c: int, volatile: bool = False) -> str:
+    """<32 x i8>, -1 where bit i of the 32 sign bits of chunk c is set; `bits` points to the
+    block's 32 bytes of them (block memory, or a `spill` buffer: then `volatile`). The two
+    chunks of a unit come from one 64-bit load, so the template's concatenation of them folds
+    back into a single kmovq instead of two vpextrd + kmovd + kunpckdq."""
+    units = f.__dict__.setdefault("_iq_signs", {})
+    key = (bits, c // 2)
+    if key not in units:
+        p = f.gep(bits, 8 * (c // 2))
+        w = f.op(f"load {'volatile ' if volatile else ''}i64, ptr {p}, align 1", "sg")
+        m = f.op(f"bitcast i64 {w} to <64 x i1>")
+        units[key] = f.op(f"sext <64 x i1> {m} to {V64I8}")
+    return _half(f, units[key], c)
 
 
 def _half(f: Fn, unit: str, c: int) -> str:
@@ -261,7 +275,7 @@ def _build_iq2_xxs(f: Fn, blk: str):
     aux = f.op(f"shufflevector <16 x i32> {q}, <16 x i32> poison, {mask(range(1, 16, 2))}")
     idx = f.op(f"zext {V32I8} {f.op(f'bitcast <8 x i32> {idx8} to {V32I8}')} to {V32I16}")
     codes = lookup_codes(f, "IQ2_XXS", idx)
-    signs = f.op(f"bitcast {V32I8} {ksign_bits(f, spread7(f, aux))} to <8 x i32>")
+    signs = spill(f, V32I8, ksign_bits(f, spread7(f, aux)))
     return codes, signs, _aux_scales(f, aux, d, 0.25)
 
 
@@ -269,7 +283,7 @@ def unpack_iq2_xxs(f, blk, c):
     codes, signs, scales = _cached(f, "IQ2_XXS", blk, _build_iq2_xxs)
     u = _unit(f, "IQ2_XXS", blk, codes, c, 4)
     s = _lane(f, scales, 8, c)
-    return Chunk(_half(f, u, c), (s, s), None, signed_src=_sign_chunk(f, signs, c))
+    return Chunk(_half(f, u, c), (s, s), None, signed_src=_sign_chunk(f, signs, c, True))
 
 
 def _unit(f: Fn, name: str, blk: str, codes: str, c: int, rows_per_chunk: int, add=None) -> str:
@@ -297,7 +311,7 @@ def _build_iq3_xxs(f: Fn, blk: str):
         )
         codes.append(lookup_codes(f, "IQ3_XXS", f.op(f"zext {V32I8} {part} to {V32I16}")))
     aux = f.load("<8 x i32>", f.gep(blk, 66))
-    signs = f.op(f"bitcast {V32I8} {ksign_bits(f, spread7(f, aux))} to <8 x i32>")
+    signs = spill(f, V32I8, ksign_bits(f, spread7(f, aux)))
     return codes, signs, _aux_scales(f, aux, d, 0.5)
 
 
@@ -305,7 +319,7 @@ def unpack_iq3_xxs(f, blk, c):
     codes, signs, scales = _cached(f, "IQ3_XXS", blk, _build_iq3_xxs)
     u = _unit(f, "IQ3_XXS", blk, codes[c // 4], c, 8)
     s = _lane(f, scales, 8, c)
-    return Chunk(_half(f, u, c), (s, s), None, signed_src=_sign_chunk(f, signs, c))
+    return Chunk(_half(f, u, c), (s, s), None, signed_src=_sign_chunk(f, signs, c, True))
 
 
 def _build_iq2_xs(f: Fn, blk: str):
@@ -314,7 +328,7 @@ def _build_iq2_xs(f: Fn, blk: str):
     idx = f.op(f"and {V32I16} {q}, {splat(32, 'i16', 511)}")
     codes = spill_indices(f, idx) if "IQ2_XS" in SCALAR_ROWS else lookup_codes(f, "IQ2_XS", idx)
     s7 = f.op(f"trunc {V32I16} {_k(f, 'lshr', V32I16, q, 9)} to {V32I8}")
-    signs = f.op(f"bitcast {V32I8} {ksign_bits(f, s7)} to <8 x i32>")
+    signs = spill(f, V32I8, ksign_bits(f, s7))
     return codes, signs, _nibble_scales(f, blk, 66, d, 0.25)
 
 
@@ -325,7 +339,7 @@ def _two_scales(f: Fn, scales: str, c: int) -> tuple[str, str]:
 def unpack_iq2_xs(f, blk, c):
     codes, signs, scales = _cached(f, "IQ2_XS", blk, _build_iq2_xs)
     u = _unit(f, "IQ2_XS", blk, codes, c, 4)
-    return Chunk(_half(f, u, c), _two_scales(f, scales, c), None, _sign_chunk(f, signs, c))
+    return Chunk(_half(f, u, c), _two_scales(f, scales, c), None, _sign_chunk(f, signs, c, True))
 
 
 def _high_bits(f: Fn, qh: str, n: int, rows_per: int, width: int) -> str:
@@ -351,7 +365,7 @@ def _build_iq2_s(f: Fn, blk: str):
     qh = f.load("<8 x i8>", f.gep(blk, 66))
     idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 2)}, {_high_bits(f, qh, 8, 4, 2)}")
     codes = spill_indices(f, idx) if "IQ2_S" in SCALAR_ROWS else lookup_codes(f, "IQ2_S", idx)
-    signs = f.load("<8 x i32>", f.gep(blk, 34))
+    signs = f.gep(blk, 34)
     return codes, signs, _nibble_scales(f, blk, 74, d, 0.25)
 
 
@@ -371,7 +385,7 @@ def _build_iq3_s(f: Fn, blk: str):
         codes.append(
             spill_indices(f, idx) if "IQ3_S" in SCALAR_ROWS else lookup_codes(f, "IQ3_S", idx)
         )
-    signs = f.load("<8 x i32>", f.gep(blk, 74))
+    signs = f.gep(blk, 74)
     q = f.load("<4 x i8>", f.gep(blk, 106))
     lo = f.op(f"and <4 x i8> {q}, {splat(4, 'i8', 15)}")
     hi = f.op(f"lshr <4 x i8> {q}, {splat(4, 'i8', 4)}")
