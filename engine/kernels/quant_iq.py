@@ -58,9 +58,9 @@ _TILE_ROWS_VNNI = {
     "IQ3_XXS": 4,
     "IQ2_XXS": 4,
     "IQ2_XS": 2,
-    "IQ2_S": 1,
+    "IQ2_S": 4,
     "IQ1_S": 2,
-    "IQ1_M": 2,
+    "IQ1_M": 4,
 }
 TILE_ROWS_IQ = {
     "vnni": _TILE_ROWS_VNNI,
