@@ -172,9 +172,18 @@ def _fmul(f: Fn, a: str, b: str) -> str:
 
 
 def _sign_mask_bits(f: Fn, bits_i32: str) -> str:
-    """i32 of sign bits (bit i for value i) -> <32 x i8>, -1 where the bit is set."""
-    m = f.op(f"bitcast i32 {bits_i32} to <32 x i1>")
-    return f.op(f"sext <32 x i1> {m} to {V32I8}")
+    """i32 of sign bits (bit i for value i) -> <32 x i8>, -1 where the bit is set. Spelled out
+    as byte broadcast + bit test (vpshufb, vpand, vpcmpeqb): without AVX-512 mask registers
+    LLVM turned a bitcast to <32 x i1> into 32 scalar bit tests and byte inserts."""
+    v = f.op(
+        f"bitcast <1 x i32> {f.op(f'insertelement <1 x i32> poison, i32 {bits_i32}, i32 0')} to <4 x i8>"
+    )
+    spread = f.op(
+        f"shufflevector <4 x i8> {v}, <4 x i8> poison, {mask([i // 8 for i in range(32)])}"
+    )
+    bit = _vconst([1 << (i % 8) for i in range(32)])
+    hit = f.op(f"icmp eq {V32I8} {f.op(f'and {V32I8} {spread}, {bit}')}, {bit}")
+    return f.op(f"sext <32 x i1> {hit} to {V32I8}")
 
 
 # --- 16-entry codebooks ---------------------------------------------------------------------------
