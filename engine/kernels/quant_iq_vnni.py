@@ -23,10 +23,12 @@ emitted in one iteration).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 
 import numpy as np
 
+from engine.kernels import compiler
 from engine.kernels.ir import Fn, f32, mask, splat
 from engine.kernels.quant_chunk import Chunk
 from engine.quant_grids import grid
@@ -38,6 +40,7 @@ V32I16 = "<32 x i16>"
 DECLARATIONS_VNNI = f"""
 declare {V32I16} @llvm.x86.avx512.vpermi2var.hi.512({V32I16}, {V32I16}, {V32I16})
 declare {V64I8} @llvm.x86.avx512.pshuf.b.512({V64I8}, {V64I8})
+declare {V64I8} @llvm.x86.avx512.vpermi2var.qi.512({V64I8}, {V64I8}, {V64I8})
 """
 
 # grid -> the u byte of each level (quant_iq.py: IQ2/IQ3 grids as stored, IQ1 as 8(g + 1))
@@ -116,6 +119,62 @@ def scalar_unit(f: Fn, name: str, buf: str, first: int) -> str:
         row = f.op(f"load volatile {ty}, ptr {p}, align {8 if ty == 'i64' else 4}", "g")
         vec = f.op(f"insertelement <{count} x {ty}> {vec}, {ty} {row}, i32 {k}")
     return f.op(f"bitcast <{count} x {ty}> {vec} to {V64I8}", "u")
+
+
+def has_vbmi() -> bool:
+    """Whether the CPU the kernels are compiled for (compiler.target_cpu: the host or
+    LOCALCHAT_CPU's) has AVX512-VBMI's byte permutes; AVX512-VNNI CPUs without it (Cascade
+    Lake) take the vpermi2w lookups."""
+    return _has_vbmi(os.environ.get(compiler.CPU_ENV, "").strip())
+
+
+@functools.cache
+def _has_vbmi(cpu_env: str) -> bool:
+    return compiler.target_cpu().has("avx512vbmi")
+
+
+@functools.cache
+def byte_tables(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The code tables as low and high bytes, <64 x i8> constants (vpermi2b: 128 per pair)."""
+    codes, _, _ = _codes(name)
+    codes = np.concatenate([codes, np.zeros(-len(codes) % 128, np.int64)])
+    planes = []
+    for part in (codes & 255, codes >> 8):
+        as_i8 = part.astype(np.uint8).view(np.int8)
+        planes.append(tuple(_vec("i8", as_i8[k : k + 64]) for k in range(0, len(as_i8), 64)))
+    return planes[0], planes[1]
+
+
+def lookup_codes64(f: Fn, name: str, idx8: str, high: list[str]) -> list[str]:
+    """Codes of 64 grid rows as two <32 x i16> halves, with VBMI byte permutes: `idx8` holds
+    the index bits 0-7 (<64 x i8>), `high` the <64 x i1> masks of bits 8, 9, ... Each plane
+    (code bits 0-7, 8-15) is one vpermi2b per 128 rows plus a select tree on bits 7, 8, ..."""
+    bit7 = f.op(f"icmp slt {V64I8} {idx8}, zeroinitializer")
+    planes = []
+    for tables in byte_tables(name):
+        level = [
+            f.op(
+                f"call {V64I8} @llvm.x86.avx512.vpermi2var.qi.512({V64I8} {tables[2 * p]}, "
+                f"{V64I8} {idx8}, {V64I8} {tables[2 * p + 1]})",
+                "cd",
+            )
+            for p in range(len(tables) // 2)
+        ]
+        for sel in [bit7, *high]:
+            if len(level) == 1:
+                break
+            level = [
+                f.op(f"select <64 x i1> {sel}, {V64I8} {level[i + 1]}, {V64I8} {level[i]}", "cd")
+                for i in range(0, len(level), 2)
+            ]
+        planes.append(level[0])
+    lo, hi = planes
+    halves = []
+    for h in (0, 1):
+        pairs = [k for r in range(32 * h, 32 * h + 32) for k in (r, 64 + r)]
+        both = f.op(f"shufflevector {V64I8} {lo}, {V64I8} {hi}, {mask(pairs)}")
+        halves.append(f.op(f"bitcast {V64I8} {both} to {V32I16}"))
+    return halves
 
 
 def lookup_codes(f: Fn, name: str, idx: str) -> str:
@@ -304,12 +363,15 @@ def _unit(f: Fn, name: str, blk: str, codes: str, c: int, rows_per_chunk: int, a
 def _build_iq3_xxs(f: Fn, blk: str):
     d = f.half_to_float(blk)
     qs = f.load(V64I8, f.gep(blk, 2))
-    codes = []
-    for h in (0, 1):
-        part = f.op(
-            f"shufflevector {V64I8} {qs}, {V64I8} poison, {mask(range(32 * h, 32 * h + 32))}"
-        )
-        codes.append(lookup_codes(f, "IQ3_XXS", f.op(f"zext {V32I8} {part} to {V32I16}")))
+    if has_vbmi():
+        codes = lookup_codes64(f, "IQ3_XXS", qs, [])
+    else:
+        codes = []
+        for h in (0, 1):
+            part = f.op(
+                f"shufflevector {V64I8} {qs}, {V64I8} poison, {mask(range(32 * h, 32 * h + 32))}"
+            )
+            codes.append(lookup_codes(f, "IQ3_XXS", f.op(f"zext {V32I8} {part} to {V32I16}")))
     aux = f.load("<8 x i32>", f.gep(blk, 66))
     signs = spill(f, V32I8, ksign_bits(f, spread7(f, aux)))
     return codes, signs, _aux_scales(f, aux, d, 0.5)
@@ -378,7 +440,10 @@ def unpack_iq2_s(f, blk, c):
 def _build_iq3_s(f: Fn, blk: str):
     d = f.half_to_float(blk)
     codes = []
-    for h in (0, 1):
+    if has_vbmi():  # index bit 8 of row r is bit r of qh
+        high = f.op(f"bitcast i64 {f.load('i64', f.gep(blk, 66))} to <64 x i1>")
+        codes = lookup_codes64(f, "IQ3_S", f.load(V64I8, f.gep(blk, 2)), [high])
+    for h in (0, 1) if not codes else ():
         hb = f.op(f"bitcast i32 {f.load('i32', f.gep(blk, 66 + 4 * h))} to <32 x i1>")
         hi = f.op(f"shl {V32I16} {f.op(f'zext <32 x i1> {hb} to {V32I16}')}, {splat(32, 'i16', 8)}")
         idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 2 + 32 * h)}, {hi}")
