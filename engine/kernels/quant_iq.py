@@ -10,7 +10,9 @@ with u unsigned bytes. How each family gets there:
     fixed point: digit m of byte q is ((q * 3^m mod 256) * 3) >> 8);
   * IQ2 / IQ3: each 8 (IQ2) or 4 (IQ3) values are one row of a grid of unsigned magnitudes,
     loaded from a constant table in the module; signs come from explicit sign bytes or from a
-    7-bit index into ksigns, expanded here to a table of 0x00/0xFF byte masks;
+    7-bit index into ksigns, expanded here to a table of 0x00/0xFF byte masks. On the VNNI
+    path the grid types decode a whole super-block with vector code instead
+    (engine/kernels/quant_iq_vnni.py);
   * IQ1_S / IQ1_M: grid values g in {-1, 0, 1} plus a per-8 or per-32 delta of +-1/8 become
     exact integers u = 8g + 8*delta + 9 (offset 9, scale d/8): the grid table stores 8(g + 1)
     and the delta adds 0 or 2 to every byte of an 8-value row.

@@ -3,21 +3,27 @@ of engine/kernels/quant_iq.py's scalar table loads (which stay for AVX2 and gene
 
 Why: the scalar path costs ~40 instructions per 32 weights (an index extraction, a load and a
 vector insert per grid row, the same again for ksigns masks, a scalar scale chain), against ~30
-for Q4_K. Here a whole super-block is decoded with a few 512-bit operations, once per block and
-shared by its 8 chunks:
-  * every grid row is replaced by its code: 2 bits per value for the 3-level IQ2 / IQ1 grids
-    (16 bits per 8-value row), 3 bits for the 8-level IQ3 grids (12 bits per 4-value row). The
-    code tables (256-2048 u16) are looked up 32 indices at a time with `vpermi2w` (64 entries
-    per instruction) and a select tree on the higher index bits;
-  * a unit's codes are spread to one byte per value with shifts and masks, and the bytes
-    mapped to grid values with one `vpshufb` (levels as the u bytes quant_iq.py's tables hold);
+for Q4_K. Here a whole super-block's indices, signs and scales are decoded with a few 512-bit
+operations, once per block and shared by its 8 chunks:
+  * small grids (IQ2_XXS, IQ3_XXS: 256 rows; IQ3_S: 512) are looked up in registers: every
+    row is replaced by its code, 2 bits per value for the 3-level IQ2 grids (16 bits per
+    8-value row), 3 bits for the 8-level IQ3 grids (12 bits per 4-value row). IQ3 codes go
+    64 indices at a time as two byte planes through `vpermi2b` (AVX512-VBMI, 128 rows per
+    instruction), else (and for IQ2_XXS) 32 at a time through `vpermi2w` (64 rows), each with
+    a select tree on the higher index bits. A unit's codes are spread to one byte per value
+    with shifts and masks and mapped to grid values with one `vpshufb`;
+  * large grids (IQ2_XS: 512 rows, IQ2_S: 1024, IQ1: 2048) would take 16-64 permutes per
+    block, and vpgatherdd was slower still: their row indices are computed as one vector,
+    spilled to a stack buffer and read back by scalar loads that feed the row loads;
   * ksigns indices (IQ2_XXS, IQ2_XS, IQ3_XXS) become sign bits arithmetically: ksigns[i] is i
-    with bit 7 the parity of i (ggml-common.h), the parity from a nibble `vpshufb`;
-  * scales of the 8 chunks are one 8- or 16-lane float vector.
+    with bit 7 the parity of i (ggml-common.h), the parity from a nibble `vpshufb`. A unit's
+    64 sign bits are one 64-bit load (from the block, or a spill of the computed bits), so
+    they reach a mask register with one kmovq;
+  * scales of the 8 chunks are one 8- or 16-lane float vector; IQ1 deltas one byte vector.
 Chunks hand the template (engine/kernels/quant_matmul.py) the same u / scale / sign values as
 quant_iq.py does, so results are identical; per (Fn, block) the block work is emitted once, in
 the loop body that the first chunk of the block is emitted in (all chunks of a 256-block are
-emitted in one iteration).
+emitted in one iteration). Measurements: bench/RESULTS.md (tensor types, decode mat-vec).
 """
 
 from __future__ import annotations
