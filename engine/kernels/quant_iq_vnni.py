@@ -49,9 +49,6 @@ declare {V64I8} @llvm.x86.avx512.pshuf.b.512({V64I8}, {V64I8})
 declare {V64I8} @llvm.x86.avx512.vpermi2var.qi.512({V64I8}, {V64I8}, {V64I8})
 """
 
-# grid -> the u byte of each level (quant_iq.py: IQ2/IQ3 grids as stored, IQ1 as 8(g + 1))
-_IQ1_U = {-1: 0, 0: 8, 1: 16}
-
 
 def _vec(ty: str, values) -> str:
     return "<" + ", ".join(f"{ty} {int(v)}" for v in values) + ">"
@@ -60,21 +57,19 @@ def _vec(ty: str, values) -> str:
 @functools.cache
 def _codes(name: str) -> tuple[np.ndarray, list[int], int]:
     """(u16 code per grid row, u byte per level, bits per value) of grid `name`."""
-    iq1 = name in ("IQ1_S", "IQ1_M")
-    g = grid("IQ1_S" if iq1 else name).astype(np.int64)
+    g = grid(name).astype(np.int64)
     levels = np.unique(g)
     bits = 2 if len(levels) <= 4 else 3
     codes = np.zeros(len(g), np.int64)
     for b in range(g.shape[1]):
         codes |= np.searchsorted(levels, g[:, b]) << (bits * b)
-    u = [_IQ1_U[int(v)] for v in levels] if iq1 else [int(v) for v in levels]
-    return codes, u, bits
+    return codes, [int(v) for v in levels], bits
 
 
 @functools.cache
 def code_tables(name: str) -> tuple[tuple[str, ...], str, int]:
     """(u16 code tables as <32 x i16> constants, <64 x i8> level -> u byte pshufb table, bits
-    per value) for grid `name` (IQ1_S's grid serves IQ1_M too)."""
+    per value) for grid `name` (IQ2_XXS, IQ3_XXS, IQ3_S: the grids looked up in registers)."""
     codes, u, bits = _codes(name)
     # vpermi2w takes 64 entries per pair of tables: pad to a multiple of 64
     codes = np.concatenate([codes, np.zeros(-len(codes) % 64, np.int64)])
@@ -87,10 +82,10 @@ def code_tables(name: str) -> tuple[tuple[str, ...], str, int]:
 # Grids looked up row by row with scalar loads from quant_iq.py's tables (name, rows): the ones
 # whose code tables take too many vpermi2w (16-32 per super-block cost more than the loads)
 SCALAR_ROWS = {
-    "IQ2_S": ("grid_IQ2_S", 1024, "i64"),
-    "IQ1_S": ("grid_IQ1", 2048, "i64"),
-    "IQ1_M": ("grid_IQ1", 2048, "i64"),
-    "IQ2_XS": ("grid_IQ2_XS", 512, "i64"),
+    "IQ2_S": ("grid_IQ2_S", 1024),
+    "IQ1_S": ("grid_IQ1", 2048),
+    "IQ1_M": ("grid_IQ1", 2048),
+    "IQ2_XS": ("grid_IQ2_XS", 512),
 }
 
 
@@ -100,8 +95,10 @@ def spill(f: Fn, ty: str, value: str) -> str:
     from the vector (vpextrw / vpextrd) costs two micro-ops and a shuffle port each. Volatile,
     so LLVM does not forward the store to the loads (back into extracts)."""
     buf = f.t("spill")
-    # prefixed to the function's first line (in its entry block), not inserted as a line of
-    # its own: the template keeps line positions for the phis it adds later
+    # prefixed to the function's first line (in its entry block: tile_function's row pointers
+    # come first), not inserted as a line of its own: the template keeps line positions for
+    # the phis it adds later. An alloca inside the loop would grow the stack every iteration.
+    assert f.lines and f.lines[0].startswith("  "), "the tile function must open with an op"
     f.lines[0] = f"  {buf} = alloca {ty}, align 64\n{f.lines[0]}"
     f(f"store volatile {ty} {value}, ptr {buf}, align 64")
     return buf
@@ -113,18 +110,18 @@ def spill_indices(f: Fn, idx: str) -> str:
 
 
 def scalar_unit(f: Fn, name: str, buf: str, first: int) -> str:
-    """<64 x i8>: grid rows buf[first..] (8 rows of 8 bytes or 16 of 4), one load each."""
-    table, n, ty = SCALAR_ROWS[name]
-    count = 8 if ty == "i64" else 16
+    """<64 x i8>: the 8-byte grid rows buf[first..first+7], one load each (volatile: the SLP
+    vectoriser would merge them into a vpgatherqq, slower here)."""
+    table, n = SCALAR_ROWS[name]
     vec = "poison"
-    for k in range(count):
+    for k in range(8):
         ip = f.op(f"getelementptr inbounds i16, ptr {buf}, i64 {first + k}")
         i = f.op(f"load volatile i16, ptr {ip}, align 2")
         i64 = f.op(f"zext i16 {i} to i64")
-        p = f.op(f"getelementptr inbounds [{n} x {ty}], ptr @{table}, i64 0, i64 {i64}", "gp")
-        row = f.op(f"load volatile {ty}, ptr {p}, align {8 if ty == 'i64' else 4}", "g")
-        vec = f.op(f"insertelement <{count} x {ty}> {vec}, {ty} {row}, i32 {k}")
-    return f.op(f"bitcast <{count} x {ty}> {vec} to {V64I8}", "u")
+        p = f.op(f"getelementptr inbounds [{n} x i64], ptr @{table}, i64 0, i64 {i64}", "gp")
+        row = f.op(f"load volatile i64, ptr {p}, align 8", "g")
+        vec = f.op(f"insertelement <8 x i64> {vec}, i64 {row}, i32 {k}")
+    return f.op(f"bitcast <8 x i64> {vec} to {V64I8}", "u")
 
 
 def has_vbmi() -> bool:
@@ -394,7 +391,7 @@ def _build_iq2_xs(f: Fn, blk: str):
     d = f.half_to_float(blk)
     q = f.load(V32I16, f.gep(blk, 2))  # 9-bit grid index | 7-bit ksigns index << 9
     idx = f.op(f"and {V32I16} {q}, {splat(32, 'i16', 511)}")
-    codes = spill_indices(f, idx) if "IQ2_XS" in SCALAR_ROWS else lookup_codes(f, "IQ2_XS", idx)
+    codes = spill_indices(f, idx)
     s7 = f.op(f"trunc {V32I16} {_k(f, 'lshr', V32I16, q, 9)} to {V32I8}")
     signs = spill(f, V32I8, ksign_bits(f, s7))
     return codes, signs, _nibble_scales(f, blk, 66, d, 0.25)
@@ -432,7 +429,7 @@ def _build_iq2_s(f: Fn, blk: str):
     d = f.half_to_float(blk)
     qh = f.load("<8 x i8>", f.gep(blk, 66))
     idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 2)}, {_high_bits(f, qh, 8, 4, 2)}")
-    codes = spill_indices(f, idx) if "IQ2_S" in SCALAR_ROWS else lookup_codes(f, "IQ2_S", idx)
+    codes = spill_indices(f, idx)
     signs = f.gep(blk, 34)
     return codes, signs, _nibble_scales(f, blk, 74, d, 0.25)
 
@@ -453,9 +450,7 @@ def _build_iq3_s(f: Fn, blk: str):
         hb = f.op(f"bitcast i32 {f.load('i32', f.gep(blk, 66 + 4 * h))} to <32 x i1>")
         hi = f.op(f"shl {V32I16} {f.op(f'zext <32 x i1> {hb} to {V32I16}')}, {splat(32, 'i16', 8)}")
         idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 2 + 32 * h)}, {hi}")
-        codes.append(
-            spill_indices(f, idx) if "IQ3_S" in SCALAR_ROWS else lookup_codes(f, "IQ3_S", idx)
-        )
+        codes.append(lookup_codes(f, "IQ3_S", idx))
     signs = f.gep(blk, 74)
     q = f.load("<4 x i8>", f.gep(blk, 106))
     lo = f.op(f"and <4 x i8> {q}, {splat(4, 'i8', 15)}")
@@ -505,7 +500,7 @@ def _build_iq1_s(f: Fn, blk: str):
     shifts = "<" + ", ".join(f"i16 {3 * (r % 4)}" for r in range(32)) + ">"
     hi = f.op(f"and {V32I16} {f.op(f'lshr {V32I16} {qh8}, {shifts}')}, {splat(32, 'i16', 7)}")
     idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 2)}, {_k(f, 'shl', V32I16, hi, 8)}")
-    codes = spill_indices(f, idx) if "IQ1_S" in SCALAR_ROWS else lookup_codes(f, "IQ1_S", idx)
+    codes = spill_indices(f, idx)
     minus = f.op(f"trunc <8 x i16> {_k(f, 'lshr', '<8 x i16>', qh, 15)} to <8 x i8>")
     plus = f.op(f"xor <8 x i8> {minus}, {splat(8, 'i8', 1)}")
     sc = f.op(f"and <8 x i16> {_k(f, 'lshr', '<8 x i16>', qh, 12)}, {splat(8, 'i16', 7)}")
@@ -529,7 +524,7 @@ def _build_iq1_m(f: Fn, blk: str, d: str):
     nib = f.op(f"and {V32I16} {f.op(f'lshr {V32I16} {lanes}, {shifts}')}, {splat(32, 'i16', 15)}")
     hi = f.op(f"shl {V32I16} {_k(f, 'and', V32I16, nib, 7)}, {splat(32, 'i16', 8)}")
     idx = f.op(f"or {V32I16} {_low_bytes(f, blk, 0)}, {hi}")
-    codes = spill_indices(f, idx) if "IQ1_M" in SCALAR_ROWS else lookup_codes(f, "IQ1_M", idx)
+    codes = spill_indices(f, idx)
     minus = f.op(f"trunc {V32I16} {_k(f, 'lshr', V32I16, nib, 3)} to {V32I8}")
     plus = f.op(f"xor {V32I8} {minus}, {splat(32, 'i8', 1)}")
     sw = f.load("<4 x i16>", f.gep(blk, 48))
