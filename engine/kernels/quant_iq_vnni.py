@@ -204,7 +204,7 @@ def lookup_codes(f: Fn, name: str, idx: str) -> str:
 
 
 def _or_and(f: Fn, ty: str, x: str, shift: int, keep: str) -> str:
-    """(x | x << shift) & keep (one vpternlog after the shift)."""
+    """(x | x << shift) & keep."""
     y = f.op(f"or {ty} {x}, {f.op(f'shl {ty} {x}, {splat_like(ty, shift)}')}")
     return f.op(f"and {ty} {y}, {keep}")
 
@@ -227,9 +227,13 @@ def expand_unit(f: Fn, name: str, codes: str, first: int) -> str:
         c = f.op(
             f"shufflevector {V32I16} {codes}, {V32I16} poison, {mask(range(first, first + 8))}"
         )
-        x = f.op(f"zext <8 x i16> {c} to <8 x i64>")
+        # code bytes 0, 1 of row k to bytes 8k and 8k + 4 (a byte shuffle: written as
+        # (x | x << 24) & mask, LLVM made the disjoint `or` a vpmullq)
+        cb = f.op(f"bitcast <8 x i16> {c} to <16 x i8>")
+        place = [z for k in range(8) for z in (2 * k, 16, 16, 16, 2 * k + 1, 16, 16, 16)]
+        x = f.op(f"shufflevector <16 x i8> {cb}, <16 x i8> zeroinitializer, {mask(place)}")
         ty = "<8 x i64>"
-        x = _or_and(f, ty, x, 24, splat(8, "i64", 0x000000FF000000FF))
+        x = f.op(f"bitcast {V64I8} {x} to {ty}")
         x = _or_and(f, ty, x, 12, splat(8, "i64", 0x000F000F000F000F))
         x = _or_and(f, ty, x, 6, splat(8, "i64", 0x0303030303030303))
     else:
