@@ -12,9 +12,10 @@ import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
 
-from engine.kernels import quant_matmul
-from engine.kernels.compiler import KernelLibrary
+from engine.kernels import quant_iq_vnni, quant_matmul
+from engine.kernels.compiler import CPU_ENV, CpuSelectionError, KernelLibrary, target_cpu
 from engine.kernels.jit_backend import LAZY_QUANT_TYPES, JitBackend, kernel_modules, quant_module
+from engine.kernels.quant_iq import GRID_TYPES
 from engine.kernels.threads import ThreadPool
 from engine.qtensor import QTensor
 from tests.quant_blocks import random_blocks, scale_down
@@ -121,15 +122,31 @@ def test_writes_into_non_contiguous_out(backend):
     np.testing.assert_allclose(view, backend.linear(w, x), rtol=1e-6)
 
 
-@pytest.mark.parametrize("isa", ["avx2", "generic"])
-def test_other_instruction_set_paths(isa):
-    """The non-VNNI dot products give the same numbers (they run here too: AVX2 and plain IR)."""
-    lib = KernelLibrary()
-    lib.add_modules([m for m in kernel_modules(isa) if not m[0].startswith("mmf_")])
-    lib.add_modules([quant_module(q.name, isa) for q in IQ])  # compiled on first use in the app
+@pytest.mark.parametrize(
+    ("isa", "cpu"), [("avx2", None), ("generic", None), ("vnni", "cascadelake")]
+)
+def test_other_instruction_set_paths(isa, cpu, monkeypatch):
+    """The non-VNNI dot products give the same numbers (they run here too: AVX2 and plain IR),
+    and so does the VNNI path of a CPU without AVX512-VBMI (Cascade Lake: the grid types'
+    code tables are looked up with vpermi2w instead of vpermi2b, quant_iq_vnni.has_vbmi)."""
+    if cpu is None:
+        lib = KernelLibrary()
+    else:
+        monkeypatch.setenv(CPU_ENV, cpu)
+        try:
+            target = target_cpu()
+        except CpuSelectionError as exc:
+            pytest.skip(f"this CPU cannot run {cpu} code: {exc}")
+        assert not target.has("avx512vbmi") and not quant_iq_vnni.has_vbmi()
+        lib = KernelLibrary(cpu=target)
+    # that VNNI path differs from the host's only in the grid types
+    types = SIMPLE + KQUANTS + IQ if cpu is None else [q for q in IQ if q.name in GRID_TYPES]
+    start = {"pool", "quantize_q8", *(f"mm_{q.name}_{isa}" for q in types)}
+    lib.add_modules([m for m in kernel_modules(isa) if m[0] in start])
+    lib.add_modules([quant_module(q.name, isa) for q in IQ if q in types])  # lazily in the app
     pool = ThreadPool(lib, 1)
     rng = np.random.default_rng(11)
-    for qtype in SIMPLE + KQUANTS + IQ:
+    for qtype in types:
         block = GGML_QUANT_SIZES[qtype][0]
         w = make_weight(qtype, 6, block * 2, rng)
         x = rng.standard_normal((5, block * 2)).astype(np.float32)

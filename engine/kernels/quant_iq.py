@@ -10,7 +10,9 @@ with u unsigned bytes. How each family gets there:
     fixed point: digit m of byte q is ((q * 3^m mod 256) * 3) >> 8);
   * IQ2 / IQ3: each 8 (IQ2) or 4 (IQ3) values are one row of a grid of unsigned magnitudes,
     loaded from a constant table in the module; signs come from explicit sign bytes or from a
-    7-bit index into ksigns, expanded here to a table of 0x00/0xFF byte masks;
+    7-bit index into ksigns, expanded here to a table of 0x00/0xFF byte masks. On the VNNI
+    path the grid types decode a whole super-block with vector code instead
+    (engine/kernels/quant_iq_vnni.py);
   * IQ1_S / IQ1_M: grid values g in {-1, 0, 1} plus a per-8 or per-32 delta of +-1/8 become
     exact integers u = 8g + 8*delta + 9 (offset 9, scale d/8): the grid table stores 8(g + 1)
     and the delta adds 0 or 2 to every byte of an 8-value row.
@@ -23,6 +25,7 @@ import functools
 
 import numpy as np
 
+from engine.kernels import quant_iq_vnni
 from engine.kernels.ir import Fn, f32, mask, splat
 from engine.kernels.quant_chunk import Chunk
 from engine.quant_grids import IQ4NL_VALUES, KSIGNS, MXFP4_VALUES, grid
@@ -45,16 +48,38 @@ LAYOUTS_IQ = {
     "IQ1_M": (256, 56),
 }
 
-# Weight rows per tile for the grid types (the others use quant_matmul.ROWS = 4): with 4 rows
-# of a super-block in one loop body LLVM hoists every row's index math and spills to the
-# stack; one row measured 1.5-3x faster per call (2048 x 2048 decode mat-vec, VNNI).
+# Weight rows per tile for the grid types (the others use quant_matmul.ROWS = 4), per ISA.
+# Scalar table loads (AVX2, generic): one row; with 4 rows of a super-block in one loop body
+# LLVM hoists every row's index math and spills to the stack (1.5-3x slower per call, 2048 x
+# 2048 decode mat-vec). The VNNI path decodes a block in vector registers, which leaves room
+# for rows that share each activation load and hide each other's lookup latency; measured
+# side by side (1 vs 2 vs 4 rows, bench/RESULTS.md), best per type:
 GRID_TYPES = ("IQ3_S", "IQ3_XXS", "IQ2_XS", "IQ2_XXS", "IQ2_S", "IQ1_S", "IQ1_M")
-TILE_ROWS_IQ = dict.fromkeys(GRID_TYPES, 1)
+_TILE_ROWS_VNNI = {
+    "IQ3_S": 4,
+    "IQ3_XXS": 4,
+    "IQ2_XXS": 4,
+    "IQ2_XS": 2,
+    "IQ2_S": 4,
+    "IQ1_S": 2,
+    "IQ1_M": 4,
+}
+TILE_ROWS_IQ = {
+    "vnni": _TILE_ROWS_VNNI,
+    "avx2": dict.fromkeys(GRID_TYPES, 1),
+    "generic": dict.fromkeys(GRID_TYPES, 1),
+}
+
+
+def tile_rows_iq(qname: str, isa: str) -> int | None:
+    """Rows per tile for `qname` on `isa`, or None for the template's default."""
+    return TILE_ROWS_IQ[isa].get(qname)
+
 
 DECLARATIONS_IQ = f"""
 declare {V32I8} @llvm.x86.avx2.pshuf.b({V32I8}, {V32I8})
 declare {V32I8} @llvm.abs.v32i8({V32I8}, i1)
-"""
+{quant_iq_vnni.DECLARATIONS_VNNI}"""
 
 
 # --- constant tables in the module ----------------------------------------------------------------
@@ -149,9 +174,18 @@ def _fmul(f: Fn, a: str, b: str) -> str:
 
 
 def _sign_mask_bits(f: Fn, bits_i32: str) -> str:
-    """i32 of sign bits (bit i for value i) -> <32 x i8>, -1 where the bit is set."""
-    m = f.op(f"bitcast i32 {bits_i32} to <32 x i1>")
-    return f.op(f"sext <32 x i1> {m} to {V32I8}")
+    """i32 of sign bits (bit i for value i) -> <32 x i8>, -1 where the bit is set. Spelled out
+    as byte broadcast + bit test (vpshufb, vpand, vpcmpeqb): without AVX-512 mask registers
+    LLVM turned a bitcast to <32 x i1> into 32 scalar bit tests and byte inserts."""
+    v = f.op(
+        f"bitcast <1 x i32> {f.op(f'insertelement <1 x i32> poison, i32 {bits_i32}, i32 0')} to <4 x i8>"
+    )
+    spread = f.op(
+        f"shufflevector <4 x i8> {v}, <4 x i8> poison, {mask([i // 8 for i in range(32)])}"
+    )
+    bit = _vconst([1 << (i % 8) for i in range(32)])
+    hit = f.op(f"icmp eq {V32I8} {f.op(f'and {V32I8} {spread}, {bit}')}, {bit}")
+    return f.op(f"sext <32 x i1> {hit} to {V32I8}")
 
 
 # --- 16-entry codebooks ---------------------------------------------------------------------------
@@ -265,6 +299,8 @@ def _half_scale(f: Fn, blk: str, off: int, h: int, d: str, factor: float) -> str
 
 
 def unpack_iq2_xxs(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ2_XXS"](f, blk, c)
     d = f.half_to_float(blk)
     aux1 = _u32(f, blk, 2 + 8 * c + 4)
     rows = [
@@ -278,6 +314,8 @@ def unpack_iq2_xxs(f, blk, c, isa):
 
 
 def unpack_iq2_xs(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ2_XS"](f, blk, c)
     d = f.half_to_float(blk)
     rows, signs = [], []
     for k in range(4):
@@ -289,6 +327,8 @@ def unpack_iq2_xs(f, blk, c, isa):
 
 
 def unpack_iq2_s(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ2_S"](f, blk, c)
     d = f.half_to_float(blk)
     qh = f.op(f"zext i8 {_u8(f, blk, 66 + c)} to i64")
     rows = []
@@ -302,6 +342,8 @@ def unpack_iq2_s(f, blk, c, isa):
 
 
 def unpack_iq3_xxs(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ3_XXS"](f, blk, c)
     d = f.half_to_float(blk)
     aux = _u32(f, blk, 66 + 4 * c)
     rows = [
@@ -315,6 +357,8 @@ def unpack_iq3_xxs(f, blk, c, isa):
 
 
 def unpack_iq3_s(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ3_S"](f, blk, c)
     d = f.half_to_float(blk)
     qh = f.op(f"zext i8 {_u8(f, blk, 66 + c)} to i64")
     rows = []
@@ -349,6 +393,8 @@ def _odd_scale(f: Fn, field: str, d: str) -> str:
 
 
 def unpack_iq1_s(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.UNPACK_VNNI["IQ1_S"](f, blk, c)
     d = f.half_to_float(blk)
     qh = f.op(f"zext i16 {f.load('i16', f.gep(blk, 34 + 2 * c), 1, 'w')} to i64")
     minus = f.op(f"lshr i64 {qh}, 15")
@@ -375,6 +421,8 @@ def _iq1_m_scale(f: Fn, blk: str) -> str:
 
 
 def unpack_iq1_m(f, blk, c, isa):
+    if isa == "vnni":
+        return quant_iq_vnni.unpack_iq1_m(f, blk, c, _iq1_m_scale)
     d = _iq1_m_scale(f, blk)
     rows = []
     for k in range(4):

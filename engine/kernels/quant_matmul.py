@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from engine.kernels.ir import Fn, mask, splat, thread_range
 from engine.kernels.quant_chunk import Chunk
-from engine.kernels.quant_iq import LAYOUTS_IQ, TILE_ROWS_IQ, UNPACK_IQ, globals_ir
+from engine.kernels.quant_iq import LAYOUTS_IQ, UNPACK_IQ, globals_ir, tile_rows_iq
 
 TILE = 8  # tokens per weight-row pass in prefill (4 x 8 tiles: best of 4x4, 2x8, 4x6, 4x8)
 ROWS = 4  # weight rows per pass (decode and prefill)
@@ -618,13 +618,14 @@ def _token_loop(
     f(f"br label %{tag}_rh")
 
 
-def tile_rows(qname: str) -> int:
-    """Weight rows per tile: ROWS, or fewer for the grid types, whose table lookups for ROWS rows
-    of a whole super-block exhaust the registers (LLVM hoists every row's index math and spills)."""
-    return TILE_ROWS_IQ.get(qname, ROWS)
+def tile_rows(qname: str, isa: str) -> int:
+    """Weight rows per tile: ROWS, or the grid types' count for this ISA (quant_iq.tile_rows_iq:
+    their scalar table lookups for ROWS rows of a super-block exhaust the registers)."""
+    rows = tile_rows_iq(qname, isa)
+    return ROWS if rows is None else rows
 
 
-def kernel_function(qname: str) -> str:
+def kernel_function(qname: str, isa: str) -> str:
     """`mm_<type>(args, tid, n_threads)`: all tokens x this thread's rows, ROWS rows at a time."""
     f = Fn()
     s = QuantMatmulSlots
@@ -637,7 +638,7 @@ def kernel_function(qname: str) -> str:
     out = f.arg("%args", s.OUT, "ptr")
     n = f.arg("%args", s.N)
     ostride = f.arg("%args", s.OUT_STRIDE)
-    nrows = tile_rows(qname)
+    nrows = tile_rows(qname, isa)
     r0, r1 = thread_range(f, n_rows, "%tid", "%nth", nrows)
     r1_tiles = f.op(f"sub i64 {r1}, {r0}")
     r1_tiles = f.op(f"and i64 {r1_tiles}, {-nrows}")
@@ -679,9 +680,9 @@ def module_ir(qname: str, isa: str) -> str:
             *([globals_ir(qname)] if qname in UNPACK_IQ else []),
             *(
                 tile_function(qname, isa, nr, nt)
-                for nr in dict.fromkeys((tile_rows(qname), 1))
+                for nr in dict.fromkeys((tile_rows(qname, isa), 1))
                 for nt in (TILE, *SMALL_TILES, 1)
             ),
-            kernel_function(qname),
+            kernel_function(qname, isa),
         ]
     )
