@@ -91,6 +91,7 @@ def test_tiny_model_prefill_and_decode_match_reference(jit, arch):
         "llama3_rope",
         "qwen3_yarn",
         "qwen3moe",
+        "gpt_oss",
     ],
 )
 def test_tiny_hf_model_on_jit_ops_matches_reference(jit, monkeypatch, name):
@@ -98,7 +99,9 @@ def test_tiny_hf_model_on_jit_ops_matches_reference(jit, monkeypatch, name):
     With the reference mat-vec swapped in, every other op (RoPE with its factor tables, norms,
     windows, soft-caps, attention) must agree to float rounding (measured <= 3.3e-5); with the
     int8-activation mat-vecs as well, to their noise (<= 6% of the logit range on these
-    0.2-std random weights, measured)."""
+    0.2-std random weights, measured; gpt_oss 16%: its experts' gate/up values, ~8.5 std so
+    that the SwiGLU clamp bites, amplify the int8 rounding, as they do float16's in
+    test_forward_oracle)."""
     gguf_file = open_gguf(FIXTURES / f"tiny_{name}.gguf")
     slow = build_model(gguf_file, backend=ReferenceBackend())
     tokens = [1, 17, 200, 5, 42, 9, 77, 100, 3, 250, 11, 64, 128, 7, 33, 90, 18, 4, 99]
@@ -108,8 +111,9 @@ def test_tiny_hf_model_on_jit_ops_matches_reference(jit, monkeypatch, name):
     fast = build_model(gguf_file, backend=jit)
     fc = fast.new_cache(40)
     got = [fast.forward(tokens[:12], fc)] + [fast.forward([t], fc) for t in tokens[12:]]
+    int8_noise = 0.25 if name == "gpt_oss" else 0.1
     for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, atol=0.1 * scale, rtol=0)
+        np.testing.assert_allclose(g, w, atol=int8_noise * scale, rtol=0)
     reference_linear = ReferenceBackend().linear
     monkeypatch.setattr(jit, "linear", lambda w, x, out=None: reference_linear(w, x, out=out))
     ops_only = build_model(gguf_file, backend=jit)

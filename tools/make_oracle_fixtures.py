@@ -288,7 +288,9 @@ def make_tiny_hf(names: list[str] | None = None) -> None:
         _write(
             f"tiny_{name}",
             dict(
-                model=f"tiny random {name} ({spec['hf']} config class, {spec['qtype'].name})",
+                model=f"tiny random {name} ({spec['hf']} config class, {spec['qtype'].name}"
+                + (f", {spec['expert_qtype'].name} experts" if "expert_qtype" in spec else "")
+                + ")",
                 file=path.name,
                 file_size=path.stat().st_size,
                 source=_versions() + ", weights from the HF model, dequantized GGUF values",
