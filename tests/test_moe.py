@@ -1,6 +1,6 @@
-"""Mixture of experts (qwen3moe): a token reads only the weights of the experts it is routed to,
-and the config refuses hostile expert counts by name. Exactness against transformers is in
-test_forward_oracle (tiny_qwen3moe)."""
+"""Mixture of experts (qwen3moe, gpt-oss): a token reads only the weights of the experts it is
+routed to (gpt-oss's MXFP4 experts too), and the config refuses hostile expert counts by name.
+Exactness against transformers is in test_forward_oracle (tiny_qwen3moe, tiny_gpt_oss)."""
 
 from pathlib import Path
 
@@ -27,9 +27,10 @@ class _Recording(ReferenceBackend):
         return super().linear(w, x, out=out)
 
 
-def test_a_decode_step_reads_only_the_routed_experts():
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt_oss"])
+def test_a_decode_step_reads_only_the_routed_experts(name):
     backend = _Recording()
-    model = build_model(open_gguf(FIXTURES / "tiny_qwen3moe.gguf"), backend=backend)
+    model = build_model(open_gguf(FIXTURES / f"tiny_{name}.gguf"), backend=backend)
     cfg = model.config
     assert (cfg.n_expert, cfg.n_expert_used) == (8, 2)
     cache = model.new_cache(16)
@@ -51,6 +52,17 @@ def test_a_decode_step_reads_only_the_routed_experts():
     model.forward(list(range(10, 26)), model.new_cache(16))
     gate_reads = [n for n in backend.read if n.startswith("blk.0.ffn_gate.")]
     assert len(gate_reads) == len(set(gate_reads)) <= cfg.n_expert
+
+
+def test_gpt_oss_experts_stay_mxfp4_views_of_the_file():
+    g = open_gguf(FIXTURES / "tiny_gpt_oss.gguf")
+    model = build_model(g, backend=ReferenceBackend())
+    gate, up, down = model.layers[2].experts[5]
+    stack = g.tensors["blk.2.ffn_down_exps.weight"]
+    assert stack.qtype.name == "MXFP4" and down.qtype.name == "MXFP4"
+    assert np.shares_memory(down.data, stack.data) and down.shape == (32, 32)
+    gate_bias = model.layers[2].expert_biases[5][0]
+    assert np.array_equal(gate_bias, g.tensors["blk.2.ffn_gate_exps.bias"].data[5])
 
 
 def test_expert_views_share_the_file_memory():
@@ -99,6 +111,20 @@ def _moe_fake(**metadata):
 def test_hostile_expert_counts_are_refused_by_name(key, value, message):
     with pytest.raises(ModelFileError, match=message):
         ModelConfig.from_metadata(_moe_fake(**{key: value}))
+
+
+def test_gpt_oss_without_its_sliding_window_key_is_refused_by_name():
+    from types import SimpleNamespace
+
+    fake = _moe_fake()
+    metadata = {k.replace("qwen3moe.", "gpt-oss."): v for k, v in fake.metadata.items()}
+    gpt_oss = SimpleNamespace(arch="gpt-oss", metadata=metadata, tensors=fake.tensors)
+    with pytest.raises(ModelFileError, match=r"'gpt-oss.attention.sliding_window' is missing"):
+        ModelConfig.from_metadata(gpt_oss)
+    metadata["gpt-oss.attention.sliding_window"] = 128
+    cfg = ModelConfig.from_metadata(gpt_oss)
+    assert cfg.layer_uses_window == (True, False) and cfg.activation == "swiglu_oai"
+    assert cfg.attn_sinks and cfg.moe_bias and cfg.ffn_norm_tensor == "post_attention_norm"
 
 
 def test_moe_config_without_a_dense_ffn_length_uses_the_expert_one():
