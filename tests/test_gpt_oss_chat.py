@@ -4,8 +4,9 @@ and its experts, window and RoPE scaling; a harmony-format template (gpt-oss's <
 generate. The forward pass itself is checked against transformers in test_forward_oracle.
 
 The file is a tiny random gpt-oss (tests/tiny_models.py: MXFP4 experts, biases, sinks) with
-SmolLM2's vocabulary, so the harmony markers are plain text to this tokenizer; what is under
-test is that nothing in loading, template rendering or planning trips over the architecture.
+SmolLM2's vocabulary under gpt-oss's pre-tokenizer name (gpt-4o), so the harmony markers are
+plain text to this tokenizer; what is under test is that nothing in loading, template rendering
+or planning trips over the architecture.
 """
 
 import pytest
@@ -31,6 +32,7 @@ HARMONY = (
     "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"
 )
 DIMS = dict(d_model=64, head_dim=16, d_ff=64, expert_qtype=Q.MXFP4)
+GPT_4O = {"tokenizer.ggml.pre": ("gpt-4o", GGUFValueType.STRING)}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def harmony_file(tiny_model_factory):
     return tiny_model_factory(
         "gpt-oss",
         Q.Q8_0,
-        extra_metadata={"tokenizer.chat_template": (HARMONY, GGUFValueType.STRING)},
+        extra_metadata={**GPT_4O, "tokenizer.chat_template": (HARMONY, GGUFValueType.STRING)},
         **DIMS,
     )
 
@@ -46,6 +48,7 @@ def harmony_file(tiny_model_factory):
 def test_info_names_the_architecture_and_its_moe_shape(harmony_file, capsys):
     info = model_info(harmony_file)
     assert info["architecture"] == "gpt-oss" and info["supported"]
+    assert info["tokenizer"]["pre"] == "gpt-4o"
     assert info["experts"] == "8 (2 per token)" and info["sliding_window"] == 128
     assert info["rope_scaling"] == "yarn"
     assert info["chat_template"]["name"] == "harmony (from the model file)"
@@ -82,7 +85,9 @@ def test_a_harmony_template_plans_and_generates(harmony_file):
 
 
 def test_a_gpt_oss_file_without_a_template_falls_back_and_generates(tiny_model_factory):
-    path = tiny_model_factory("gpt-oss", Q.Q8_0, omit_keys=("tokenizer.chat_template",), **DIMS)
+    path = tiny_model_factory(
+        "gpt-oss", Q.Q8_0, extra_metadata=GPT_4O, omit_keys=("tokenizer.chat_template",), **DIMS
+    )
     assert model_info(path)["chat_template"] == {"name": "chatml (fallback)", "is_fallback": True}
     finished, prompt = _chat(path)
     assert prompt.endswith("user\nAgain\nassistant\n")  # ChatML (its markers decode hidden)
