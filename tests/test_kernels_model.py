@@ -136,3 +136,38 @@ def test_long_context_rope_runs_on_the_jit_kernel_not_numpy(jit, monkeypatch, na
     cache = model.new_cache(40)
     model.forward(list(range(1, 30)), cache)
     model.forward([7], cache)
+
+
+def test_gpt_oss_runs_sinks_and_clamped_swiglu_in_jit_kernels(jit, monkeypatch, tiny_model_factory):
+    """The oracle fixture's heads (8 wide) are too narrow for the JIT attention kernel, so a
+    gpt-oss model with 16-wide heads and MXFP4 experts runs here: attention with sinks over its
+    windowed and full layers and the clamped SwiGLU all in kernels (no numpy fallback counted),
+    matching the reference to float rounding with the reference mat-vec swapped in (measured
+    1.6e-4 on a wider model)."""
+    from gguf import GGMLQuantizationType as Q
+
+    path = tiny_model_factory(
+        "gpt-oss",
+        Q.Q8_0,
+        tokenizer=None,
+        d_model=64,
+        head_dim=16,
+        d_ff=64,
+        n_layers=2,
+        sliding_window=4,
+        expert_qtype=Q.MXFP4,
+    )
+    gguf_file = open_gguf(path)
+    tokens = [1, 17, 200, 5, 42, 9, 77, 100, 3, 250, 11, 64, 128, 7, 33, 90]
+    slow = build_model(gguf_file, backend=ReferenceBackend())
+    sc = slow.new_cache(32)
+    want = [slow.forward(tokens[:10], sc)] + [slow.forward([t], sc) for t in tokens[10:]]
+    reference_linear = ReferenceBackend().linear
+    monkeypatch.setattr(jit, "linear", lambda w, x, out=None: reference_linear(w, x, out=out))
+    monkeypatch.setattr(jit, "fallbacks", {})
+    fast = build_model(gguf_file, backend=jit)
+    fc = fast.new_cache(32)
+    got = [fast.forward(tokens[:10], fc)] + [fast.forward([t], fc) for t in tokens[10:]]
+    assert jit.fallbacks == {}
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-4, rtol=0)
