@@ -7,7 +7,10 @@ The direction is the reverse of `make_oracle_fixtures.make_tiny` (GGUF first, th
 GGUF loader), because transformers cannot load most of these architectures from GGUF: here the
 HF model is the source, each 2-D weight is quantized with gguf-py, and the dequantized values are
 put back into the HF model before it computes the reference. So the oracle also checks the name
-mapping and the permutation, not only the forward pass.
+mapping and the permutation, not only the forward pass. Expert stacks go the same way: qwen3moe's
+in the spec's type, gpt-oss's in its native MXFP4 (gguf-py quantizes it), split out of
+transformers' interleaved gate_up_proj as llama.cpp's converter does, so transformers then runs
+on the dequantized MXFP4 experts.
 
 Needs torch and transformers (tools only, never the tests): see make_oracle_fixtures.py.
 """
