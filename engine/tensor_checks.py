@@ -50,13 +50,18 @@ def expected_shapes(
         if cfg.n_expert:
             e, ff_exp = cfg.n_expert, cfg.n_ff_exp
             required[p + "ffn_gate_inp.weight"] = (e, d)  # the router
-            required[p + "ffn_gate_exps.weight"] = (e, ff_exp, d)
-            required[p + "ffn_up_exps.weight"] = (e, ff_exp, d)
+            # gate and up as one (gate rows, then up rows per expert) stack, or two
+            fused = tensors is not None and p + "ffn_gate_up_exps.weight" in tensors
+            gate_up = ("ffn_gate_up_exps", 2 * ff_exp) if fused else None
+            for part, rows in (
+                [gate_up] if gate_up else [("ffn_gate_exps", ff_exp), ("ffn_up_exps", ff_exp)]
+            ):
+                required[p + part + ".weight"] = (e, rows, d)
+                if cfg.moe_bias:
+                    required[p + part + ".bias"] = (e, rows)
             required[p + "ffn_down_exps.weight"] = (e, d, ff_exp)
             if cfg.moe_bias:
                 required[p + "ffn_gate_inp.bias"] = (e,)
-                required[p + "ffn_gate_exps.bias"] = (e, ff_exp)
-                required[p + "ffn_up_exps.bias"] = (e, ff_exp)
                 required[p + "ffn_down_exps.bias"] = (e, d)
         elif cfg.fused_gate_up:
             required[p + "ffn_up.weight"] = (2 * n_ff, d)

@@ -12,6 +12,7 @@ from engine.errors import ModelFileError
 from engine.gguf import open_gguf
 from engine.kernels.reference import ReferenceBackend
 from engine.models import build_model
+from engine.models.transformer import TransformerModel
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -130,3 +131,38 @@ def test_gpt_oss_without_its_sliding_window_key_is_refused_by_name():
 def test_moe_config_without_a_dense_ffn_length_uses_the_expert_one():
     cfg = ModelConfig.from_metadata(_moe_fake())
     assert (cfg.n_ff, cfg.n_ff_exp, cfg.qk_norm) == (32, 32, True)
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt_oss"])
+def test_a_fused_gate_up_expert_stack_runs_as_the_two_stacks_do(name):
+    """llama.cpp takes gate and up as one ffn_gate_up_exps stack (the converter's
+    --fuse-gate-up-exps: per expert its gate rows, then its up rows; biases likewise): the same
+    weights fused give the same logits."""
+    from engine.qtensor import QTensor
+    from engine.tensor_checks import check_tensors
+
+    g = open_gguf(FIXTURES / f"tiny_{name}.gguf")
+    cfg = ModelConfig.from_gguf(g)
+    fused = dict(g.tensors)
+    for layer in range(cfg.n_layers):
+        p = f"blk.{layer}."
+        for suffix in (".weight", ".bias") if cfg.moe_bias else (".weight",):
+            gate = fused.pop(p + "ffn_gate_exps" + suffix)
+            up = fused.pop(p + "ffn_up_exps" + suffix)
+            data = np.concatenate([gate.data, up.data], axis=1)
+            shape = (gate.shape[0], 2 * gate.shape[1], *gate.shape[2:])
+            name_ = p + "ffn_gate_up_exps" + suffix
+            fused[name_] = QTensor(name_, gate.qtype, shape, data)
+    check_tensors(cfg, fused)
+    tokens = [5, 9, 200, 31, 77, 3, 18, 250]
+    plain = build_model(g, backend=ReferenceBackend())
+    joined = TransformerModel(cfg, fused, ReferenceBackend())
+    want = plain.forward(tokens, plain.new_cache(16), all_logits=True)
+    got = joined.forward(tokens, joined.new_cache(16), all_logits=True)
+    np.testing.assert_array_equal(got, want)
+    caches = plain.new_cache(16), joined.new_cache(16)  # and the one-token decode path
+    for model, cache in zip((plain, joined), caches, strict=True):
+        model.forward(tokens[:-1], cache)
+    np.testing.assert_array_equal(
+        joined.forward(tokens[-1:], caches[1]), plain.forward(tokens[-1:], caches[0])
+    )

@@ -242,30 +242,43 @@ class TransformerModel:
             e, ff, d = cfg.n_expert, cfg.n_ff_exp, cfg.d_model
             layer.ffn_gate_inp = need("ffn_gate_inp")
             _check_shape(layer.ffn_gate_inp, (e, d))
-            stacks = [need("ffn_gate_exps"), need("ffn_up_exps"), need("ffn_down_exps")]
-            for stack, shape in zip(stacks, ((e, ff, d), (e, ff, d), (e, d, ff)), strict=True):
+            # llama.cpp also takes gate and up as one stack (convert_hf_to_gguf's
+            # --fuse-gate-up-exps): per expert, its ff gate rows, then its ff up rows.
+            fused = p + "ffn_gate_up_exps.weight" in tensors
+            if fused:
+                gate_up = need("ffn_gate_up_exps")
+                stacks = [gate_up, gate_up, need("ffn_down_exps")]
+                shapes = ((e, 2 * ff, d), (e, 2 * ff, d), (e, d, ff))
+            else:
+                stacks = [need("ffn_gate_exps"), need("ffn_up_exps"), need("ffn_down_exps")]
+                shapes = ((e, ff, d), (e, ff, d), (e, d, ff))
+            for stack, shape in zip(stacks, shapes, strict=True):
                 if tuple(stack.shape) != shape:
                     raise ModelFileError(
                         f"tensor '{stack.name}' has shape {tuple(stack.shape)}, expected {shape}"
                     )
+            per_expert = 2 * ff if fused else ff  # rows of one expert in the gate / up stacks
             layer.experts = [
                 (
-                    _expert(stacks[0], j, ff, f"{p}ffn_gate.{j}.weight"),
-                    _expert(stacks[1], j, ff, f"{p}ffn_up.{j}.weight"),
+                    _expert(stacks[0], j, ff, f"{p}ffn_gate.{j}.weight", per_expert),
+                    _expert(
+                        stacks[1], j, ff, f"{p}ffn_up.{j}.weight", per_expert, ff if fused else 0
+                    ),
                     _expert(stacks[2], j, d, f"{p}ffn_down.{j}.weight"),
                 )
                 for j in range(e)
             ]
             if cfg.moe_bias:
                 layer.ffn_gate_inp_bias = vector("ffn_gate_inp", ".bias")
-                biases = [
-                    _bias_rows(_require(tensors, f"{p}{part}.bias"), e, rows)
-                    for part, rows in (
-                        ("ffn_gate_exps", ff),
-                        ("ffn_up_exps", ff),
-                        ("ffn_down_exps", d),
-                    )
-                ]
+                down_bias = _bias_rows(_require(tensors, f"{p}ffn_down_exps.bias"), e, d)
+                if fused:
+                    both = _bias_rows(_require(tensors, f"{p}ffn_gate_up_exps.bias"), e, 2 * ff)
+                    biases = [both[:, :ff], both[:, ff:], down_bias]
+                else:
+                    biases = [
+                        _bias_rows(_require(tensors, f"{p}{part}.bias"), e, ff)
+                        for part in ("ffn_gate_exps", "ffn_up_exps")
+                    ] + [down_bias]
                 if layer.ffn_gate_inp_bias.shape != (e,):
                     raise ModelFileError(
                         f"{p}ffn_gate_inp.bias holds {layer.ffn_gate_inp_bias.size} values, "
@@ -703,9 +716,13 @@ def yarn_freq_factors(cfg: ModelConfig) -> np.ndarray:
     return np.ascontiguousarray(inv_extra / inv, dtype=np.float64)
 
 
-def _expert(stack: QTensor, index: int, rows: int, name: str) -> QTensor:
-    """Expert `index` of a stacked (n_expert, rows, cols) weight as a zero-copy 2-D QTensor."""
-    data = stack.data.reshape(stack.rows, -1)[index * rows : (index + 1) * rows]
+def _expert(
+    stack: QTensor, index: int, rows: int, name: str, per_expert: int = 0, offset: int = 0
+) -> QTensor:
+    """Expert `index` of a stacked (n_expert, per_expert, cols) weight as a zero-copy 2-D
+    QTensor: its `rows` rows from `offset` (per_expert 0 = rows, a plain stack)."""
+    first = index * (per_expert or rows) + offset
+    data = stack.data.reshape(stack.rows, -1)[first : first + rows]
     return QTensor(name, stack.qtype, (rows, stack.cols), data)
 
 
