@@ -98,7 +98,7 @@ class ModelConfig:
     embed_scale: float  # multiplies the token embedding (Gemma: sqrt(d_model))
     activation: str  # "silu" (SwiGLU), "gelu_tanh" (GeGLU) or "swiglu_oai" (gpt-oss experts)
     qk_norm: bool  # per-head RMSNorm on q and k before RoPE (qwen3, gemma3)
-    qkv_bias: bool  # biases on q/k/v projections (qwen2)
+    qkv_bias: bool  # biases on q/k/v projections (qwen2, gpt-oss)
     sandwich_norms: bool  # extra RMSNorm after attention and after FFN (gemma3)
     final_logit_softcap: float = 0.0
     attn_logit_softcap: float = 0.0
