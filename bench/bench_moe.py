@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/bench_moe.py [--tokens 32] [--rounds 5] [--threads 2] [--json]
 
-Writes three random-weight Q8_0 models of the same attention (tests/tiny_models.py) into a
+Writes four random-weight Q8_0 models of the same attention (tests/tiny_models.py) into a
 temporary directory and decodes `--tokens` tokens with each on the JIT kernels, rounds
 interleaved, medians reported:
   * moe:          qwen3moe, 32 experts of 256 rows, top 4 per token (1,024 active FFN rows)
+  * gpt-oss:      the same expert layout in MXFP4 (gpt-oss's expert format), with its biases,
+                  attention sinks, clamped SwiGLU and 128-position window on every other layer
   * dense-active: qwen3 with a 1,024-row FFN (the MoE's active parameters)
   * dense-total:  qwen3 with an 8,192-row FFN (the MoE's total parameters)
 """
@@ -34,6 +36,14 @@ COMMON = dict(
 )
 MODELS = {
     "moe": dict(arch="qwen3moe", d_ff=256, d_ff_exp=256, n_expert=32, n_expert_used=4),
+    "gpt-oss": dict(
+        arch="gpt-oss",
+        d_ff=256,
+        d_ff_exp=256,
+        n_expert=32,
+        n_expert_used=4,
+        expert_qtype=GGMLQuantizationType.MXFP4,
+    ),
     "dense-active": dict(arch="qwen3", d_ff=1024),
     "dense-total": dict(arch="qwen3", d_ff=8192),
 }

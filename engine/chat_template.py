@@ -631,6 +631,7 @@ def _guess_name(source: str) -> str:
         ("<|start_header_id|>", "llama3"),
         ("[INST]", "mistral/llama2"),
         ("<|user|>", "zephyr/phi"),
+        ("<|start|>", "harmony"),  # gpt-oss: <|start|>role<|channel|>...<|message|>...<|end|>
     ):
         if marker in source:
             return f"{name} (from the model file)"

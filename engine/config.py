@@ -28,9 +28,10 @@ SUPPORTED_ARCHS = (
     "olmo2",
     "smollm3",
     "qwen3moe",
+    "gpt-oss",
 )
 # Mixture-of-experts architectures (every layer's FFN is a routed set of experts).
-_MOE_ARCHS = ("qwen3moe",)
+_MOE_ARCHS = ("qwen3moe", "gpt-oss")
 # Released MoE models have up to 512 experts; the bound keeps a hostile count from building
 # millions of per-expert views before the tensors are checked.
 MAX_EXPERTS = 4096
@@ -54,6 +55,13 @@ GEMMA2_27B_LAYERS = 46
 # SmolLM3 drops RoPE on every fourth layer (3, 7, 11, ...): transformers' no_rope_layer_interval
 # default and llama.cpp's n_no_rope_layer_step, neither stored in the GGUF.
 SMOLLM3_NO_ROPE_PERIOD = 4
+# gpt-oss: even layers use the sliding window, odd layers full attention (transformers'
+# layer_types, llama.cpp's set_swa_pattern(2)); its experts' clamped SwiGLU constants, fixed by
+# the architecture and stored in no GGUF key (transformers' swiglu_alpha / swiglu_limit
+# defaults, the constants of llama.cpp's LLM_FFN_SWIGLU_OAI_MOE).
+GPT_OSS_SWA_PERIOD = 2
+GPT_OSS_SWIGLU_ALPHA = 1.702
+GPT_OSS_SWIGLU_LIMIT = 7.0
 # Multipliers and RoPE scaling factors read from the file: released models use 0.01..~64, so
 # these bounds only keep a hostile value from overflowing float32 activations into inf/NaN.
 MAX_MULTIPLIER = 1e4
@@ -88,9 +96,9 @@ class ModelConfig:
     layer_uses_window: tuple[bool, ...]  # per layer: sliding-window (local) attention?
     attn_scale: float  # multiplies q.k
     embed_scale: float  # multiplies the token embedding (Gemma: sqrt(d_model))
-    activation: str  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    activation: str  # "silu" (SwiGLU), "gelu_tanh" (GeGLU) or "swiglu_oai" (gpt-oss experts)
     qk_norm: bool  # per-head RMSNorm on q and k before RoPE (qwen3, gemma3)
-    qkv_bias: bool  # biases on q/k/v projections (qwen2)
+    qkv_bias: bool  # biases on q/k/v projections (qwen2, gpt-oss)
     sandwich_norms: bool  # extra RMSNorm after attention and after FFN (gemma3)
     final_logit_softcap: float = 0.0
     attn_logit_softcap: float = 0.0
@@ -122,6 +130,19 @@ class ModelConfig:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    # gpt-oss: biases on the attention output, on the router and on every expert projection; a
+    # learned per-head logit in each softmax denominator (attention sinks); the RMSNorm before
+    # the FFN stored under llama.cpp's name for this arch (post_attention_norm, not ffn_norm).
+    attn_output_bias: bool = False
+    attn_sinks: bool = False
+    moe_bias: bool = False
+    ffn_norm_tensor: str = "ffn_norm"
+    # YaRN on every layer, sliding-window ones included (gpt-oss has one rotary embedding for
+    # all layers; Gemma's local layers run plain RoPE at their own base instead).
+    rope_scaling_all_layers: bool = False
+    # YaRN's correction range rounded to whole dims (transformers' truncate=True, llama.cpp's
+    # only behaviour); gpt-oss was trained without the rounding (its config's truncate: false).
+    yarn_truncate: bool = True
 
     @property
     def rope_rot(self) -> int:
@@ -139,8 +160,13 @@ class ModelConfig:
     def layer_rope_theta(self, layer: int) -> float:
         return self.rope_theta_local if self.layer_uses_window[layer] else self.rope_theta
 
+    def layer_rope_scaled(self, layer: int) -> bool:
+        """Whether the long-context RoPE scaling (factor, factor tables, attention factor) applies
+        on `layer`: the global layers, or every layer where the architecture says so."""
+        return self.rope_scaling_all_layers or not self.layer_uses_window[layer]
+
     def layer_rope_freq_scale(self, layer: int) -> float:
-        return 1.0 if self.layer_uses_window[layer] else self.rope_freq_scale
+        return self.rope_freq_scale if self.layer_rope_scaled(layer) else 1.0
 
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.layer_uses_window[layer] else 0
@@ -157,7 +183,7 @@ class ModelConfig:
         """The square of the RoPE attention factor where it applies (1.0 elsewhere). It scales
         only the rotated dims' share of q.k: a whole-head RoPE folds it into the attention scale,
         a partial one multiplies the rotated dims of q by it."""
-        if self.layer_uses_window[layer] or not self.layer_rope(layer):
+        if not self.layer_rope_scaled(layer) or not self.layer_rope(layer):
             return 1.0
         return self.rope_attn_factor * self.rope_attn_factor
 
@@ -242,6 +268,7 @@ class ModelConfig:
             # throughout unless the file says where the original context ended.
             scaling = dataclasses.replace(scaling, orig_context=context_length)
         gemma = arch in _GEMMA_ARCHS
+        gpt_oss = arch == "gpt-oss"
         layer_uses_rope: tuple[bool, ...] = ()
         attn_scale = 1.0 / math.sqrt(head_dim)
         sliding_window = 0
@@ -268,6 +295,10 @@ class ModelConfig:
             attn_scale = md.positive_float(
                 "attention.scale", default=attn_scale, maximum=MAX_MULTIPLIER
             )
+        elif arch == "gpt-oss":
+            # llama.cpp requires the key (its converter writes the config's sliding_window).
+            sliding_window = md.positive_int("attention.sliding_window")
+            layer_uses_window = _window_layers(md, n_layers, GPT_OSS_SWA_PERIOD)
         elif arch == "smollm3":
             layer_uses_rope = tuple(
                 (layer + 1) % SMOLLM3_NO_ROPE_PERIOD != 0 for layer in range(n_layers)
@@ -326,9 +357,9 @@ class ModelConfig:
                 if arch == "granite"
                 else 1.0
             ),
-            activation="gelu_tanh" if gemma else "silu",
+            activation="gelu_tanh" if gemma else "swiglu_oai" if gpt_oss else "silu",
             qk_norm=arch in ("qwen3", "qwen3moe", "gemma3", "olmo2"),
-            qkv_bias=arch == "qwen2",
+            qkv_bias=arch in ("qwen2", "gpt-oss"),
             sandwich_norms=arch in ("gemma2", "gemma3", "olmo2"),
             final_logit_softcap=md.nonneg_float("final_logit_softcapping", default=0.0),
             attn_logit_softcap=md.nonneg_float("attn_logit_softcapping", default=0.0),
@@ -356,6 +387,12 @@ class ModelConfig:
             n_expert=experts,
             n_expert_used=experts_used,
             n_ff_exp=n_ff_exp,
+            attn_output_bias=gpt_oss,
+            attn_sinks=gpt_oss,
+            moe_bias=gpt_oss,
+            ffn_norm_tensor="post_attention_norm" if gpt_oss else "ffn_norm",
+            rope_scaling_all_layers=gpt_oss,
+            yarn_truncate=not gpt_oss,
         )
 
 

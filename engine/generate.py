@@ -99,6 +99,7 @@ from engine.events import (
     Usage,
 )
 from engine.generation_config import GenerationConfig
+from engine.harmony import HarmonySplitter, is_harmony_vocabulary, prompt_channel
 from engine.model_protocol import LanguageModel
 from engine.presets import ResolvedPreset, resolve_preset
 from engine.prompt_ids import chat_prompt_ids
@@ -152,6 +153,10 @@ class _Plan:
     prefix_cache: Any
     tools: ToolPlan | None = None
     tool_format: ToolCallFormat = ToolCallFormat.GENERIC_JSON
+    # gpt-oss's harmony vocabulary: its reply is split by channel (engine/harmony.py), starting
+    # in the channel the prompt leaves open (None: the reply starts with a message header)
+    harmony: bool = False
+    harmony_channel: str | None = None
 
 
 Plan = _Plan  # what plan_request returns: the batch scheduler admits by prompt_ids and capacity
@@ -293,6 +298,7 @@ def plan_request(
         tool_format = detect_format(getattr(lm.chat_template, "source", ""))
         check_no_control_text(lm.tokenizer, tools)
     prompt_ids, prompt_text = build_prompt_ids(lm, request, cancel, tools)
+    harmony = is_harmony_vocabulary(lm.tokenizer)
     max_new, capacity = check_ceilings(lm, len(prompt_ids), config.max_new_tokens, budget)
     seed = None
     if config.do_sample:
@@ -325,6 +331,8 @@ def plan_request(
         prefix_cache=request.prefix_cache,
         tools=tools,
         tool_format=tool_format,
+        harmony=harmony,
+        harmony_channel=prompt_channel(prompt_text) if harmony else None,
     )
 
 
@@ -549,7 +557,11 @@ def _events(
     tokenizer = lm.tokenizer
     detokenizer = new_detokenizer(tokenizer)
     stops = StopStringMatcher(plan.config.stop)
-    splitter = ReasoningSplitter(starts_inside=plan.starts_in_reasoning)
+    splitter: ReasoningSplitter | HarmonySplitter = (
+        HarmonySplitter(plan.harmony_channel)
+        if plan.harmony
+        else ReasoningSplitter(starts_inside=plan.starts_in_reasoning)
+    )
     progress = _Progress()
     answer: list[str] = []
     reasoning: list[str] = []

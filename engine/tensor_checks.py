@@ -46,13 +46,23 @@ def expected_shapes(
         required[p + "attn_output.weight"] = (d, q_dim)
         if cfg.pre_norms:
             required[p + "attn_norm.weight"] = (d,)
-            required[p + "ffn_norm.weight"] = (d,)
+            required[p + cfg.ffn_norm_tensor + ".weight"] = (d,)
         if cfg.n_expert:
             e, ff_exp = cfg.n_expert, cfg.n_ff_exp
             required[p + "ffn_gate_inp.weight"] = (e, d)  # the router
-            required[p + "ffn_gate_exps.weight"] = (e, ff_exp, d)
-            required[p + "ffn_up_exps.weight"] = (e, ff_exp, d)
+            # gate and up as one (gate rows, then up rows per expert) stack, or two
+            fused = tensors is not None and p + "ffn_gate_up_exps.weight" in tensors
+            gate_up = ("ffn_gate_up_exps", 2 * ff_exp) if fused else None
+            for part, rows in (
+                [gate_up] if gate_up else [("ffn_gate_exps", ff_exp), ("ffn_up_exps", ff_exp)]
+            ):
+                required[p + part + ".weight"] = (e, rows, d)
+                if cfg.moe_bias:
+                    required[p + part + ".bias"] = (e, rows)
             required[p + "ffn_down_exps.weight"] = (e, d, ff_exp)
+            if cfg.moe_bias:
+                required[p + "ffn_gate_inp.bias"] = (e,)
+                required[p + "ffn_down_exps.bias"] = (e, d)
         elif cfg.fused_gate_up:
             required[p + "ffn_up.weight"] = (2 * n_ff, d)
             required[p + "ffn_down.weight"] = (d, n_ff)
@@ -64,6 +74,10 @@ def expected_shapes(
             required[p + "attn_q.bias"] = (q_dim,)
             required[p + "attn_k.bias"] = (kv_dim,)
             required[p + "attn_v.bias"] = (kv_dim,)
+        if cfg.attn_output_bias:
+            required[p + "attn_output.bias"] = (d,)
+        if cfg.attn_sinks:
+            required[p + "attn_sinks.weight"] = (cfg.n_head,)
         if cfg.qk_norm:
             required[p + "attn_q_norm.weight"] = q_norm
             required[p + "attn_k_norm.weight"] = k_norm

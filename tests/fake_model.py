@@ -78,6 +78,9 @@ class FakeTokenizer:
     def piece(self, token: int) -> str:
         return PIECES[token] if token < len(PIECES) else ""
 
+    def token_id(self, text: str) -> int | None:
+        return PIECES.index(text) if text in PIECES else None
+
     def encode(self, text: str, add_special: bool = True, *, literal_spans=()) -> list[int]:
         ids = [BOS] if (add_special and self.add_bos) else []
         by_length = sorted(range(len(PIECES)), key=lambda i: -len(PIECES[i]))
@@ -247,6 +250,9 @@ class IdTokenizer:
 
     def piece(self, token: int) -> str:
         return f"<{int(token)}>"
+
+    def token_id(self, text: str) -> None:
+        return None  # no text is a single special token here
 
 
 class IdDetokenizer:

@@ -106,13 +106,22 @@ def test_issue10_arch_switches_on_tiny_files():
     assert (mistral3.attn_temp_scale, mistral3.attn_temp_length) == (pytest.approx(0.3), 16)
     yarn = cfg("qwen3_yarn")
     assert yarn.rope_attn_factor == pytest.approx(0.1 * math.log(4.0) + 1.0)
+    gpt_oss = cfg("gpt_oss")
+    assert gpt_oss.layer_uses_window == (True, False, True, False)
+    assert gpt_oss.sliding_window == 4 and gpt_oss.layer_window(0) == 4
+    # YaRN on the windowed layers too (one rotary embedding), without rounding its range
+    assert gpt_oss.layer_rope_scaled(0) and gpt_oss.layer_attn_scale(0) == gpt_oss.layer_attn_scale(
+        1
+    )
+    assert not gpt_oss.yarn_truncate and yarn.yarn_truncate
+    assert (gpt_oss.n_expert, gpt_oss.n_expert_used, gpt_oss.n_ff_exp) == (8, 2, 32)
 
 
 def test_unsupported_arch_names_it_and_the_supported_ones():
     with pytest.raises(
         UnsupportedModelError,
         match=r"architecture 'mamba' is not supported; supported: llama, mistral3, qwen2, qwen3, "
-        r"gemma2, gemma3, phi3, granite, olmo2, smollm3, qwen3moe$",
+        r"gemma2, gemma3, phi3, granite, olmo2, smollm3, qwen3moe, gpt-oss$",
     ):
         ModelConfig.from_gguf(_fake("mamba"))
 

@@ -25,11 +25,23 @@ def _model(arch: str, max_batch: int = 256):
 
 @pytest.mark.parametrize(
     "arch",
-    ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "gemma2", "olmo2", "mistral3"],
+    [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "qwen3moe",
+        "phi3",
+        "gemma2",
+        "olmo2",
+        "mistral3",
+        "gpt_oss",
+    ],
 )
 def test_prefill_equals_token_by_token_decode(arch):
-    """qwen3moe's decode routes through its own one-token path; phi3's LongRoPE, gemma2's
-    window and mistral3's position temperature also differ between a batch and single steps."""
+    """qwen3moe's and gpt-oss's decode route through their own one-token path (gpt-oss's with
+    its router and expert biases); phi3's LongRoPE, gemma2's and gpt-oss's windows and
+    mistral3's position temperature also differ between a batch and single steps."""
     model = _model(arch)
     ids = [i % model.config.n_vocab for i in IDS]  # the issue-10 fixtures have 256 tokens
     batched = model.forward(ids, model.new_cache(32), all_logits=True)

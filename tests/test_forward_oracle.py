@@ -13,6 +13,14 @@ Ministral 3's temperature and cancelled mscale, LongRoPE's factor choice and att
 Phi-4-mini's partial RoPE and its attention factor on the rotated dims only, Granite's four
 multipliers, qwen3moe's top-k routing and weight renormalisation, Gemma 2's window and both soft-caps, Llama 3.1's rope_freqs).
 
+tiny_gpt_oss (MXFP4 experts) measures max 0.030, mean 0.0023: its experts' gate/up values run
+past the SwiGLU clamp by design (std ~8.5), which amplifies the float16 KV cache's rounding (with
+a float32 cache the same run is within 4e-5 of transformers), so it gets a max tolerance of 0.1.
+Each of its features, dropped, moves the logits by 1.0 (the expert biases) to 6.8 (the sinks):
+attention sinks, the clamp, alpha, the (up + 1) factor, router / expert / q,k,v / output
+biases, the sliding window, YaRN on the windowed layers too, its unrounded correction range
+(truncate=False) and its attention factor.
+
 Runs on the numpy reference backend: it computes in float32 like the oracle, whereas the JIT
 kernels quantize activations to 8 bits (tested against the reference in test_kernels_*).
 Real models are checked with one batched forward each (prompt + the oracle's greedy tokens,
@@ -45,7 +53,10 @@ TINY_HF = (
     "llama3_rope",
     "qwen3_yarn",
     "qwen3moe",
+    "gpt_oss",
 )
+# (max, mean) |logit error| allowed where a fixture's float16 KV noise is larger (see above)
+TOLERANCE = {"gpt_oss": (0.1, 0.003)}
 CLEAR_MARGIN = 0.1  # greedy steps with a smaller top1-top2 logit gap are near-ties: not compared
 
 
@@ -91,8 +102,9 @@ def test_tiny_model_matches_transformers(arch):
 def test_tiny_hf_checkpoint_matches_transformers(name):
     oracle = _oracle(f"tiny_{name}")
     model = build_model(open_gguf(FIXTURES / oracle["file"]), backend=ReferenceBackend())
+    atol, mean_tol = TOLERANCE.get(name, (0.02, 0.003))
     for case in oracle["cases"]:
-        _check_case(model, case, oracle["probe_ids"], atol=0.02, mean_tol=0.003)
+        _check_case(model, case, oracle["probe_ids"], atol=atol, mean_tol=mean_tol)
 
 
 def _real_model(path, oracle):

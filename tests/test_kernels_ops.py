@@ -1,6 +1,7 @@
-"""JIT RMSNorm, RoPE, SwiGLU/GeGLU and attention against the numpy reference backend, over
-random shapes: lengths that are not a multiple of the 16-lane vectors, GQA groups, sliding
-windows shorter and longer than the context, soft-capping, prefill chunks after a prefix."""
+"""JIT RMSNorm, RoPE, SwiGLU/GeGLU/gpt-oss's clamped SwiGLU and attention against the numpy
+reference backend, over random shapes: lengths that are not a multiple of the 16-lane vectors,
+GQA groups, sliding windows shorter and longer than the context, soft-capping, attention sinks,
+prefill chunks after a prefix."""
 
 import numpy as np
 import pytest
@@ -42,6 +43,26 @@ def test_gated_activations(jit, op, shape):
     got = getattr(jit, op)(gate, up)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     getattr(jit, op)(gate, up, out=gate)  # aliasing the gate, as the model does
+    np.testing.assert_allclose(gate, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 2880), (3, 37), (4, 1000)])
+def test_clamped_swiglu(jit, shape):
+    """gpt-oss's expert activation with values on both sides of both clamps (limit 7)."""
+    rng = np.random.default_rng(shape[1])
+    gate = (rng.standard_normal(shape) * 6).astype(np.float32)
+    up = (rng.standard_normal(shape) * 6).astype(np.float32)
+    gate.flat[:4] = [-100.0, 100.0, 7.0, 0.0]
+    up.flat[:4] = [-100.0, 100.0, -7.0, 0.0]
+    kw = dict(alpha=1.702, limit=7.0)
+    g, u = np.minimum(gate, 7.0), np.clip(up, -7.0, 7.0)  # transformers' _apply_gate, by hand
+    with np.errstate(over="ignore"):  # exp(170) overflows to inf, correctly
+        expected = REF.swiglu_oai(gate, up, **kw)
+        by_hand = g / (1 + np.exp(-1.702 * g)) * (u + 1)
+    np.testing.assert_allclose(expected, by_hand, rtol=1e-6)
+    assert expected.flat[1] == np.float32(7.0 / (1 + np.exp(-1.702 * 7.0)) * 8.0)
+    np.testing.assert_allclose(jit.swiglu_oai(gate, up, **kw), expected, rtol=1e-5, atol=1e-5)
+    jit.swiglu_oai(gate, up, out=gate, **kw)  # aliasing the gate, as the model does
     np.testing.assert_allclose(gate, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -126,6 +147,44 @@ def test_attention(jit, tokens, p0, n_head, n_kv, hd, window, softcap):
     out = np.full((tokens, n_head * hd), np.nan, np.float32)
     jit.attention(q, k, v, out=out, **kw)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tokens,p0,n_head,n_kv,hd,window",
+    [
+        (1, 0, 4, 1, 64, 0),  # first decode step: one key against the sink
+        (1, 300, 8, 2, 64, 128),  # gpt-oss decode past its 128-position window
+        (7, 20, 4, 2, 16, 4),  # prefill chunk after a prefix, tiny window
+    ],
+)
+def test_attention_with_sinks(jit, tokens, p0, n_head, n_kv, hd, window):
+    """Attention sinks (gpt-oss): each head's logit joins the softmax denominator, including
+    one far above every score (the sink then takes nearly all of the mass) and far below."""
+    rng = np.random.default_rng(tokens * 11 + p0)
+    capacity = p0 + tokens + 3
+    k = (rng.standard_normal((capacity, n_kv, hd)) * 2).astype(np.float16)
+    v = rng.standard_normal((capacity, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((tokens, n_head, hd)).astype(np.float32)
+    sinks = rng.standard_normal(n_head).astype(np.float32)
+    sinks[:2] = [40.0, -40.0]
+    kw = dict(p0=p0, scale=hd**-0.5, window=window)
+    expected = REF.attention(q, k, v, sinks=sinks, **kw)
+    got = jit.attention(q, k, v, sinks=sinks, **kw)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    # The reference by hand for the last query: softmax over [scores, sink], sink dropped.
+    t, group = tokens - 1, n_head // n_kv
+    pos = p0 + t
+    lo = max(0, pos - window + 1) if window else 0
+    for h in range(n_head):
+        keys = k[lo : pos + 1, h // group].astype(np.float64)
+        scores = keys @ q[t, h].astype(np.float64) * hd**-0.5
+        logits = np.append(scores, sinks[h])
+        p = np.exp(logits - logits.max())
+        p = p[:-1] / p.sum()
+        mixed = p @ v[lo : pos + 1, h // group].astype(np.float64)
+        np.testing.assert_allclose(expected[t, h * hd : (h + 1) * hd], mixed, atol=2e-5)
+    without = jit.attention(q, k, v, **kw)
+    assert np.abs(without - got).max() > 0.1  # the sinks change the output
 
 
 def test_wrong_output_shapes_are_refused_not_overrun(jit):

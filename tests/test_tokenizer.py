@@ -243,6 +243,42 @@ def test_unknown_pre_tokenizer_is_named_with_the_supported_list():
         assert name in PRE_TOKENIZERS
 
 
+# tokenizer.json's o200k pattern (gpt-4o, gpt-oss), as quoted in llama.cpp's llama-vocab.cpp
+O200K_ORIGINAL = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello World, I'm HTTPServer's CamelCase DON'T you're",
+        "numbers 1234567 and 3.14159, dates 2024-06-01",
+        "  spaces\n\n\tand\r\nnewlines  ",
+        "path/to/file.py //comment\n/*x*/",
+        "Éric a mangé 北京烤鸭 und Straße ÄÖÜ ǅemal",
+        "<|start|>assistant<|channel|>final<|message|>ok<|end|>",
+    ],
+)
+def test_gpt_4o_pre_tokenizer_splits_like_the_original_o200k_pattern(text):
+    """gpt-oss files say tokenizer.ggml.pre = "gpt-4o": llama.cpp's rewrite of the o200k pattern
+    (our table's) splits text where tokenizer.json's original pattern does."""
+    from tokenizers import Regex, pre_tokenizers
+
+    def split(pattern: str) -> list[str]:
+        splitter = pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False)
+        return [piece for piece, _ in splitter.pre_tokenize_str(text)]
+
+    (ours,) = PRE_TOKENIZERS["gpt-4o"].regexes
+    assert split(ours) == split(O200K_ORIGINAL)
+    assert PRE_TOKENIZERS["llama4"] == PRE_TOKENIZERS["gpt-4o"]
+    assert not PRE_TOKENIZERS["gpt-4o"].clean_spaces  # llama.cpp: clean_spaces = false
+
+
 def test_missing_pre_tokenizer_falls_back_to_llama_cpp_default(caplog):
     metadata = {k: v for k, v in base_metadata("smollm2").items() if k != "tokenizer.ggml.pre"}
     tok = Tokenizer.from_metadata(metadata)

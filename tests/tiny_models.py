@@ -39,6 +39,7 @@ ARCHS = (
     "smollm3",
     "mistral3",
     "qwen3moe",
+    "gpt-oss",
 )
 QUANTIZABLE = (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)
 K_QUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
@@ -63,13 +64,18 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "smollm3": dict(rope_freq_base=5000000.0, rms_eps=1e-6, tie_embeddings=True, n_layers=4),
     "mistral3": dict(rope_freq_base=1000000.0, rms_eps=1e-5, tie_embeddings=False),
     "qwen3moe": dict(rope_freq_base=1000000.0, rms_eps=1e-6, tie_embeddings=False),
+    # gpt-oss: even layers windowed (128 positions in the real models), YaRN x32 over 4096
+    "gpt-oss": dict(
+        rope_freq_base=150000.0, rms_eps=1e-5, tie_embeddings=False, sliding_window=128
+    ),
 }
 # What the file layout of each architecture is (llama.cpp's converters), for the writer below;
 # tools/tiny_hf_models.py writes the same layouts from transformers' models for the oracle.
 _FUSED = ("phi3",)  # attn_qkv and a gate+up ffn_up of 2 * d_ff rows
 _HEAD_QK_NORMS = ("qwen3", "qwen3moe", "gemma3")  # per-head q/k norms (head_dim)
 _SANDWICH = ("gemma2", "gemma3", "olmo2")  # post_attention_norm / post_ffw_norm
-_SWA_KEY = ("gemma2", "gemma3")
+_SWA_KEY = ("gemma2", "gemma3", "gpt-oss")
+_MOE = ("qwen3moe", "gpt-oss")
 
 _FILE_TYPES = {
     Q.F32: LlamaFileType.ALL_F32,
@@ -139,6 +145,7 @@ def write_tiny_model(
     n_expert: int = 8,
     n_expert_used: int = 2,
     d_ff_exp: int | None = None,
+    expert_qtype: GGMLQuantizationType | None = None,
 ) -> Path:
     """Write a tiny random-weight model of `arch` to `path` and return the path.
 
@@ -146,8 +153,10 @@ def write_tiny_model(
     overrides it for token_embd. `omit_keys` / `omit_tensors` drop entries by exact name, and
     `extra_metadata` adds or replaces keys ({key: (value, GGUFValueType)}), for bad-file tests.
     tokenizer=None writes no tokenizer metadata and a `vocab_size`-row embedding: the fastest
-    file to write and parse, for tests that only need weights. qwen3moe layers hold `n_expert`
-    experts of `d_ff_exp` rows (default d_ff), `n_expert_used` routed per token.
+    file to write and parse, for tests that only need weights. qwen3moe and gpt-oss layers hold
+    `n_expert` experts of `d_ff_exp` rows (default d_ff), `n_expert_used` routed per token, of
+    `expert_qtype` (default qtype; gpt-oss files ship MXFP4). gpt-oss layers also get q/k/v/o,
+    router and expert biases, attention sinks and its YaRN keys.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch={arch!r} is not one of {ARCHS}")
@@ -201,10 +210,14 @@ def write_tiny_model(
     if arch == "gemma2":
         put("gemma2.attn_logit_softcapping", 50.0, F32)
         put("gemma2.final_logit_softcapping", 30.0, F32)
-    if arch == "qwen3moe":
-        put("qwen3moe.expert_count", n_expert, U32)
-        put("qwen3moe.expert_used_count", n_expert_used, U32)
-        put("qwen3moe.expert_feed_forward_length", d_ff_exp or d_ff, U32)
+    if arch in _MOE:
+        put(f"{arch}.expert_count", n_expert, U32)
+        put(f"{arch}.expert_used_count", n_expert_used, U32)
+        put(f"{arch}.expert_feed_forward_length", d_ff_exp or d_ff, U32)
+    if arch == "gpt-oss":  # what convert_hf_to_gguf writes for gpt-oss-20b's rope_scaling
+        put("gpt-oss.rope.scaling.type", "yarn", STR)
+        put("gpt-oss.rope.scaling.factor", 32.0, F32)
+        put("gpt-oss.rope.scaling.original_context_length", 4096, U32)
     if arch == "granite":  # granite-3.x-2b's multipliers
         put("granite.embedding_scale", 12.0, F32)
         put("granite.residual_scale", 0.22, F32)
@@ -227,10 +240,12 @@ def write_tiny_model(
     def weight(name: str, rows: int, cols: int, wtype: GGMLQuantizationType = qtype) -> None:
         tensors.append((name, _random_weight(rng, rows, cols, wtype, weight_scale, name), wtype))
 
+    exp_qtype = GGMLQuantizationType(expert_qtype if expert_qtype is not None else qtype)
+
     def experts(name: str, rows: int, cols: int) -> None:
         """A stacked (n_expert, rows, cols) weight, as llama.cpp's *_exps tensors."""
-        flat = _random_weight(rng, n_expert * rows, cols, qtype, weight_scale, name)
-        tensors.append((name, flat.reshape(n_expert, rows, -1), qtype))
+        flat = _random_weight(rng, n_expert * rows, cols, exp_qtype, weight_scale, name)
+        tensors.append((name, flat.reshape(n_expert, rows, -1), exp_qtype))
 
     def vector(name: str, values: np.ndarray) -> None:
         tensors.append((name, values, Q.F32))
@@ -247,10 +262,13 @@ def write_tiny_model(
             weight(p + "attn_k.weight", kv_dim, d_model)
             weight(p + "attn_v.weight", kv_dim, d_model)
         weight(p + "attn_output.weight", d_model, q_dim)
-        if arch == "qwen2":
+        if arch in ("qwen2", "gpt-oss"):
             vector(p + "attn_q.bias", bias(q_dim))
             vector(p + "attn_k.bias", bias(kv_dim))
             vector(p + "attn_v.bias", bias(kv_dim))
+        if arch == "gpt-oss":
+            vector(p + "attn_output.bias", bias(d_model))
+            vector(p + "attn_sinks.weight", rng.standard_normal(n_heads).astype(np.float32))
         if arch in _HEAD_QK_NORMS:
             vector(p + "attn_q_norm.weight", norm(head_dim))
             vector(p + "attn_k_norm.weight", norm(head_dim))
@@ -259,14 +277,26 @@ def write_tiny_model(
             vector(p + "attn_k_norm.weight", norm(kv_dim))
         if arch in _SANDWICH:
             vector(p + "post_attention_norm.weight", norm(d_model))
-        if arch != "olmo2":
+        if arch == "gpt-oss":  # llama.cpp's name for this arch's pre-FFN norm
+            vector(p + "post_attention_norm.weight", norm(d_model))
+        elif arch != "olmo2":
             vector(p + "ffn_norm.weight", norm(d_model))
-        if arch == "qwen3moe":
+        if arch in _MOE:
             ff = d_ff_exp or d_ff
             weight(p + "ffn_gate_inp.weight", n_expert, d_model, Q.F32)
             experts(p + "ffn_gate_exps.weight", ff, d_model)
             experts(p + "ffn_up_exps.weight", ff, d_model)
             experts(p + "ffn_down_exps.weight", d_model, ff)
+        if arch == "gpt-oss":
+            vector(p + "ffn_gate_inp.bias", bias(n_expert))
+            for part, rows in (
+                ("ffn_gate_exps", ff),
+                ("ffn_up_exps", ff),
+                ("ffn_down_exps", d_model),
+            ):
+                tensors.append(
+                    (p + part + ".bias", bias(n_expert * rows).reshape(n_expert, rows), Q.F32)
+                )
         elif arch in _FUSED:
             weight(p + "ffn_up.weight", 2 * d_ff, d_model)
             weight(p + "ffn_down.weight", d_model, d_ff)

@@ -9,7 +9,9 @@ Not a test dependency: needs torch (the local CPU wheel, `pip install torch==2.1
 transformers, accelerate, sentencepiece and protobuf in .venv. Run once after a change to what
 is recorded (each real-model load takes ~1 min and ~2.6 GB):
 
-    .venv/bin/python tools/make_oracle_fixtures.py [smollm2 gemma3 tiny tiny_hf]
+    .venv/bin/python tools/make_oracle_fixtures.py [smollm2 gemma3 tiny tiny_hf tiny_hf:NAME,..]
+
+(`tiny_hf:gpt_oss` rewrites only that fixture; plain `tiny_hf` rewrites every one of them.)
 
 Recorded per prompt (token ids given explicitly, so no tokenizer is under test):
   * at chosen positions: the top-k token ids and logits, and the logits of fixed "probe" ids
@@ -288,7 +290,9 @@ def make_tiny_hf(names: list[str] | None = None) -> None:
         _write(
             f"tiny_{name}",
             dict(
-                model=f"tiny random {name} ({spec['hf']} config class, {spec['qtype'].name})",
+                model=f"tiny random {name} ({spec['hf']} config class, {spec['qtype'].name}"
+                + (f", {spec['expert_qtype'].name} experts" if "expert_qtype" in spec else "")
+                + ")",
                 file=path.name,
                 file_size=path.stat().st_size,
                 source=_versions() + ", weights from the HF model, dequantized GGUF values",
@@ -306,7 +310,10 @@ def main(argv: list[str]) -> None:
         "gemma3": make_gemma3,
     }
     for name in argv or list(jobs):
-        jobs[name]()
+        if name.startswith("tiny_hf:"):
+            make_tiny_hf(name.removeprefix("tiny_hf:").split(","))
+        else:
+            jobs[name]()
 
 
 if __name__ == "__main__":

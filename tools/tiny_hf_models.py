@@ -7,7 +7,10 @@ The direction is the reverse of `make_oracle_fixtures.make_tiny` (GGUF first, th
 GGUF loader), because transformers cannot load most of these architectures from GGUF: here the
 HF model is the source, each 2-D weight is quantized with gguf-py, and the dequantized values are
 put back into the HF model before it computes the reference. So the oracle also checks the name
-mapping and the permutation, not only the forward pass.
+mapping and the permutation, not only the forward pass. Expert stacks go the same way: qwen3moe's
+in the spec's type, gpt-oss's in its native MXFP4 (gguf-py quantizes it), split out of
+transformers' interleaved gate_up_proj as llama.cpp's converter does, so transformers then runs
+on the dequantized MXFP4 experts.
 
 Needs torch and transformers (tools only, never the tests): see make_oracle_fixtures.py.
 """
@@ -145,6 +148,36 @@ SPECS: dict[str, dict[str, Any]] = {
             rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
         ),
     ),
+    # gpt-oss: MXFP4 experts with biases and the clamped SwiGLU, biased router (softmax over the
+    # top 2 of 8), q/k/v/o biases, attention sinks, even layers windowed (4 positions, so the
+    # 24-token prompt runs far past it), YaRN on every layer with the unrounded correction range
+    "gpt_oss": dict(
+        hf="gpt_oss",
+        arch="gpt-oss",
+        qtype=Q.Q8_0,
+        expert_qtype=Q.MXFP4,
+        config=dict(
+            head_dim=HEAD_DIM,
+            intermediate_size=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=64,
+            ),
+        ),
+        n_layers=4,
+        experts_implementation="eager",
+        gate_up_std=1.5,
+    ),
     # Llama 3.1 rope scaling: the converter's rope_freqs.weight vs transformers' llama3 RoPE
     "llama3_rope": dict(
         hf="llama",
@@ -190,8 +223,7 @@ def build_hf_model(name: str, seed: int = 7):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     spec = SPECS[name]
-    config = AutoConfig.for_model(
-        spec["hf"],
+    dims: dict[str, Any] = dict(
         vocab_size=VOCAB,
         hidden_size=D_MODEL,
         intermediate_size=N_FF,
@@ -201,22 +233,35 @@ def build_hf_model(name: str, seed: int = 7):
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
-        **spec["config"],
     )
+    config = AutoConfig.for_model(spec["hf"], **{**dims, **spec["config"]})
     torch.manual_seed(seed)
+    extra = {}
+    if "experts_implementation" in spec:
+        extra["experts_implementation"] = spec["experts_implementation"]
     model = AutoModelForCausalLM.from_config(
-        config, dtype=torch.float32, attn_implementation="eager"
+        config, dtype=torch.float32, attn_implementation="eager", **extra
     )
     gemma = spec["arch"] == "gemma2"
     with torch.no_grad():
         for pname, param in model.named_parameters():
-            if param.ndim == 1:  # norms: around 1 (Gemma stores the offset from 1)
+            if pname.endswith(("self_attn.sinks", "mlp.router.bias")):
+                # gpt-oss: sinks of the size of the attention scores, so each one takes a
+                # visible share of its head's softmax; a router bias that moves the choice.
+                param.copy_(torch.randn_like(param))
+            elif pname.endswith("_proj.bias") or pname.endswith("_proj_bias"):
+                param.copy_(WEIGHT_STD * torch.randn_like(param))
+            elif param.ndim == 1:  # norms: around 1 (Gemma stores the offset from 1)
                 base = 0.0 if gemma else 1.0
                 param.copy_(base + 0.1 * torch.randn_like(param))
-            elif pname.endswith("mlp.gate.weight"):
+            elif pname.endswith(("mlp.gate.weight", "mlp.router.weight")):
                 # A decisive router: near-ties between the k-th and k+1-th expert would let
                 # float rounding pick different experts on the two sides.
                 param.copy_(2.0 * torch.randn_like(param))
+            elif pname.endswith("mlp.experts.gate_up_proj") and "gate_up_std" in spec:
+                # gpt-oss: gate/up values past the SwiGLU clamp (7) on many elements, so the
+                # clamp and the (up + 1) factor both shape the output.
+                param.copy_(spec["gate_up_std"] * torch.randn_like(param))
             else:
                 param.copy_(WEIGHT_STD * torch.randn_like(param))
     model.eval()
@@ -273,6 +318,22 @@ def _gguf_name(arch: str, hf_name: str) -> str | None:
         "mlp.gate.weight": "ffn_gate_inp",
         "mlp.experts.down_proj": "ffn_down_exps",
     }
+    # gpt-oss (gguf-py's tensor_mapping: attn_sinks, the router, biases under the same names;
+    # its post_attention_layernorm is the FFN's input norm, named post_attention_norm)
+    biases = {
+        "self_attn.q_proj.bias": "attn_q",
+        "self_attn.k_proj.bias": "attn_k",
+        "self_attn.v_proj.bias": "attn_v",
+        "self_attn.o_proj.bias": "attn_output",
+        "mlp.router.bias": "ffn_gate_inp",
+        "mlp.experts.down_proj_bias": "ffn_down_exps",
+    }
+    if arch == "gpt-oss":
+        table["post_attention_layernorm.weight"] = "post_attention_norm"
+        table["self_attn.sinks"] = "attn_sinks"
+        table["mlp.router.weight"] = "ffn_gate_inp"
+    if rest in biases:
+        return f"blk.{i}.{biases[rest]}.bias"
     if rest not in table:
         raise ValueError(f"unmapped parameter {hf_name}")
     return f"blk.{i}.{table[rest]}.weight"
@@ -312,6 +373,39 @@ def _store(writer: GGUFWriter, name: str, values: np.ndarray, wtype: GGMLQuantiz
     return gguf_quants.dequantize(data, wtype).reshape(values.shape).astype(np.float32)
 
 
+def _store_gpt_oss_experts(
+    writer: GGUFWriter, hf_name: str, values: np.ndarray, wtype: GGMLQuantizationType
+) -> np.ndarray:
+    """One of transformers' GptOssExperts parameters, written as convert_hf_to_gguf's
+    GptOssModel writes it; returns what the GGUF holds in the HF parameter's layout.
+
+    gate_up_proj is (n_expert, d, 2 ff) with gate and up interleaved along the last axis (gate
+    at even, up at odd columns); the converter transposes the stacks to llama.cpp's (n_expert,
+    out, in) and splits them into ffn_gate_exps / ffn_up_exps, likewise the (n_expert, 2 ff)
+    bias. down_proj (n_expert, ff, d) becomes ffn_down_exps (n_expert, d, ff). Weights are
+    stored as `wtype` (MXFP4, gpt-oss's native expert format), biases as float32."""
+    prefix = f"blk.{hf_name.split('.')[2]}."
+    if hf_name.endswith("gate_up_proj"):
+        stacked = values.transpose(0, 2, 1)  # (n_expert, 2 ff, d)
+        gate = _store(writer, prefix + "ffn_gate_exps.weight", stacked[:, 0::2], wtype)
+        up = _store(writer, prefix + "ffn_up_exps.weight", stacked[:, 1::2], wtype)
+        back = np.empty_like(stacked)
+        back[:, 0::2], back[:, 1::2] = gate, up
+        return np.ascontiguousarray(back.transpose(0, 2, 1))
+    if hf_name.endswith("gate_up_proj_bias"):
+        gate = _store(writer, prefix + "ffn_gate_exps.bias", values[:, 0::2], Q.F32)
+        up = _store(writer, prefix + "ffn_up_exps.bias", values[:, 1::2], Q.F32)
+        back = np.empty_like(values)
+        back[:, 0::2], back[:, 1::2] = gate, up
+        return back
+    if hf_name.endswith("down_proj"):
+        stored = _store(writer, prefix + "ffn_down_exps.weight", values.transpose(0, 2, 1), wtype)
+        return np.ascontiguousarray(stored.transpose(0, 2, 1))
+    if hf_name.endswith("down_proj_bias"):
+        return _store(writer, prefix + "ffn_down_exps.bias", values, Q.F32)
+    raise ValueError(f"unmapped parameter {hf_name}")
+
+
 def write_gguf(model, spec: dict, path: Path) -> Path:
     """Write `model` as llama.cpp would and load the dequantized weights back into it."""
     import torch
@@ -331,7 +425,7 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
     put("context_length", int(cfg.max_position_embeddings), U32)
     put("embedding_length", D_MODEL, U32)
     put("block_count", int(cfg.num_hidden_layers), U32)
-    put("feed_forward_length", N_FF, U32)
+    put("feed_forward_length", int(cfg.intermediate_size), U32)
     put("attention.head_count", N_HEAD, U32)
     put("attention.head_count_kv", N_KV, U32)
     put("attention.key_length", HEAD_DIM, U32)
@@ -370,6 +464,13 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
         put("expert_count", int(cfg.num_experts), U32)
         put("expert_used_count", int(cfg.num_experts_per_tok), U32)
         put("expert_feed_forward_length", int(cfg.moe_intermediate_size), U32)
+    if arch == "gpt-oss":
+        # convert_hf_to_gguf GptOssModel: the expert width is intermediate_size, the window
+        # the config's sliding_window
+        put("expert_count", int(cfg.num_local_experts), U32)
+        put("expert_used_count", int(cfg.num_experts_per_tok), U32)
+        put("expert_feed_forward_length", int(cfg.intermediate_size), U32)
+        put("attention.sliding_window", int(cfg.sliding_window), U32)
     if arch == "mistral3":
         # convert_hf_to_gguf Mistral3Model: llama_4_scaling_beta / original_max_position_embeddings
         put("attention.temperature_scale", float(rope["llama_4_scaling_beta"]), F32)
@@ -380,6 +481,11 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
         if hf_name == "lm_head.weight" and tied:
             continue
         values = tensor.detach().numpy().astype(np.float32)
+        if arch == "gpt-oss" and ".mlp.experts." in hf_name:
+            loaded[hf_name] = torch.from_numpy(
+                _store_gpt_oss_experts(writer, hf_name, values, spec["expert_qtype"])
+            )
+            continue
         if hf_name.endswith("mlp.experts.gate_up_proj"):
             # (n_expert, 2 * ff, d): the converter splits it into gate and up stacks
             half = values.shape[1] // 2
@@ -393,6 +499,7 @@ def write_gguf(model, spec: dict, path: Path) -> Path:
             loaded[hf_name] = torch.from_numpy(np.concatenate(parts, axis=1))
             continue
         name = _gguf_name(arch, hf_name)
+        assert name is not None
         if values.ndim == 1:
             stored = values + 1.0 if arch == "gemma2" else values  # Gemma's converter adds 1
             writer.add_tensor(name, stored.astype(np.float32))

@@ -6,6 +6,7 @@ h // (n_head / n_kv)):
   1. scores s_j = (q . k_j) * scale (16 lanes at a time, f16 widened in registers), optional
      soft-cap, running max;
   2. p_j = exp(s_j - max) with the vector exp, and their sum, in a per-thread scratch row;
+     with attention sinks (gpt-oss) the head's sink logit joins the max and the sum;
   3. out = sum_j p_j v_j / sum, accumulated in the (L1-resident) output row.
 The cache layout is engine/kv_cache.py's: (capacity, n_kv, head_dim) float16, row = position.
 
@@ -32,7 +33,7 @@ V16H = "<16 x half>"
 class AttentionSlots:
     """q (T, H, hd) f32, k cache, v cache, out (T, H*hd) f32, T, H, n_kv, hd (multiple of 16),
     p0, window (0 = none), scale (f32 bits), softcap (f32 bits, 0 = none), scratch (f32),
-    scratch floats per thread; SIZE: block length."""
+    scratch floats per thread, sinks (f32 [H], 0 = none); SIZE: block length."""
 
     (
         Q,
@@ -49,8 +50,9 @@ class AttentionSlots:
         SOFTCAP,
         SCRATCH,
         SCRATCH_STRIDE,
+        SINKS,
         SIZE,
-    ) = range(15)
+    ) = range(16)
 
 
 def attention_ir() -> str:
@@ -64,6 +66,8 @@ def attention_ir() -> str:
     softcap = float_arg(f, s.SOFTCAP)
     scratch = f.arg("%args", s.SCRATCH, "ptr")
     sstride = f.arg("%args", s.SCRATCH_STRIDE)
+    sinks = f.arg("%args", s.SINKS, "ptr")
+    has_sinks = f.op(f"icmp ne ptr {sinks}, null")
     group = f.op(f"udiv i64 {nh}, {nkv}")
     has_cap = f.op(f"fcmp ogt float {softcap}, 0.0")
     items = f.op(f"mul i64 {ntok}, {nh}")
@@ -142,11 +146,19 @@ def attention_ir() -> str:
     f("br label %p1_h")
     # --- pass 2: exp and sum ---
     f.put_label("p2_pre")
-    mxv = splat16(f, "%mx")
+    f(f"br i1 {has_sinks}, label %sink_b, label %sink_done")
+    f.put_label("sink_b")  # the head's sink logit (-inf without sinks: no share, no max)
+    sink_at = f.op(f"getelementptr inbounds float, ptr {sinks}, i64 {h}")
+    sink_loaded = f.load("float", sink_at, 4)
+    f("br label %sink_done")
+    f.put_label("sink_done")
+    sink = f.op(f"phi float [0xFFF0000000000000, %p2_pre], [{sink_loaded}, %sink_b]")
+    peak = f.op(f"call float @llvm.maxnum.f32(float %mx, float {sink})")
+    mxv = splat16(f, peak)
     f("br label %p2_h")
     f.put_label("p2_h")
-    f("%e = phi i64 [0, %p2_pre], [%e_next, %p2_b]")
-    f(f"%sum = phi {V16F} [zeroinitializer, %p2_pre], [%sum_next, %p2_b]")
+    f("%e = phi i64 [0, %sink_done], [%e_next, %p2_b]")
+    f(f"%sum = phi {V16F} [zeroinitializer, %sink_done], [%sum_next, %p2_b]")
     f(f"%e_more = icmp ult i64 %e, {nkeys}")
     f("br i1 %e_more, label %p2_b, label %p3_pre")
     f.put_label("p2_b")
@@ -161,6 +173,9 @@ def attention_ir() -> str:
     # --- pass 3: weighted sum of values ---
     f.put_label("p3_pre")
     tot = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} %sum)")
+    # exp(-inf) = +0 without sinks, so the sum is unchanged bit for bit
+    sink_share = f.op(f"call float @llvm.exp.f32(float {f.op(f'fsub float {sink}, {peak}')})")
+    tot = f.op(f"fadd float {tot}, {sink_share}")
     inv = f.op(f"fdiv float 1.0, {tot}")
     f("br label %z_h")
     f.put_label("z_h")
@@ -222,6 +237,7 @@ def module_ir() -> str:
             MASKED_F32_DECLS,
             "declare float @llvm.maxnum.f32(float, float)",
             "declare float @llvm.tanh.f32(float)",
+            "declare float @llvm.exp.f32(float)",
             attention_ir(),
         ]
     )

@@ -94,6 +94,7 @@ class Backend(Protocol):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: np.ndarray | None = None,
         out: np.ndarray | None = None,
     ) -> np.ndarray:
         """Causal multi-head attention of T new queries over the cached keys/values.
@@ -106,6 +107,9 @@ class Backend(Protocol):
         (a sliding window of `window` positions including itself).
         score = (q . k) * scale; if softcap > 0: score = softcap * tanh(score / softcap);
         softmax over the allowed j (float32, max-subtracted), out = sum_j p_j v_j.
+        sinks: optional (n_head,) float32 logits, one per query head, that join each softmax
+        denominator and mix no value (gpt-oss's attention sinks): with m = max(max_j s_j, sink_h),
+        p_j = exp(s_j - m) / (sum_j exp(s_j - m) + exp(sink_h - m)).
         out: (T, n_head * head_dim) float32 with head h at columns h*head_dim .. (h+1)*head_dim.
         """
 
@@ -116,6 +120,18 @@ class Backend(Protocol):
     def geglu(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """out = gelu_tanh(gate) * up, gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
         Shapes (T, n_ff) float32; out may alias gate."""
+
+    def swiglu_oai(
+        self,
+        gate: np.ndarray,
+        up: np.ndarray,
+        *,
+        alpha: float,
+        limit: float,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clip(up, -limit, limit),
+        out = g * sigmoid(alpha * g) * (u + 1). Shapes (T, n_ff) float32; out may alias gate."""
 
 
 def _reference(why: str) -> Backend:

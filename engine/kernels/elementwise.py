@@ -1,4 +1,5 @@
-"""IR for the small per-token ops: RMSNorm, RoPE, and the gated activations (SwiGLU, GeGLU).
+"""IR for the small per-token ops: RMSNorm, RoPE, and the gated activations (SwiGLU, GeGLU,
+gpt-oss's clamped SwiGLU).
 
 Each is one call instead of the 3-6 numpy passes (and temporaries) the reference needs.
 Vector loops run 16 floats at a time with masked loads/stores for the tail, so any length works.
@@ -38,9 +39,10 @@ class RopeSlots:
 
 
 class GluSlots:
-    """swiglu / geglu: gate, up, out (f32), count; SIZE: block length."""
+    """swiglu / geglu / swiglu_oai: gate, up, out (f32), count, alpha and limit (float32 bits,
+    read by swiglu_oai only); SIZE: block length."""
 
-    GATE, UP, OUT, COUNT, SIZE = range(5)
+    GATE, UP, OUT, COUNT, ALPHA, LIMIT, SIZE = range(7)
 
 
 def rmsnorm_ir() -> str:
@@ -101,11 +103,17 @@ def rmsnorm_ir() -> str:
 
 
 def glu_ir(kind: str) -> str:
-    """out = act(gate) * up; act = silu (swiglu) or gelu_tanh (geglu)."""
+    """out = act(gate) * up; act = silu (swiglu) or gelu_tanh (geglu). swiglu_oai (gpt-oss):
+    g = min(gate, limit), out = g * sigmoid(alpha g) * (clamp(up, -limit, limit) + 1)."""
     f = Fn()
     s = GluSlots
     gate, up, out = (f.arg("%args", i, "ptr") for i in (s.GATE, s.UP, s.OUT))
     count = f.arg("%args", s.COUNT)
+    if kind == "swiglu_oai":
+        alpha = splat16(f, float_arg(f, s.ALPHA))
+        limit = float_arg(f, s.LIMIT)
+        hi = splat16(f, limit)
+        lo = splat16(f, f.op(f"fneg float {limit}"))
     c0, c1 = thread_range(f, count, "%tid", "%nth", 16)
     f("br label %h")
     f.put_label("h")
@@ -118,6 +126,15 @@ def glu_ir(kind: str) -> str:
     u = masked_load16(f, up, "%i", m)
     if kind == "swiglu":
         e = f.op(f"call {V16F} @vexp16({V16F} {f.op(f'fneg {V16F} {g}')})")
+        den = f.op(f"fadd {V16F} {e}, splat (float 1.0)")
+        act = f.op(f"fdiv {V16F} {g}, {den}")
+    elif kind == "swiglu_oai":  # (VEXP16 declares minnum / maxnum)
+        g = f.op(f"call {V16F} @llvm.minnum.v16f32({V16F} {g}, {V16F} {hi})")
+        u = f.op(f"call {V16F} @llvm.minnum.v16f32({V16F} {u}, {V16F} {hi})")
+        u = f.op(f"call {V16F} @llvm.maxnum.v16f32({V16F} {u}, {V16F} {lo})")
+        u = f.op(f"fadd {V16F} {u}, splat (float 1.0)")
+        ag = f.op(f"fmul {V16F} {g}, {alpha}")
+        e = f.op(f"call {V16F} @vexp16({V16F} {f.op(f'fneg {V16F} {ag}')})")
         den = f.op(f"fadd {V16F} {e}, splat (float 1.0)")
         act = f.op(f"fdiv {V16F} {g}, {den}")
     else:
@@ -210,6 +227,7 @@ def module_ir() -> str:
             rmsnorm_ir(),
             glu_ir("swiglu"),
             glu_ir("geglu"),
+            glu_ir("swiglu_oai"),
             rope_ir(),
         ]
     )

@@ -196,7 +196,7 @@ class JitBackend(ReferenceBackend):
         self._float_kernels = {k: self.library.address(f"mmf_{k}") for k in float_matmul.ELEM}
         self._direct = {
             name: _KERNEL_FN(self.library.address(name))
-            for name in ("rmsnorm", "rope", "swiglu", "geglu")
+            for name in ("rmsnorm", "rope", "swiglu", "geglu", "swiglu_oai")
         }
         self._attention = self.library.address("attention")
         self._op_args = {
@@ -206,6 +206,7 @@ class JitBackend(ReferenceBackend):
                 ("rope", RopeSlots),
                 ("swiglu", GluSlots),
                 ("geglu", GluSlots),
+                ("swiglu_oai", GluSlots),
                 ("attention", AttentionSlots),
             )
         }
@@ -385,6 +386,17 @@ class JitBackend(ReferenceBackend):
     def geglu(self, gate, up, out=None):
         return self._glu("geglu", gate, up, out)
 
+    def swiglu_oai(self, gate, up, *, alpha, limit, out=None):
+        if out is None:
+            out = np.empty_like(gate)
+        if not self._usable(gate, up, out) or gate.shape != up.shape or out.shape != gate.shape:
+            self._fell_back("swiglu_oai", _layout_why(gate, up, out))
+            return super().swiglu_oai(gate, up, alpha=alpha, limit=limit, out=out)
+        a = self._op_args["swiglu_oai"]
+        a[GluSlots.ALPHA] = _f32_bits(alpha)
+        a[GluSlots.LIMIT] = _f32_bits(limit)
+        return self._glu("swiglu_oai", gate, up, out)
+
     def rope(
         self,
         x: np.ndarray,
@@ -451,10 +463,18 @@ class JitBackend(ReferenceBackend):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: np.ndarray | None = None,
         out: np.ndarray | None = None,
     ) -> np.ndarray:
         tokens, n_head, head_dim = q.shape
         capacity, n_kv, _ = k_cache.shape
+        if sinks is not None and (
+            sinks.shape != (n_head,) or sinks.dtype != np.float32 or not sinks.flags.c_contiguous
+        ):
+            raise ValueError(
+                f"attention: sinks must be a contiguous float32 array of shape {(n_head,)}; "
+                f"got {sinks.dtype} {sinks.shape}"
+            )
         if out is not None and out.shape != (tokens, n_head * head_dim):
             raise ValueError(
                 f"attention: out has shape {out.shape}, expected {(tokens, n_head * head_dim)}"
@@ -488,7 +508,15 @@ class JitBackend(ReferenceBackend):
                 why = "non-contiguous KV cache"
             self._fell_back("attention", why)
             return super().attention(
-                q, k_cache, v_cache, p0=p0, scale=scale, window=window, softcap=softcap, out=target
+                q,
+                k_cache,
+                v_cache,
+                p0=p0,
+                scale=scale,
+                window=window,
+                softcap=softcap,
+                sinks=sinks,
+                out=target,
             )
         n_keys = p0 + tokens
         stride = (n_keys + 15) // 16 * 16
@@ -507,6 +535,7 @@ class JitBackend(ReferenceBackend):
         a[s.SOFTCAP] = _f32_bits(softcap)
         a[s.SCRATCH] = self._ptr(self._scratch)
         a[s.SCRATCH_STRIDE] = stride
+        a[s.SINKS] = 0 if sinks is None else self._ptr(sinks)
         self.pool.run(self._attention, self._op_args_ptr["attention"])
         if target is not None and target is not out:
             target[...] = out

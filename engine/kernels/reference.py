@@ -129,6 +129,7 @@ class ReferenceBackend:
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: np.ndarray | None = None,
         out: np.ndarray | None = None,
     ) -> np.ndarray:
         n_tokens, n_head, head_dim = q.shape
@@ -152,9 +153,15 @@ class ReferenceBackend:
         if window > 0:
             allowed &= key_pos > query_pos - window
         scores = np.where(allowed, scores, -np.inf)
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
+        peak = scores.max(axis=-1, keepdims=True)  # (n_kv, group, T, 1)
+        if sinks is not None:
+            sink = np.asarray(sinks, np.float32).reshape(n_kv, group, 1, 1)
+            peak = np.maximum(peak, sink)
+        probs = np.exp(scores - peak)
+        denominator = probs.sum(axis=-1, keepdims=True)
+        if sinks is not None:  # the sink's share of the softmax, which mixes no value
+            denominator += np.exp(sink - peak)
+        probs /= denominator
         mixed = probs @ values.transpose(1, 0, 2)[:, None]  # (n_kv, group, T, hd)
         mixed = mixed.transpose(2, 0, 1, 3).reshape(n_tokens, n_head * head_dim)
         if out is None:
@@ -173,5 +180,22 @@ class ReferenceBackend:
         result = _gelu_tanh(gate) * up
         if out is None:
             return result
+        out[...] = result
+        return out
+
+    def swiglu_oai(
+        self,
+        gate: np.ndarray,
+        up: np.ndarray,
+        *,
+        alpha: float,
+        limit: float,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        g = np.minimum(gate, np.float32(limit))
+        u = np.clip(up, np.float32(-limit), np.float32(limit))
+        result = (g / (np.float32(1.0) + np.exp(np.float32(-alpha) * g))) * (u + np.float32(1.0))
+        if out is None:
+            return result.astype(np.float32, copy=False)
         out[...] = result
         return out

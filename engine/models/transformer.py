@@ -1,9 +1,10 @@
 """The decoder-only transformer shared by every supported architecture (engine.config).
 
 The architectures differ only in switches that ModelConfig carries (RoPE pairing and scaling,
-per-layer RoPE on/off, q/k norms per head or over the whole projection, q/k/v biases, pre- and
+per-layer RoPE on/off, q/k norms per head or over the whole projection, q/k/v/o biases, pre- and
 post-norms, Gemma's GeGLU / scaled embeddings / sliding window / soft-caps, Granite's
-multipliers, qwen3moe's routed experts), so one forward pass serves all of them. Fused tensors
+multipliers, qwen3moe's routed experts, gpt-oss's attention sinks and biased experts with a
+clamped SwiGLU), so one forward pass serves all of them. Fused tensors
 (Phi-3's attn_qkv and gate+up ffn_up) and stacked experts are split into zero-copy row views at
 load, so the pass never sees them. Attribute names match the GGUF tensor names (`blk.N.attn_q`
 -> `layers[N].attn_q`). Prefill (T tokens) and decode (T = 1) run through the same code; all
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.cancel import ForwardCancelled
-from engine.config import ModelConfig
+from engine.config import GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ModelConfig
 from engine.errors import ModelFileError
 from engine.kernels.reference import dequantize_full
 from engine.kv_cache import KVCache
@@ -67,6 +68,8 @@ class Layer:
     attn_q_bias: np.ndarray | None = None  # (q_dim,) qwen2
     attn_k_bias: np.ndarray | None = None  # (kv_dim,)
     attn_v_bias: np.ndarray | None = None  # (kv_dim,)
+    attn_output_bias: np.ndarray | None = None  # (d_model,) gpt-oss
+    attn_sinks: np.ndarray | None = None  # (n_head,) gpt-oss: a logit per head in each softmax
     # (head_dim,) per head (qwen3, gemma3) or (q_dim,) / (kv_dim,) over the projection (olmo2)
     attn_q_norm: np.ndarray | None = None
     attn_k_norm: np.ndarray | None = None
@@ -76,6 +79,10 @@ class Layer:
     # Per expert (gate, up, down): zero-copy row views of the stacked *_exps tensors, so a
     # token reads only the weights of the experts it is routed to.
     experts: list[tuple[QTensor, QTensor, QTensor]] | None = None
+    # gpt-oss: the router's bias (n_expert,) and per expert (gate, up, down) bias rows, views
+    # of the (n_expert, rows) float32 stacks.
+    ffn_gate_inp_bias: np.ndarray | None = None
+    expert_biases: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +152,7 @@ class TransformerModel:
                 window=config.layer_window(i),
                 scale=config.layer_attn_scale(i),
                 rope=config.layer_rope(i),
-                scaled=not config.layer_uses_window[i],
+                scaled=config.layer_rope_scaled(i),
                 q_gain=config.layer_rope_gain(i) if config.rope_dims else 1.0,
             )
             for i in range(config.n_layers)
@@ -197,7 +204,7 @@ class TransformerModel:
             attn_k=attn_k,
             attn_v=attn_v,
             attn_output=need("attn_output"),
-            ffn_norm=vector("ffn_norm") if cfg.pre_norms else None,
+            ffn_norm=vector(cfg.ffn_norm_tensor) if cfg.pre_norms else None,
             ffn_gate=ffn_gate,
             ffn_up=ffn_up,
             ffn_down=ffn_down,
@@ -206,6 +213,15 @@ class TransformerModel:
             layer.attn_q_bias = vector("attn_q", ".bias")
             layer.attn_k_bias = vector("attn_k", ".bias")
             layer.attn_v_bias = vector("attn_v", ".bias")
+        if cfg.attn_output_bias:
+            layer.attn_output_bias = vector("attn_output", ".bias")
+        if cfg.attn_sinks:
+            layer.attn_sinks = vector("attn_sinks")
+            if layer.attn_sinks.shape != (cfg.n_head,):
+                raise ModelFileError(
+                    f"{p}attn_sinks.weight holds {layer.attn_sinks.size} values, expected "
+                    f"{cfg.n_head} (one per query head)"
+                )
         if cfg.qk_norm:
             layer.attn_q_norm = vector("attn_q_norm")
             layer.attn_k_norm = vector("attn_k_norm")
@@ -226,20 +242,49 @@ class TransformerModel:
             e, ff, d = cfg.n_expert, cfg.n_ff_exp, cfg.d_model
             layer.ffn_gate_inp = need("ffn_gate_inp")
             _check_shape(layer.ffn_gate_inp, (e, d))
-            stacks = [need("ffn_gate_exps"), need("ffn_up_exps"), need("ffn_down_exps")]
-            for stack, shape in zip(stacks, ((e, ff, d), (e, ff, d), (e, d, ff)), strict=True):
+            # llama.cpp also takes gate and up as one stack (convert_hf_to_gguf's
+            # --fuse-gate-up-exps): per expert, its ff gate rows, then its ff up rows.
+            fused = p + "ffn_gate_up_exps.weight" in tensors
+            if fused:
+                gate_up = need("ffn_gate_up_exps")
+                stacks = [gate_up, gate_up, need("ffn_down_exps")]
+                shapes = ((e, 2 * ff, d), (e, 2 * ff, d), (e, d, ff))
+            else:
+                stacks = [need("ffn_gate_exps"), need("ffn_up_exps"), need("ffn_down_exps")]
+                shapes = ((e, ff, d), (e, ff, d), (e, d, ff))
+            for stack, shape in zip(stacks, shapes, strict=True):
                 if tuple(stack.shape) != shape:
                     raise ModelFileError(
                         f"tensor '{stack.name}' has shape {tuple(stack.shape)}, expected {shape}"
                     )
+            per_expert = 2 * ff if fused else ff  # rows of one expert in the gate / up stacks
             layer.experts = [
                 (
-                    _expert(stacks[0], j, ff, f"{p}ffn_gate.{j}.weight"),
-                    _expert(stacks[1], j, ff, f"{p}ffn_up.{j}.weight"),
+                    _expert(stacks[0], j, ff, f"{p}ffn_gate.{j}.weight", per_expert),
+                    _expert(
+                        stacks[1], j, ff, f"{p}ffn_up.{j}.weight", per_expert, ff if fused else 0
+                    ),
                     _expert(stacks[2], j, d, f"{p}ffn_down.{j}.weight"),
                 )
                 for j in range(e)
             ]
+            if cfg.moe_bias:
+                layer.ffn_gate_inp_bias = vector("ffn_gate_inp", ".bias")
+                down_bias = _bias_rows(_require(tensors, f"{p}ffn_down_exps.bias"), e, d)
+                if fused:
+                    both = _bias_rows(_require(tensors, f"{p}ffn_gate_up_exps.bias"), e, 2 * ff)
+                    biases = [both[:, :ff], both[:, ff:], down_bias]
+                else:
+                    biases = [
+                        _bias_rows(_require(tensors, f"{p}{part}.bias"), e, ff)
+                        for part in ("ffn_gate_exps", "ffn_up_exps")
+                    ] + [down_bias]
+                if layer.ffn_gate_inp_bias.shape != (e,):
+                    raise ModelFileError(
+                        f"{p}ffn_gate_inp.bias holds {layer.ffn_gate_inp_bias.size} values, "
+                        f"expected {e} (one per expert)"
+                    )
+                layer.expert_biases = [(biases[0][j], biases[1][j], biases[2][j]) for j in range(e)]
             return layer
         assert layer.ffn_gate is not None and layer.ffn_up is not None
         assert layer.ffn_down is not None
@@ -470,10 +515,13 @@ class TransformerModel:
                         scale=la.scale,
                         window=la.window,
                         softcap=cfg.attn_logit_softcap,
+                        sinks=layer.attn_sinks,
                         out=att_block,
                     )
             poll()
             ops.linear(layer.attn_output, att, out=proj)
+            if layer.attn_output_bias is not None:
+                proj += layer.attn_output_bias
             if layer.post_attention_norm is not None:
                 ops.rmsnorm(proj, layer.post_attention_norm, cfg.norm_eps, out=proj)
             if cfg.residual_scale != 1.0:  # Granite's residual_multiplier
@@ -491,10 +539,7 @@ class TransformerModel:
                 ops.linear(layer.ffn_gate, h, out=gate)
                 poll()
                 ops.linear(layer.ffn_up, h, out=up)
-                if cfg.activation == "gelu_tanh":
-                    ops.geglu(gate, up, out=gate)
-                else:
-                    ops.swiglu(gate, up, out=gate)
+                self._gated(gate, up)
                 poll()
                 ops.linear(layer.ffn_down, gate, out=proj)
             if layer.post_ffw_norm is not None:
@@ -536,17 +581,21 @@ class TransformerModel:
         return logits
 
     def _moe_ffn(self, layer: Layer, h: np.ndarray, out: np.ndarray, poll) -> None:
-        """Mixture of experts (transformers' Qwen3MoeSparseMoeBlock, llama.cpp's build_moe_ffn
-        with softmax gating and normalised weights): the top n_expert_used experts per token by
-        router logit, weighted by the softmax over the chosen logits (the same as softmax over
-        all, then the chosen probabilities renormalised to sum 1); each chosen expert runs its
-        SwiGLU FFN on just the tokens routed to it. A decode step reads the weights of
-        n_expert_used experts, not all of them."""
+        """Mixture of experts (transformers' Qwen3MoeSparseMoeBlock and GptOssMLP, llama.cpp's
+        build_moe_ffn with softmax gating over the chosen logits): the top n_expert_used experts
+        per token by router logit (plus the router bias, gpt-oss), weighted by the softmax over
+        the chosen logits (the same as softmax over all, then the chosen probabilities
+        renormalised to sum 1); each chosen expert runs its gated FFN (with its biases, gpt-oss)
+        on just the tokens routed to it. A decode step reads the weights of n_expert_used
+        experts, not all of them."""
         ops, k, moe = self.backend, self.config.n_expert_used, self._moe
         assert layer.ffn_gate_inp is not None and layer.experts is not None and moe is not None
+        biases = layer.expert_biases
         n = h.shape[0]
         if n == 1:  # decode: fixed buffers (the backend's pointer caches keep hitting)
             router = ops.linear(layer.ffn_gate_inp, h, out=moe.router1)[0]
+            if layer.ffn_gate_inp_bias is not None:
+                router += layer.ffn_gate_inp_bias
             chosen = np.sort(np.argpartition(router, -k)[-k:])
             weights = np.exp(router[chosen] - router[chosen].max())
             weights /= weights.sum()
@@ -555,11 +604,19 @@ class TransformerModel:
                 gate_w, up_w, down_w = layer.experts[expert]
                 ops.linear(gate_w, h, out=moe.gate1)
                 ops.linear(up_w, h, out=moe.up1)
-                ops.swiglu(moe.gate1, moe.up1, out=moe.gate1)
+                if biases is not None:
+                    moe.gate1 += biases[expert][0]
+                    moe.up1 += biases[expert][1]
+                self._gated(moe.gate1, moe.up1)
                 ops.linear(down_w, moe.gate1, out=moe.down1)
+                if biases is not None:
+                    moe.down1 += biases[expert][2]
                 out += np.float32(weight) * moe.down1
             return
-        logits = ops.linear(layer.ffn_gate_inp, h).astype(np.float64)  # (n, n_expert)
+        logits = ops.linear(layer.ffn_gate_inp, h)  # (n, n_expert)
+        if layer.ffn_gate_inp_bias is not None:
+            logits += layer.ffn_gate_inp_bias
+        logits = logits.astype(np.float64)
         order = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # (n, k), ties: lower id
         picked = np.take_along_axis(logits, order, axis=1)
         weights = np.exp(picked - picked.max(axis=1, keepdims=True))
@@ -572,9 +629,25 @@ class TransformerModel:
             xe = np.ascontiguousarray(h[rows])
             gate = ops.linear(gate_w, xe)
             up = ops.linear(up_w, xe)
-            ops.swiglu(gate, up, out=gate)
+            if biases is not None:
+                gate += biases[expert][0]
+                up += biases[expert][1]
+            self._gated(gate, up)
             down = ops.linear(down_w, gate)
+            if biases is not None:
+                down += biases[expert][2]
             out[rows] += down * weights[rows, slots].astype(np.float32)[:, None]
+
+    def _gated(self, gate: np.ndarray, up: np.ndarray) -> None:
+        """gate <- the architecture's gated activation of (gate, up), in place."""
+        if self.config.activation == "swiglu_oai":
+            self.backend.swiglu_oai(
+                gate, up, alpha=GPT_OSS_SWIGLU_ALPHA, limit=GPT_OSS_SWIGLU_LIMIT, out=gate
+            )
+        elif self.config.activation == "gelu_tanh":
+            self.backend.geglu(gate, up, out=gate)
+        else:
+            self.backend.swiglu(gate, up, out=gate)
 
     def _factors_for(self, seq_len: int) -> np.ndarray | None:
         """The per-frequency RoPE divisors for a chunk whose last position is seq_len - 1:
@@ -617,17 +690,21 @@ def rope_factors(
 
 
 def yarn_freq_factors(cfg: ModelConfig) -> np.ndarray:
-    """YaRN as transformers computes it (_compute_yarn_parameters, truncate=True): frequencies
-    below the correction range are interpolated (divided by the factor), those above kept, and a
-    linear ramp blends them in between. Returned as divisors of the plain RoPE frequencies."""
+    """YaRN as transformers computes it (_compute_yarn_parameters): frequencies below the
+    correction range are interpolated (divided by the factor), those above kept, and a linear
+    ramp blends them in between. The range ends are rounded outwards to whole dims unless
+    cfg.yarn_truncate is off (gpt-oss). Returned as divisors of the plain RoPE frequencies."""
     dim, base, factor = cfg.rope_rot, cfg.rope_theta, cfg.rope_scaling_factor
     orig = cfg.rope_orig_context
 
     def correction_dim(rotations: float) -> float:
         return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low: float = max(math.floor(correction_dim(cfg.yarn_beta_fast)), 0)
-    high: float = min(math.ceil(correction_dim(cfg.yarn_beta_slow)), dim - 1)
+    low: float = correction_dim(cfg.yarn_beta_fast)
+    high: float = correction_dim(cfg.yarn_beta_slow)
+    if cfg.yarn_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # transformers' guard against a zero-width ramp
     ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
@@ -639,10 +716,24 @@ def yarn_freq_factors(cfg: ModelConfig) -> np.ndarray:
     return np.ascontiguousarray(inv_extra / inv, dtype=np.float64)
 
 
-def _expert(stack: QTensor, index: int, rows: int, name: str) -> QTensor:
-    """Expert `index` of a stacked (n_expert, rows, cols) weight as a zero-copy 2-D QTensor."""
-    data = stack.data.reshape(stack.rows, -1)[index * rows : (index + 1) * rows]
+def _expert(
+    stack: QTensor, index: int, rows: int, name: str, per_expert: int = 0, offset: int = 0
+) -> QTensor:
+    """Expert `index` of a stacked (n_expert, per_expert, cols) weight as a zero-copy 2-D
+    QTensor: its `rows` rows from `offset` (per_expert 0 = rows, a plain stack)."""
+    first = index * (per_expert or rows) + offset
+    data = stack.data.reshape(stack.rows, -1)[first : first + rows]
     return QTensor(name, stack.qtype, (rows, stack.cols), data)
+
+
+def _bias_rows(stack: QTensor, n_expert: int, rows: int) -> np.ndarray:
+    """A stacked (n_expert, rows) expert bias as float32, one row per expert."""
+    values = _vector(stack)
+    if values.size != n_expert * rows:
+        raise ModelFileError(
+            f"tensor '{stack.name}' holds {values.size} values, expected {n_expert} x {rows}"
+        )
+    return values.reshape(n_expert, rows)
 
 
 def _rows(t: QTensor, start: int, stop: int, name: str) -> QTensor:

@@ -52,6 +52,17 @@ _QWEN2 = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# o200k (gpt-4o, gpt-oss, llama4): llama.cpp's form of tokenizer.json's pattern, whose \p{Lu}.. and
+# (?i:..) classes its own regex engine lacks: "upper" is a letter outside a-z, "lower" a letter
+# outside A-Z.
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 
 @dataclass(frozen=True)
 class PreTokenizer:
@@ -79,6 +90,7 @@ _PRE_FAMILIES: dict[tuple[str, ...], PreTokenizer] = {
     ("dbrx", "smaug-bpe"): PreTokenizer((_LLAMA3,), clean_spaces=True),
     ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"): PreTokenizer((_QWEN2,)),
     ("megrez", "stablelm2"): PreTokenizer((_QWEN2,), clean_spaces=True),
+    ("gpt-4o", "llama4"): PreTokenizer((_GPT4O,)),
 }  # fmt: skip
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     name: pre for names, pre in _PRE_FAMILIES.items() for name in names
