@@ -1,19 +1,32 @@
-"""IR for causal multi-head attention straight over the float16 KV cache (decode and prefill).
+"""IR for causal multi-head attention, tiled with an online softmax, over the KV cache.
 
-One work item = one (query token, head) pair; items are dealt round-robin to the pool's chunks.
-For each item, over the keys it may see (causal, optional sliding window, GQA kv head
-h // (n_head / n_kv)):
-  1. scores s_j = (q . k_j) * scale (16 lanes at a time, f16 widened in registers), optional
-     soft-cap, running max;
-  2. p_j = exp(s_j - max) with the vector exp, and their sum, in a per-thread scratch row;
-     with attention sinks (gpt-oss) the head's sink logit joins the max and the sum;
-  3. out = sum_j p_j v_j / sum, accumulated in the (L1-resident) output row.
-The cache layout is engine/kv_cache.py's: (capacity, n_kv, head_dim) float16, row = position.
+One work item = one query token and a run of `HEADS_PER_ITEM` query heads of one GQA group (all
+of the group unless that leaves threads idle, see jit_backend). Items are dealt round-robin to
+the pool's chunks. For each item the keys it may see (causal, optional sliding window; GQA kv
+head h // (n_head / n_kv)) are streamed once, in tiles of TILE rows in the cache's own layout:
+  1. scores: each key row is loaded once and dotted with every query head of the item (the
+     loads are shared by the whole group), times scale, optional soft-cap, per-head tile max;
+  2. online softmax per head: m' = max(m, tile max), the running sum and the output row are
+     rescaled by exp(m - m') (skipped when the max did not move), p_j = exp(s_j - m');
+  3. values: each value row is loaded once and added, p-weighted, into every head's output
+     row (L1-resident), divided by the running sum at the end.
+Attention sinks (gpt-oss) start each head's running max at its sink logit and its sum at 1 (the
+sink's own exp(sink - max)), so the sink joins the softmax denominator and mixes no value.
+No scratch grows with the context: per thread HEADS_PER_ITEM * (TILE + 2) floats.
+
+Two element layouts share the code, differing only in how 16 values of a row are loaded:
+  f16:  (capacity, n_kv, head_dim) float16 (engine/kv_cache.py's default);
+  q8_0: (capacity, n_kv, head_dim / 32 * 34) bytes, each 32 values a ggml block_q8_0
+        (float16 scale d, then 32 int8 q; value = d * q).
+
+Every vector load is unaligned-safe (align 1/2/4): rows sit at any offset in the cache.
 
 Argument slots: `AttentionSlots` (the IR reads them, engine/kernels/jit_backend.py fills them).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from engine.kernels.ir import Fn
 from engine.kernels.vec16 import (
@@ -28,12 +41,23 @@ from engine.kernels.vec16 import (
 from engine.kernels.vmath import VEXP16
 
 V16H = "<16 x half>"
+V16B = "<16 x i8>"
+NEG_INF = "0xFFF0000000000000"
+
+# Keys per tile: the online-softmax rescale (head_dim multiplies per head) is paid once per
+# TILE keys, against 2 * head_dim multiply-adds per key and head.
+TILE = 64
+Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34
+
+# Kernel name per KV element layout (the cache's `cache_type`).
+KERNELS = {"f16": "attention_f16", "q8_0": "attention_q8_0"}
 
 
 class AttentionSlots:
-    """q (T, H, hd) f32, k cache, v cache, out (T, H*hd) f32, T, H, n_kv, hd (multiple of 16),
-    p0, window (0 = none), scale (f32 bits), softcap (f32 bits, 0 = none), scratch (f32),
-    scratch floats per thread, sinks (f32 [H], 0 = none); SIZE: block length."""
+    """q (T, H, hd) f32, k cache, v cache, out (T, H*hd) f32, T, H, n_kv, hd (multiple of 16;
+    of 32 for q8_0), p0, window (0 = none), scale (f32 bits), softcap (f32 bits, 0 = none),
+    scratch (f32), scratch floats per thread, sinks (f32 [H], 0 = none), heads per item
+    (divides H / n_kv); SIZE: block length."""
 
     (
         Q,
@@ -51,11 +75,82 @@ class AttentionSlots:
         SCRATCH,
         SCRATCH_STRIDE,
         SINKS,
+        HEADS_PER_ITEM,
         SIZE,
-    ) = range(16)
+    ) = range(17)
 
 
-def attention_ir() -> str:
+def scratch_floats_per_thread(heads_per_item: int) -> int:
+    """Scores of one tile per head, then each head's running max and sum."""
+    return heads_per_item * (TILE + 2)
+
+
+def row_bytes(cache_type: str, head_dim: int) -> int:
+    """Bytes of one (position, kv head) row of K or V in the cache."""
+    if cache_type == "f16":
+        return 2 * head_dim
+    return head_dim // Q8_BLOCK * Q8_BLOCK_BYTES
+
+
+class _Loop:
+    """A counted loop `for i in range(lo, hi, step)` with loop-carried values; the body may
+    contain further loops (the latch block is whichever block the body ends in)."""
+
+    def __init__(self, f: Fn, name: str, lo: str, hi: str, step: int | str, carried=()):
+        self.f, self.name, self.step = f, name, step
+        self.pre = f.cur
+        f(f"br label %{name}_h")
+        f.put_label(f"{name}_h")
+        self.phi_at = len(f.lines)
+        self.iv = f"%{name}_i"
+        self.carried = [(f"%{name}_c{n}", ty, init) for n, (ty, init) in enumerate(carried)]
+        f("; phi placeholder")
+        for _ in self.carried:
+            f("; phi placeholder")
+        more = f.op(f"icmp ult i64 {self.iv}, {hi}")
+        f(f"br i1 {more}, label %{name}_b, label %{name}_x")
+        f.put_label(f"{name}_b")
+        self.lo = lo
+
+    @property
+    def values(self) -> list[str]:
+        return [name for name, _, _ in self.carried]
+
+    def end(self, nexts=()) -> list[str]:
+        f = self.f
+        nxt = f.op(f"add i64 {self.iv}, {self.step}")
+        latch = f.cur
+        f(f"br label %{self.name}_h")
+        f.lines[self.phi_at] = f"  {self.iv} = phi i64 [{self.lo}, %{self.pre}], [{nxt}, %{latch}]"
+        for n, ((name, ty, init), value) in enumerate(zip(self.carried, nexts, strict=True)):
+            f.lines[self.phi_at + 1 + n] = (
+                f"  {name} = phi {ty} [{init}, %{self.pre}], [{value}, %{latch}]"
+            )
+        f.put_label(f"{self.name}_x")
+        return self.values
+
+
+def _load16_f16(f: Fn, row: str, d: str) -> str:
+    """Values d .. d+15 of a float16 row, as float32."""
+    p = f.op(f"getelementptr inbounds half, ptr {row}, i64 {d}")
+    return f.op(f"fpext {V16H} {f.load(V16H, p, 2)} to {V16F}")
+
+
+def _load16_q8_0(f: Fn, row: str, d: str) -> str:
+    """Values d .. d+15 (d a multiple of 16) of a q8_0 row, as float32: d_block * q."""
+    block = f.op(f"lshr i64 {d}, 5")
+    base = f.op(f"getelementptr inbounds i8, ptr {row}, i64 {f.op(f'mul i64 {block}, 34')}")
+    scale = f.half_to_float(base)
+    at = f.op(f"add i64 {f.op(f'and i64 {d}, 31')}, 2")
+    ints = f.load(V16B, f.gep(base, at), 1)
+    return f.op(f"fmul {V16F} {f.op(f'sitofp {V16B} {ints} to {V16F}')}, {splat16(f, scale)}")
+
+
+def _fptr(f: Fn, base: str, index: str) -> str:
+    return f.op(f"getelementptr inbounds float, ptr {base}, i64 {index}")
+
+
+def attention_ir(name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of_row) -> str:
     f = Fn()
     s = AttentionSlots
     q, kc, vc, out = (f.arg("%args", i, "ptr") for i in (s.Q, s.K_CACHE, s.V_CACHE, s.OUT))
@@ -67,167 +162,174 @@ def attention_ir() -> str:
     scratch = f.arg("%args", s.SCRATCH, "ptr")
     sstride = f.arg("%args", s.SCRATCH_STRIDE)
     sinks = f.arg("%args", s.SINKS, "ptr")
+    hpi = f.arg("%args", s.HEADS_PER_ITEM)
     has_sinks = f.op(f"icmp ne ptr {sinks}, null")
-    group = f.op(f"udiv i64 {nh}, {nkv}")
     has_cap = f.op(f"fcmp ogt float {softcap}, 0.0")
-    items = f.op(f"mul i64 {ntok}, {nh}")
+    has_w = f.op(f"icmp ne i64 {window}, 0")
+    group = f.op(f"udiv i64 {nh}, {nkv}")
+    slots_per_token = f.op(f"udiv i64 {nh}, {hpi}")
+    items = f.op(f"mul i64 {ntok}, {slots_per_token}")
+    rowb = elem_bytes_of_row(f, hd)  # bytes of one (position, kv head) row
+    pos_stride = f.op(f"mul i64 {nkv}, {rowb}")  # bytes from one position to the next
+    qh_stride = hd  # floats from one head's q / out row to the next
+    tid64 = f.op("sext i32 %tid to i64")
+    step = f.op("sext i32 %nth to i64")
+    sc = _fptr(f, scratch, f.op(f"mul i64 {sstride}, {tid64}"))  # [hpi][TILE] tile scores
+    st_max = _fptr(f, sc, f.op(f"mul i64 {hpi}, {TILE}"))  # [hpi] running max
+    st_sum = _fptr(f, st_max, hpi)  # [hpi] running sum
+
     # Items are dealt round-robin (chunk c takes items c, c+n, ...): a causal query's work grows
     # with its position, so contiguous ranges would leave the last chunk with the most keys.
-    i0 = f.op("sext i32 %tid to i64")
-    step = f.op("sext i32 %nth to i64")
-    tid64 = f.op("sext i32 %tid to i64")
-    sc = f.op(
-        f"getelementptr inbounds float, ptr {scratch}, i64 {f.op(f'mul i64 {sstride}, {tid64}')}"
-    )
-    f("br label %item_h")
-    f.put_label("item_h")
-    f(f"%it = phi i64 [{i0}, %entry], [%it_next, %p3_end]")
-    f(f"%it_more = icmp ult i64 %it, {items}")
-    f("br i1 %it_more, label %item_b, label %exit")
-    f.put_label("item_b")
-    t = f.op(f"udiv i64 %it, {nh}")
-    h = f.op(f"urem i64 %it, {nh}")
-    kvh = f.op(f"udiv i64 {h}, {group}")
+    items_loop = _Loop(f, "item", tid64, items, step)
+    it = items_loop.iv
+    t = f.op(f"udiv i64 {it}, {slots_per_token}")
+    h0 = f.op(f"mul i64 {f.op(f'urem i64 {it}, {slots_per_token}')}, {hpi}")
+    kvh = f.op(f"udiv i64 {h0}, {group}")
     pos = f.op(f"add i64 {p0}, {t}")
     hi = f.op(f"add i64 {pos}, 1")
     wlo = f.op(f"sub i64 {hi}, {window}")  # first allowed key when windowed (may be "negative")
-    use_w = f.op(f"icmp sgt i64 {wlo}, 0")
-    has_w = f.op(f"icmp ne i64 {window}, 0")
-    use_w = f.op(f"and i1 {use_w}, {has_w}")
+    use_w = f.op(f"and i1 {f.op(f'icmp sgt i64 {wlo}, 0')}, {has_w}")
     lo = f.op(f"select i1 {use_w}, i64 {wlo}, i64 0")
-    nkeys = f.op(f"sub i64 {hi}, {lo}")
-    qrow = f.op(f"getelementptr inbounds float, ptr {q}, i64 {f.op(f'mul i64 %it, {hd}')}")
-    orow = f.op(f"getelementptr inbounds float, ptr {out}, i64 {f.op(f'mul i64 %it, {hd}')}")
-    kv_stride = f.op(f"mul i64 {nkv}, {hd}")
-    kv_off = f.op(f"mul i64 {kvh}, {hd}")
-    # --- pass 1: scores and max ---
-    f("br label %p1_h")
-    f.put_label("p1_h")
-    f(f"%j = phi i64 [{lo}, %item_b], [%j_next, %p1_store]")
-    f("%mx = phi float [0xFFF0000000000000, %item_b], [%mx_next, %p1_store]")
-    f(f"%j_more = icmp ult i64 %j, {hi}")
-    f("br i1 %j_more, label %p1_b, label %p2_pre")
-    f.put_label("p1_b")
-    krow_at = f.op(f"mul i64 %j, {kv_stride}")
-    krow = f.op(
-        f"getelementptr inbounds half, ptr {kc}, i64 {f.op(f'add i64 {krow_at}, {kv_off}')}"
-    )
-    f("br label %d1_h")
-    f.put_label("d1_h")
-    f("%d = phi i64 [0, %p1_b], [%d_next, %d1_b]")
-    f(f"%acc = phi {V16F} [zeroinitializer, %p1_b], [%acc_next, %d1_b]")
-    f(f"%d_more = icmp ult i64 %d, {hd}")
-    f("br i1 %d_more, label %d1_b, label %d1_done")
-    f.put_label("d1_b")
-    kv = f.op(
-        f"fpext {V16H} {f.load(V16H, f.op(f'getelementptr inbounds half, ptr {krow}, i64 %d'), 2)} to {V16F}"
-    )
-    qv = f.load(V16F, f.op(f"getelementptr inbounds float, ptr {qrow}, i64 %d"), 4)
-    f(f"%acc_next = call {V16F} @llvm.fma.v16f32({V16F} {kv}, {V16F} {qv}, {V16F} %acc)")
-    f("%d_next = add i64 %d, 16")
-    f("br label %d1_h")
-    f.put_label("d1_done")
-    score = f.op(
-        f"fmul float {f.op(f'call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} %acc)')}, {scale}"
-    )
-    f(f"br i1 {has_cap}, label %p1_cap, label %p1_store")
-    f.put_label("p1_cap")  # soft-cap only when asked: tanh is a libm call per key
+    row0 = f.op(f"add i64 {f.op(f'mul i64 {t}, {nh}')}, {h0}")  # first (token, head) row
+    qrow0 = _fptr(f, q, f.op(f"mul i64 {row0}, {hd}"))
+    orow0 = _fptr(f, out, f.op(f"mul i64 {row0}, {hd}"))
+    kv_off = f.op(f"mul i64 {kvh}, {rowb}")
+    kbase = f.gep(kc, kv_off)
+    vbase = f.gep(vc, kv_off)
+    head_floats = f.op(f"mul i64 {hpi}, {hd}")
+
+    # --- per-head state: max = sink logit (or -inf), sum = 1 with a sink (its own share) ---
+    init = _Loop(f, "init", "0", hpi, 1)
+    r = init.iv
+    f(f"br i1 {has_sinks}, label %init_sink, label %init_set")
+    f.put_label("init_sink")
+    sink_loaded = f.load("float", _fptr(f, sinks, f.op(f"add i64 {h0}, {r}")), 4)
+    f("br label %init_set")
+    f.put_label("init_set")
+    m0 = f.op(f"phi float [{NEG_INF}, %init_b], [{sink_loaded}, %init_sink]")
+    l0 = f.op("phi float [0.0, %init_b], [1.0, %init_sink]")
+    f(f"store float {m0}, ptr {_fptr(f, st_max, r)}, align 4")
+    f(f"store float {l0}, ptr {_fptr(f, st_sum, r)}, align 4")
+    init.end()
+    zero = _Loop(f, "zero", "0", head_floats, 16)
+    f(f"store {V16F} zeroinitializer, ptr {_fptr(f, orow0, zero.iv)}, align 4")
+    zero.end()
+
+    # --- key tiles ---
+    tiles = _Loop(f, "tile", lo, hi, TILE)
+    j0 = tiles.iv
+    j1 = f.op(f"add i64 {j0}, {TILE}")
+    j1 = f.op(f"select i1 {f.op(f'icmp ult i64 {j1}, {hi}')}, i64 {j1}, i64 {hi}")
+    n = f.op(f"sub i64 {j1}, {j0}")
+    # 1. scores: one key row at a time, against every head of the item
+    keys = _Loop(f, "key", "0", n, 1)
+    jj = keys.iv
+    krow = f.gep(kbase, f.op(f"mul i64 {f.op(f'add i64 {j0}, {jj}')}, {pos_stride}"))
+    heads = _Loop(f, "sh", "0", hpi, 1)
+    r = heads.iv
+    qrow = _fptr(f, qrow0, f.op(f"mul i64 {r}, {qh_stride}"))
+    dots = _Loop(f, "sd", "0", hd, 16, carried=[(V16F, "zeroinitializer")])
+    (acc,) = dots.values
+    kv = load16(f, krow, dots.iv)
+    qv = f.load(V16F, _fptr(f, qrow, dots.iv), 4)
+    acc_next = f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {kv}, {V16F} {qv}, {V16F} {acc})")
+    (acc,) = dots.end([acc_next])
+    total = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} {acc})")
+    score = f.op(f"fmul float {total}, {scale}")
+    f(f"br i1 {has_cap}, label %cap_b, label %cap_x")
+    f.put_label("cap_b")  # soft-cap only when asked: tanh is a libm call per key
     ratio = f.op(f"fdiv float {score}, {softcap}")
     capped = f.op(f"fmul float {softcap}, {f.op(f'call float @llvm.tanh.f32(float {ratio})')}")
-    f("br label %p1_store")
-    f.put_label("p1_store")
-    score = f.op(f"phi float [{score}, %d1_done], [{capped}, %p1_cap]")
-    slot = f.op(f"sub i64 %j, {lo}")
-    f(
-        f"store float {score}, ptr {f.op(f'getelementptr inbounds float, ptr {sc}, i64 {slot}')}, align 4"
-    )
-    f(f"%mx_next = call float @llvm.maxnum.f32(float %mx, float {score})")
-    f("%j_next = add i64 %j, 1")
-    f("br label %p1_h")
-    # --- pass 2: exp and sum ---
-    f.put_label("p2_pre")
-    f(f"br i1 {has_sinks}, label %sink_b, label %sink_done")
-    f.put_label("sink_b")  # the head's sink logit (-inf without sinks: no share, no max)
-    sink_at = f.op(f"getelementptr inbounds float, ptr {sinks}, i64 {h}")
-    sink_loaded = f.load("float", sink_at, 4)
-    f("br label %sink_done")
-    f.put_label("sink_done")
-    sink = f.op(f"phi float [0xFFF0000000000000, %p2_pre], [{sink_loaded}, %sink_b]")
-    peak = f.op(f"call float @llvm.maxnum.f32(float %mx, float {sink})")
-    mxv = splat16(f, peak)
-    f("br label %p2_h")
-    f.put_label("p2_h")
-    f("%e = phi i64 [0, %sink_done], [%e_next, %p2_b]")
-    f(f"%sum = phi {V16F} [zeroinitializer, %sink_done], [%sum_next, %p2_b]")
-    f(f"%e_more = icmp ult i64 %e, {nkeys}")
-    f("br i1 %e_more, label %p2_b, label %p3_pre")
-    f.put_label("p2_b")
-    m = mask16(f, "%e", nkeys)
-    sv = masked_load16(f, sc, "%e", m)
-    ev = f.op(f"call {V16F} @vexp16({V16F} {f.op(f'fsub {V16F} {sv}, {mxv}')})")
-    ev = f.op(f"select <16 x i1> {m}, {V16F} {ev}, {V16F} zeroinitializer")
-    masked_store16(f, ev, sc, "%e", m)
-    f(f"%sum_next = fadd {V16F} %sum, {ev}")
-    f("%e_next = add i64 %e, 16")
-    f("br label %p2_h")
-    # --- pass 3: weighted sum of values ---
-    f.put_label("p3_pre")
-    tot = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} %sum)")
-    # exp(-inf) = +0 without sinks, so the sum is unchanged bit for bit
-    sink_share = f.op(f"call float @llvm.exp.f32(float {f.op(f'fsub float {sink}, {peak}')})")
-    tot = f.op(f"fadd float {tot}, {sink_share}")
-    inv = f.op(f"fdiv float 1.0, {tot}")
-    f("br label %z_h")
-    f.put_label("z_h")
-    f("%z = phi i64 [0, %p3_pre], [%z_next, %z_b]")
-    f(f"%z_more = icmp ult i64 %z, {hd}")
-    f("br i1 %z_more, label %z_b, label %p3_h0")
-    f.put_label("z_b")
-    f(
-        f"store {V16F} zeroinitializer, ptr {f.op(f'getelementptr inbounds float, ptr {orow}, i64 %z')}, align 4"
-    )
-    f("%z_next = add i64 %z, 16")
-    f("br label %z_h")
-    f.put_label("p3_h0")
-    f("br label %p3_h")
-    f.put_label("p3_h")
-    f(f"%k = phi i64 [{lo}, %p3_h0], [%k_next, %d3_done]")
-    f(f"%k_more = icmp ult i64 %k, {hi}")
-    f("br i1 %k_more, label %p3_b, label %p3_end")
-    f.put_label("p3_b")
-    p = f.load(
-        "float", f.op(f"getelementptr inbounds float, ptr {sc}, i64 {f.op(f'sub i64 %k, {lo}')}"), 4
-    )
-    pv = splat16(f, f.op(f"fmul float {p}, {inv}"))
-    vrow_at = f.op(f"mul i64 %k, {kv_stride}")
-    vrow = f.op(
-        f"getelementptr inbounds half, ptr {vc}, i64 {f.op(f'add i64 {vrow_at}, {kv_off}')}"
-    )
-    f("br label %d3_h")
-    f.put_label("d3_h")
-    f("%d3 = phi i64 [0, %p3_b], [%d3_next, %d3_b]")
-    f(f"%d3_more = icmp ult i64 %d3, {hd}")
-    f("br i1 %d3_more, label %d3_b, label %d3_done")
-    f.put_label("d3_b")
-    vv = f.op(
-        f"fpext {V16H} {f.load(V16H, f.op(f'getelementptr inbounds half, ptr {vrow}, i64 %d3'), 2)} to {V16F}"
-    )
-    op = f.op(f"getelementptr inbounds float, ptr {orow}, i64 %d3")
+    f("br label %cap_x")
+    f.put_label("cap_x")
+    score = f.op(f"phi float [{score}, %sd_x], [{capped}, %cap_b]")
+    slot = f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")
+    f(f"store float {score}, ptr {_fptr(f, sc, slot)}, align 4")
+    heads.end()
+    keys.end()
+    # 2. online softmax per head: new max, rescale sum and output row, p = exp(s - max)
+    soft = _Loop(f, "sm", "0", hpi, 1)
+    r = soft.iv
+    srow = _fptr(f, sc, f.op(f"mul i64 {r}, {TILE}"))
+    tmax_loop = _Loop(f, "tm", "0", n, 1, carried=[("float", NEG_INF)])
+    (tmax,) = tmax_loop.values
+    sv = f.load("float", _fptr(f, srow, tmax_loop.iv), 4)
+    (tmax,) = tmax_loop.end([f.op(f"call float @llvm.maxnum.f32(float {tmax}, float {sv})")])
+    m_at = _fptr(f, st_max, r)
+    l_at = _fptr(f, st_sum, r)
+    m_old = f.load("float", m_at, 4)
+    m_new = f.op(f"call float @llvm.maxnum.f32(float {m_old}, float {tmax})")
+    f(f"store float {m_new}, ptr {m_at}, align 4")
+    moved = f.op(f"fcmp olt float {m_old}, {m_new}")  # false while both are -inf, or unchanged
+    f(f"br i1 {moved}, label %rs_b, label %rs_x")
+    f.put_label("rs_b")
+    alpha = f.op(f"call float @llvm.exp.f32(float {f.op(f'fsub float {m_old}, {m_new}')})")
+    l_old = f.load("float", l_at, 4)
+    f(f"store float {f.op(f'fmul float {l_old}, {alpha}')}, ptr {l_at}, align 4")
+    alpha_v = splat16(f, alpha)
+    orow = _fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}"))
+    rescale = _Loop(f, "rsd", "0", hd, 16)
+    op = _fptr(f, orow, rescale.iv)
+    f(f"store {V16F} {f.op(f'fmul {V16F} {f.load(V16F, op, 4)}, {alpha_v}')}, ptr {op}, align 4")
+    rescale.end()
+    f("br label %rs_x")
+    f.put_label("rs_x")
+    # p = exp(s - max) 16 scores at a time (masked tail), summed as they are stored back.
+    expl = _Loop(f, "ex", "0", n, 16, carried=[(V16F, "zeroinitializer")])
+    (psum,) = expl.values
+    lanes = mask16(f, expl.iv, n)
+    shifted = f.op(f"fsub {V16F} {masked_load16(f, srow, expl.iv, lanes)}, {splat16(f, m_new)}")
+    pv = f.op(f"call {V16F} @vexp16({V16F} {shifted})")
+    pv = f.op(f"select <16 x i1> {lanes}, {V16F} {pv}, {V16F} zeroinitializer")
+    masked_store16(f, pv, srow, expl.iv, lanes)
+    (psum,) = expl.end([f.op(f"fadd {V16F} {psum}, {pv}")])
+    psum = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} {psum})")
+    l_cur = f.load("float", l_at, 4)
+    f(f"store float {f.op(f'fadd float {l_cur}, {psum}')}, ptr {l_at}, align 4")
+    soft.end()
+    # 3. values: one value row at a time, into every head's output row
+    vals = _Loop(f, "val", "0", n, 1)
+    jj = vals.iv
+    vrow = f.gep(vbase, f.op(f"mul i64 {f.op(f'add i64 {j0}, {jj}')}, {pos_stride}"))
+    vheads = _Loop(f, "vh", "0", hpi, 1)
+    r = vheads.iv
+    pr = f.load("float", _fptr(f, sc, f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")), 4)
+    pv = splat16(f, pr)
+    orow = _fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}"))
+    vd = _Loop(f, "vd", "0", hd, 16)
+    vv = load16(f, vrow, vd.iv)
+    op = _fptr(f, orow, vd.iv)
     o = f.load(V16F, op, 4)
     f(
         f"store {V16F} {f.op(f'call {V16F} @llvm.fma.v16f32({V16F} {vv}, {V16F} {pv}, {V16F} {o})')}, ptr {op}, align 4"
     )
-    f("%d3_next = add i64 %d3, 16")
-    f("br label %d3_h")
-    f.put_label("d3_done")
-    f("%k_next = add i64 %k, 1")
-    f("br label %p3_h")
-    f.put_label("p3_end")
-    f(f"%it_next = add i64 %it, {step}")
-    f("br label %item_h")
-    f.put_label("exit")
+    vd.end()
+    vheads.end()
+    vals.end()
+    tiles.end()
+
+    # --- out = accumulated / running sum ---
+    fin = _Loop(f, "fin", "0", hpi, 1)
+    r = fin.iv
+    inv = f.op(f"fdiv float 1.0, {f.load('float', _fptr(f, st_sum, r), 4)}")
+    inv_v = splat16(f, inv)
+    orow = _fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}"))
+    fd = _Loop(f, "fd", "0", hd, 16)
+    op = _fptr(f, orow, fd.iv)
+    f(f"store {V16F} {f.op(f'fmul {V16F} {f.load(V16F, op, 4)}, {inv_v}')}, ptr {op}, align 4")
+    fd.end()
+    fin.end()
+    items_loop.end()
     f("ret void")
-    return f"define void @attention(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+    return f"define void @{name}(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+
+
+def _f16_row_bytes(f: Fn, hd: str) -> str:
+    return f.op(f"shl i64 {hd}, 1")
+
+
+def _q8_0_row_bytes(f: Fn, hd: str) -> str:
+    return f.op(f"mul i64 {f.op(f'lshr i64 {hd}, 5')}, {Q8_BLOCK_BYTES}")
 
 
 def module_ir() -> str:
@@ -238,6 +340,7 @@ def module_ir() -> str:
             "declare float @llvm.maxnum.f32(float, float)",
             "declare float @llvm.tanh.f32(float)",
             "declare float @llvm.exp.f32(float)",
-            attention_ir(),
+            attention_ir(KERNELS["f16"], _load16_f16, _f16_row_bytes),
+            attention_ir(KERNELS["q8_0"], _load16_q8_0, _q8_0_row_bytes),
         ]
     )

@@ -33,6 +33,7 @@ from engine.kernels.float_matmul import FloatMatmulSlots
 from engine.kernels.quant_matmul import QuantMatmulSlots
 from engine.kernels.reference import ReferenceBackend
 from engine.kernels.threads import ThreadPool, pool_module
+from engine.kv_quant import element_layout as kv_element_layout
 from engine.qtensor import QTensor
 
 ProgressFn = Callable[[str, float], None]
@@ -125,6 +126,17 @@ _QUANTIZE_DIRECT_TOKENS = 8
 
 
 @functools.lru_cache(maxsize=64)  # a model uses a handful of eps / scale values, every layer
+def _heads_per_item(tokens: int, n_head: int, n_kv: int, chunks: int) -> int:
+    """Query heads per attention work item: a whole GQA group (its K/V rows are loaded once
+    for all of them) unless that leaves chunks idle (decode with few KV heads), then the
+    largest divisor of the group that gives every chunk an item."""
+    group = n_head // n_kv
+    for heads in range(group, 0, -1):
+        if group % heads == 0 and tokens * (n_head // heads) >= chunks:
+            return heads
+    return 1
+
+
 def _f32_bits(x: float) -> int:
     return int(np.float32(x).view(np.int32))
 
@@ -198,7 +210,9 @@ class JitBackend(ReferenceBackend):
             name: _KERNEL_FN(self.library.address(name))
             for name in ("rmsnorm", "rope", "swiglu", "geglu", "swiglu_oai")
         }
-        self._attention = self.library.address("attention")
+        self._attention = {
+            cache_type: self.library.address(name) for cache_type, name in attention.KERNELS.items()
+        }
         self._op_args = {
             name: np.zeros(slots.SIZE, np.int64)
             for name, slots in (
@@ -487,26 +501,20 @@ class JitBackend(ReferenceBackend):
         target = out
         if out is None or not self._usable(out):
             out = np.empty((tokens, n_head * head_dim), np.float32)
-        if (
-            head_dim % 16
-            or n_head % n_kv
-            or not self._usable(q)
-            or k_cache.dtype != np.float16
-            or v_cache.dtype != np.float16
-            or not k_cache.flags.c_contiguous
-            or not v_cache.flags.c_contiguous
-        ):
-            if head_dim % 16:
-                why = f"head_dim {head_dim} is not a multiple of 16"
-            elif n_head % n_kv:
-                why = f"{n_head} query heads do not divide into {n_kv} KV heads"
-            elif k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
-                why = f"{k_cache.dtype}/{v_cache.dtype} KV cache, not float16"
-            elif not self._usable(q):
-                why = _layout_why(q)
-            else:
-                why = "non-contiguous KV cache"
-            self._fell_back("attention", why)
+        cache_type = kv_element_layout(k_cache, head_dim)
+        why = None
+        if head_dim % 16:
+            why = f"head_dim {head_dim} is not a multiple of 16"
+        elif n_head % n_kv:
+            why = f"{n_head} query heads do not divide into {n_kv} KV heads"
+        elif cache_type is None or kv_element_layout(v_cache, head_dim) != cache_type:
+            why = f"{k_cache.dtype}/{v_cache.dtype} KV cache, neither float16 nor q8_0 rows"
+        elif not self._usable(q):
+            why = _layout_why(q)
+        elif not k_cache.flags.c_contiguous or not v_cache.flags.c_contiguous:
+            why = "non-contiguous KV cache"
+        if why is not None or cache_type is None:
+            self._fell_back("attention", why or "unknown KV cache layout")
             return super().attention(
                 q,
                 k_cache,
@@ -518,9 +526,9 @@ class JitBackend(ReferenceBackend):
                 sinks=sinks,
                 out=target,
             )
-        n_keys = p0 + tokens
-        stride = (n_keys + 15) // 16 * 16
-        need = stride * self.pool.default_chunks  # one scratch row per chunk
+        heads_per_item = _heads_per_item(tokens, n_head, n_kv, self.pool.default_chunks)
+        stride = attention.scratch_floats_per_thread(heads_per_item)
+        need = stride * self.pool.default_chunks  # one scratch block per chunk
         if self._scratch.size < need:
             self._scratch = np.zeros(max(need, 2 * self._scratch.size), np.float32)
         a, s = self._op_args["attention"], AttentionSlots
@@ -536,7 +544,8 @@ class JitBackend(ReferenceBackend):
         a[s.SCRATCH] = self._ptr(self._scratch)
         a[s.SCRATCH_STRIDE] = stride
         a[s.SINKS] = 0 if sinks is None else self._ptr(sinks)
-        self.pool.run(self._attention, self._op_args_ptr["attention"])
+        a[s.HEADS_PER_ITEM] = heads_per_item
+        self.pool.run(self._attention[cache_type], self._op_args_ptr["attention"])
         if target is not None and target is not out:
             target[...] = out
             return target

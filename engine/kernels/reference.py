@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.kv_quant import as_float
 from engine.qtensor import QTensor
 from engine.quants import dequantize, dequantize_rows
 
@@ -136,8 +137,8 @@ class ReferenceBackend:
         n_kv = k_cache.shape[1]
         group = n_head // n_kv
         n_keys = p0 + n_tokens
-        keys = k_cache[:n_keys].astype(np.float32)  # (n_keys, n_kv, head_dim)
-        values = v_cache[:n_keys].astype(np.float32)
+        keys = as_float(k_cache[:n_keys], head_dim)  # (n_keys, n_kv, head_dim) float32
+        values = as_float(v_cache[:n_keys], head_dim)
         # Batched matmul over (kv head, group) rather than einsum, which takes a slow non-BLAS path.
         qg = q.reshape(n_tokens, n_kv, group, head_dim).transpose(
             1, 2, 0, 3
