@@ -171,9 +171,9 @@ def default_kv_budget_bytes() -> int:
 
 
 def kv_bytes_needed(lm: LanguageModel, n_ctx: int) -> int:
-    from engine.kv_cache import KVCache
+    from engine.kv_cache import KVCache, kv_cache_type
 
-    return KVCache.bytes_needed(lm.config, n_ctx)
+    return KVCache.bytes_needed(lm.config, n_ctx, kv_cache_type(lm.model))
 
 
 def build_prompt_ids(

@@ -1,8 +1,11 @@
-"""Key/value storage for one sequence: float16, allocated once at full capacity.
+"""Key/value storage for one sequence, allocated once at full capacity, float16 or q8_0.
 
 Layout (the attention kernels code against it, see Backend.attention):
-    k, v: (n_layers, capacity, n_kv_heads, head_dim) float16, C-contiguous;
-    k[layer] is the (capacity, n_kv, head_dim) block of one layer; row j = position j.
+    k, v: (n_layers, capacity, n_kv_heads, row) C-contiguous, where a row holds the head_dim
+    values of one (position, kv head): float16 [head_dim] for cache_type "f16", or uint8
+    [head_dim / 32 * 34] of ggml block_q8_0 for "q8_0" (engine/kv_quant.py; 0.53x the bytes);
+    k[layer] is the (capacity, n_kv, row) block of one layer; row j = position j.
+New rows go in through `write`, which rounds to float16 or quantizes to q8_0.
 Sliding-window layers store the whole context too: the window is a mask in attention, so
 `truncate` (speculative rollback, prefix reuse) is exact for every layer type.
 
@@ -18,38 +21,69 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.errors import ContextOverflowError
+from engine.errors import ConfigValidationError, ContextOverflowError
+from engine.kv_quant import Q8_0_BLOCK, q8_0_row_bytes, quantize_q8_0
+from engine.types import DEFAULT_KV_CACHE_TYPE, KV_CACHE_TYPES, KvCacheType
 
-_BYTES_PER_ELEMENT = 2  # float16
+
+def check_cache_type(cache_type, head_dim: int | None = None) -> KvCacheType:
+    """The KvCacheType named by cache_type; ConfigValidationError naming it when it is not a
+    known type, or q8_0 for a head_dim that is not a multiple of its 32-value blocks."""
+    if not isinstance(cache_type, str) or cache_type not in KV_CACHE_TYPES:
+        raise ConfigValidationError("cache_type", cache_type, f"one of {', '.join(KV_CACHE_TYPES)}")
+    kind = KvCacheType(cache_type)
+    if kind is KvCacheType.Q8_0 and head_dim is not None and head_dim % Q8_0_BLOCK:
+        raise ConfigValidationError(
+            "cache_type",
+            cache_type,
+            f"f16 for this model: q8_0 needs head_dim to be a multiple of {Q8_0_BLOCK}, "
+            f"not {head_dim}",
+        )
+    return kind
+
+
+def kv_cache_type(model) -> KvCacheType:
+    """The cache type a model's new_cache makes (stand-in models without one make f16)."""
+    return KvCacheType(getattr(model, "cache_type", DEFAULT_KV_CACHE_TYPE))
+
+
+def _row_shape(cache_type: KvCacheType, head_dim: int) -> tuple[int, np.dtype]:
+    if cache_type is KvCacheType.Q8_0:
+        return q8_0_row_bytes(head_dim), np.dtype(np.uint8)
+    return head_dim, np.dtype(np.float16)
 
 
 class KVCache:
-    def __init__(self, n_layers: int, capacity: int, n_kv_heads: int, head_dim: int):
+    def __init__(
+        self,
+        n_layers: int,
+        capacity: int,
+        n_kv_heads: int,
+        head_dim: int,
+        cache_type: str = DEFAULT_KV_CACHE_TYPE,
+    ):
         if capacity <= 0:
             raise ContextOverflowError(f"KV cache capacity {capacity} must be at least 1 token")
-        shape = (n_layers, capacity, n_kv_heads, head_dim)
-        self.k = np.zeros(shape, dtype=np.float16)
-        self.v = np.zeros(shape, dtype=np.float16)
+        self.cache_type = check_cache_type(cache_type, head_dim)
+        self.head_dim = head_dim
+        row, dtype = _row_shape(self.cache_type, head_dim)
+        shape = (n_layers, capacity, n_kv_heads, row)
+        self.k = np.zeros(shape, dtype=dtype)
+        self.v = np.zeros(shape, dtype=dtype)
         self.n_tokens = 0
         # The token ids whose keys/values are stored, in order (prefix reuse compares against it).
         self.tokens: list[int] = []
 
     @classmethod
-    def for_config(cls, config, n_ctx: int) -> KVCache:
-        return cls(config.n_layers, n_ctx, config.n_kv_head, config.head_dim)
+    def for_config(cls, config, n_ctx: int, cache_type: str = DEFAULT_KV_CACHE_TYPE) -> KVCache:
+        return cls(config.n_layers, n_ctx, config.n_kv_head, config.head_dim, cache_type)
 
     @staticmethod
-    def bytes_needed(config, n_ctx: int) -> int:
+    def bytes_needed(config, n_ctx: int, cache_type: str = DEFAULT_KV_CACHE_TYPE) -> int:
         """Bytes K and V take for n_ctx tokens, computed without allocating (Python ints never
         overflow, so absurd n_ctx values give an honest huge number to refuse)."""
-        return (
-            2
-            * int(config.n_layers)
-            * int(n_ctx)
-            * int(config.n_kv_head)
-            * int(config.head_dim)
-            * _BYTES_PER_ELEMENT
-        )
+        row, dtype = _row_shape(check_cache_type(cache_type), int(config.head_dim))
+        return 2 * int(config.n_layers) * int(n_ctx) * int(config.n_kv_head) * row * dtype.itemsize
 
     @property
     def capacity(self) -> int:
@@ -60,8 +94,19 @@ class KVCache:
         return int(self.k.nbytes + self.v.nbytes)
 
     def layer(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(k, v) views of one layer, each (capacity, n_kv, head_dim) float16."""
+        """(k, v) views of one layer, each (capacity, n_kv, row) in the cache's layout."""
         return self.k[index], self.v[index]
+
+    def write(self, index: int, p0: int, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
+        """Store float32 (n, n_kv, head_dim) keys and values of layer `index` at rows p0.."""
+        n = k_rows.shape[0]
+        k_dst, v_dst = self.k[index, p0 : p0 + n], self.v[index, p0 : p0 + n]
+        if self.cache_type is KvCacheType.Q8_0:
+            k_dst[...] = quantize_q8_0(k_rows)
+            v_dst[...] = quantize_q8_0(v_rows)
+        else:
+            k_dst[...] = k_rows
+            v_dst[...] = v_rows
 
     def reserve(self, n_new: int) -> int:
         """Check that n_new more tokens fit; returns the position of the first one."""
@@ -84,9 +129,9 @@ class KVCache:
         self.n_tokens = n
 
     def clone(self) -> KVCache:
-        """An independent copy with the same capacity (only the valid rows are copied)."""
-        n_layers, capacity, n_kv, head_dim = self.k.shape
-        copy = KVCache(n_layers, capacity, n_kv, head_dim)
+        """An independent copy with the same capacity and type (only valid rows are copied)."""
+        n_layers, capacity, n_kv, _ = self.k.shape
+        copy = KVCache(n_layers, capacity, n_kv, self.head_dim, self.cache_type)
         copy.k[:, : self.n_tokens] = self.k[:, : self.n_tokens]
         copy.v[:, : self.n_tokens] = self.v[:, : self.n_tokens]
         copy.tokens = list(self.tokens)

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from engine.config import ModelConfig
 from engine.errors import ConfigValidationError
 from engine.gguf import GGUFFile, open_gguf
+from engine.kv_cache import check_cache_type
 from engine.models import build_model
+from engine.types import DEFAULT_KV_CACHE_TYPE
 
 if TYPE_CHECKING:
     from engine.chat_template import ChatTemplate
@@ -78,9 +80,12 @@ def load_model(
     n_ctx: int | None = None,
     n_threads: int | None = None,
     progress: Progress | None = None,
+    cache_type: str = DEFAULT_KV_CACHE_TYPE,
 ) -> LoadedModel:
     """Open, validate and prepare a model. Raises ModelFileError / UnsupportedModelError /
-    TokenizerError / ConfigValidationError (n_ctx, n_threads) before any large allocation."""
+    TokenizerError / ConfigValidationError (n_ctx, n_threads, cache_type) before any large
+    allocation. cache_type (a KV_CACHE_TYPES member) is how every KV cache of the model
+    stores keys and values: "f16", or "q8_0" at 0.53x the memory."""
     report = progress or (lambda stage, fraction: None)
     path = Path(path)
     from engine.kernels.threads import MAX_THREADS
@@ -96,6 +101,7 @@ def load_model(
     gguf_file = open_gguf(path)
     config = ModelConfig.from_gguf(gguf_file)
     n_ctx = _resolve_n_ctx(n_ctx, config)
+    kv_type = check_cache_type(cache_type, config.head_dim)
 
     report("compiling kernels", 0.2)
     from engine.kernels.backend import get_backend
@@ -107,6 +113,7 @@ def load_model(
 
     report("preparing weights", 0.9)
     model = build_model(gguf_file, config, backend)
+    model.cache_type = kv_type
     loaded = LoadedModel(
         path=path, gguf=gguf_file, config=config, model=model, n_ctx=n_ctx, backend=backend
     )

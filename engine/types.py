@@ -28,6 +28,18 @@ class JsonMode(StrEnum):
     SCHEMA = "schema"  # a JSON value matching the request's schema
 
 
+class KvCacheType(StrEnum):
+    """How the KV cache stores each key/value row (engine/kv_cache.py, engine/kv_quant.py)."""
+
+    F16 = "f16"  # float16, the default
+    Q8_0 = "q8_0"  # ggml block_q8_0: 34 bytes per 32 values, 0.53x the memory of f16
+
+
+# The one list of cache types the CLI, the app's settings and the server offer.
+KV_CACHE_TYPES: tuple[str, ...] = tuple(t.value for t in KvCacheType)
+DEFAULT_KV_CACHE_TYPE = KvCacheType.F16
+
+
 class FinishReason(StrEnum):
     """Why a request ended (`Finished.finish_reason`); engine/stopping.py orders them."""
 
@@ -222,6 +234,7 @@ class ModelInfo:
     sampling_metadata: dict = field(default_factory=dict)  # engine.presets.sampling_metadata
     summary: str = ""  # one line: name, architecture, quant, kernel path (printed on stderr)
     thinking_switch: bool = False  # the chat template reads enable_thinking (reasoning on/off)
+    kv_cache_type: str = DEFAULT_KV_CACHE_TYPE.value  # a KV_CACHE_TYPES member
 
 
 @dataclass(frozen=True)

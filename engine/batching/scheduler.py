@@ -62,6 +62,7 @@ from engine.generate import (
     Plan,
     cancelled_before_the_prompt,
     default_kv_budget_bytes,
+    kv_bytes_needed,
     plan_request,
     planned_events,
 )
@@ -201,7 +202,7 @@ class BatchScheduler:
             ticket._admitted.set()
             ticket._put(cancelled_before_the_prompt(self.lm))
             return ticket
-        needed = KVCache.bytes_needed(self.lm.config, plan.capacity)
+        needed = kv_bytes_needed(self.lm, plan.capacity)
         ticket = Ticket(plan, cancel, started, needed)
         with self._cond:
             if self._closed:

@@ -44,6 +44,7 @@ from engine.errors import ModelFileError
 from engine.kernels.reference import dequantize_full
 from engine.kv_cache import KVCache
 from engine.qtensor import QTensor
+from engine.types import KvCacheType
 
 DEFAULT_MAX_BATCH = 256
 # Attention over a long context dominates a prefill chunk (SmolLM2 at 4k positions: ~3/4 of
@@ -138,6 +139,8 @@ class TransformerModel:
         self.config = config
         self.backend = backend
         self.max_batch = max_batch
+        # How new caches store K/V (load_model sets it from its cache_type argument).
+        self.cache_type: KvCacheType = KvCacheType.F16
         self.token_embd = _require(tensors, "token_embd.weight")
         # Tied output: many small models reuse the embedding matrix as the output projection.
         self.output = tensors.get("output.weight", self.token_embd)
@@ -295,7 +298,7 @@ class TransformerModel:
 
     # ------------------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> KVCache:
-        return KVCache.for_config(self.config, n_ctx)
+        return KVCache.for_config(self.config, n_ctx, self.cache_type)
 
     def forward(
         self, tokens, cache: KVCache, *, all_logits: bool = False, logits_at=None, cancel=None
@@ -502,9 +505,9 @@ class TransformerModel:
             if temperature is not None:
                 q *= temperature
             for run in runs:  # attention: each sequence against its own cache
+                rows = slice(run.r0, run.r0 + run.n)
+                run.cache.write(li, run.p0, k_heads[rows], v_heads[rows])
                 k_cache, v_cache = run.cache.layer(li)
-                k_cache[run.p0 : run.p0 + run.n] = k_heads[run.r0 : run.r0 + run.n]
-                v_cache[run.p0 : run.p0 + run.n] = v_heads[run.r0 : run.r0 + run.n]
                 for b0, q_block, att_block in run.blocks:
                     poll()
                     ops.attention(
