@@ -62,7 +62,7 @@ class EngineController(QObject):
     serverStopped = Signal()
     serverFailed = Signal(str)
 
-    _load = Signal(str, int, int)
+    _load = Signal(str, int, int, str)
     _generate = Signal(int, object, object)
     _replay = Signal(int, object, object, object)
     _compare = Signal(object, object, object, object)
@@ -121,10 +121,12 @@ class EngineController(QObject):
         return bool(self._comparing)
 
     # --- requests -------------------------------------------------------------------------------
-    def load_model(self, path: str, n_ctx: int = 0, n_threads: int = 0) -> None:
+    def load_model(
+        self, path: str, n_ctx: int = 0, n_threads: int = 0, cache_type: str = "f16"
+    ) -> None:
         self.cancel()
         self.loading = True
-        self._load.emit(str(path), int(n_ctx), int(n_threads))
+        self._load.emit(str(path), int(n_ctx), int(n_threads), str(cache_type))
 
     def generate(self, request: GenerationRequest) -> int:
         if self._active is not None or self._replay_id is not None or self._comparing:

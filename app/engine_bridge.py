@@ -134,21 +134,31 @@ class RealEngine:
             self._digests = ModelDigests(self._digest_cache or default_digest_cache())
         return self._digests
 
-    def load(self, path, *, n_ctx, n_threads, progress):
+    def load(self, path, *, n_ctx, n_threads, progress, cache_type="f16"):
         from engine.errors import ConfigValidationError
         from engine.loader import load_model, warm_up
         from engine.prefix_cache import PrefixCache
 
         try:
             lm = load_model(
-                path, n_ctx=n_ctx or None, n_threads=n_threads or None, progress=progress
+                path,
+                n_ctx=n_ctx or None,
+                n_threads=n_threads or None,
+                progress=progress,
+                cache_type=cache_type,
             )
         except ConfigValidationError as exc:
             if exc.field != "n_ctx":
                 raise
             # The settings' context size is a wish shared by every model; a model trained on a
             # shorter context gets the engine's default window for it instead of a refusal.
-            lm = load_model(path, n_ctx=None, n_threads=n_threads or None, progress=progress)
+            lm = load_model(
+                path,
+                n_ctx=None,
+                n_threads=n_threads or None,
+                progress=progress,
+                cache_type=cache_type,
+            )
         self._prefix_cache = PrefixCache(self.PREFIX_CACHE_BYTES)  # entries of the old model go
         with contextlib.suppress(OSError):  # hashed in the background, for receipts
             self._model_digests().start(lm.path)
@@ -200,6 +210,7 @@ class RealEngine:
         template_name = getattr(template, "name", "") or "chat template"
         if getattr(template, "is_fallback", False) and "fallback" not in template_name:
             template_name += " (fallback)"
+        from engine.kv_cache import kv_cache_type
         from engine.load_summary import load_line
 
         return ModelInfo(
@@ -211,6 +222,7 @@ class RealEngine:
             sampling_metadata=sampling_metadata(lm.gguf.metadata),
             summary=load_line(lm),
             thinking_switch=bool(getattr(template, "accepts_enable_thinking", False)),
+            kv_cache_type=str(kv_cache_type(getattr(lm, "model", None))),
         )
 
     def resolve_preset(self, model: ModelInfo, saved, overrides) -> ResolvedPreset:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import platformdirs
 
+from engine.types import DEFAULT_KV_CACHE_TYPE, KV_CACHE_TYPES
+
 THEMES = ("system", "light", "dark")
 MAX_RECENT_MODELS = 8
 FONT_SIZE_RANGE = (8, 28)
@@ -32,6 +34,7 @@ def default_settings_path() -> Path:
 class Settings:
     threads: int = 0  # 0: let the engine choose (all cores)
     context_size: int = 4096  # 0 is never stored; the engine clamps to the model's limit
+    kv_cache_type: str = DEFAULT_KV_CACHE_TYPE.value  # a KV_CACHE_TYPES member (q8_0: 0.53x memory)
     theme: str = "system"
     font_size: int = 11
     recent_models: list[str] = field(default_factory=list)
@@ -50,6 +53,8 @@ class Settings:
         self.threads = max(0, min(int(self.threads), os.cpu_count() or 1))
         lo, hi = CONTEXT_SIZE_RANGE
         self.context_size = max(lo, min(int(self.context_size), hi))
+        if self.kv_cache_type not in KV_CACHE_TYPES:
+            self.kv_cache_type = DEFAULT_KV_CACHE_TYPE.value
         if self.theme not in THEMES:
             self.theme = "system"
         lo, hi = FONT_SIZE_RANGE

@@ -129,13 +129,14 @@ class EngineWorker(QObject):
         self._serve_port: int | None = None  # set while "Serve this model" is on
         self._side_models: dict[str, object] = {}  # path -> a compare column's second model
 
-    @Slot(str, int, int)
-    def load(self, path: str, n_ctx: int, n_threads: int) -> None:
+    @Slot(str, int, int, str)
+    def load(self, path: str, n_ctx: int, n_threads: int, cache_type: str = "f16") -> None:
         try:
             lm = self._bridge.load(
                 path,
                 n_ctx=n_ctx or None,
                 n_threads=n_threads or None,
+                cache_type=cache_type,
                 progress=lambda stage, fraction: self.loadProgress.emit(
                     str(stage), float(fraction)
                 ),

@@ -27,7 +27,7 @@ import numpy as np
 from engine.errors import ConfigValidationError, ConstraintError, EngineError, InputFileError
 from engine.input_files import MAX_SCHEMA_BYTES, read_text_file, require_regular_file
 from engine.model_protocol import LanguageModel
-from engine.types import JsonMode
+from engine.types import DEFAULT_KV_CACHE_TYPE, KV_CACHE_TYPES, JsonMode
 
 MODEL_ALIASES = ("default", "gemma3")
 SCORE_LOGITS_BUDGET = 2**26  # floats of logits per scoring forward (256 MiB)
@@ -94,6 +94,7 @@ def _load(args):
         n_ctx=args.n_ctx,
         n_threads=args.threads,
         progress=_report_kernel_compile,
+        cache_type=args.cache_type,
     )
 
 
@@ -159,6 +160,7 @@ def model_info(path: Path) -> dict:
         "kv_heads": config.n_kv_head if config else None,
         "head_dim": config.head_dim if config else None,
         "sliding_window": config.sliding_window if config else None,
+        "kv_cache_mib": _kv_cache_mib(config) if config else None,
         "rope_scaling": config.rope_scaling if config else None,
         "experts": (
             f"{config.n_expert} ({config.n_expert_used} per token)"
@@ -184,6 +186,21 @@ def model_info(path: Path) -> dict:
         "preset": preset.to_dict() if preset else None,
         "chat_preset": chat_preset.to_dict() if chat_preset else None,
     }
+
+
+def _kv_cache_mib(config) -> dict[str, float]:
+    """MiB the KV cache takes at the default window, per cache type the model can use."""
+    from engine.errors import ConfigValidationError
+    from engine.kv_cache import KVCache, check_cache_type
+    from engine.loader import DEFAULT_MAX_CONTEXT
+
+    n_ctx = min(config.context_length, DEFAULT_MAX_CONTEXT)
+    sizes = {}
+    for cache_type in KV_CACHE_TYPES:
+        with contextlib.suppress(ConfigValidationError):
+            check_cache_type(cache_type, config.head_dim)
+            sizes[cache_type] = round(KVCache.bytes_needed(config, n_ctx, cache_type) / 2**20, 1)
+    return sizes
 
 
 def _without_path(exc: Exception, path: Path) -> str:
@@ -640,6 +657,17 @@ def cmd_serve(args) -> int:
 
 
 # --- argument parsing ----------------------------------------------------------------------------
+def add_cache_type_argument(p: argparse.ArgumentParser) -> None:
+    """--cache-type, checked by load_model (an unknown type is a ConfigValidationError naming it)."""
+    p.add_argument(
+        "--cache-type",
+        default=DEFAULT_KV_CACHE_TYPE.value,
+        metavar="{" + ",".join(KV_CACHE_TYPES) + "}",
+        help=f"how the KV cache stores keys/values (default {DEFAULT_KV_CACHE_TYPE.value}); "
+        "q8_0 takes 0.53x the memory",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m engine",
@@ -671,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
                 default=None,
                 help="worker threads for the kernels, 1 to 256 (default: physical cores)",
             )
+            add_cache_type_argument(p)
         return p
 
     model_command(
@@ -766,6 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(p)
+    add_cache_type_argument(p)
 
     p = model_command(
         "serve",

@@ -101,6 +101,7 @@ def run_bench(
     repetitions: int = 3,
     cold_compile: bool = True,
     progress=None,
+    cache_type: str = "f16",
 ) -> dict:
     from engine.loader import load_model
 
@@ -108,7 +109,10 @@ def run_bench(
     result: dict = {"model": str(model_path), "n_prompt": n_prompt, "n_gen": n_gen}
     result.update(jit_start_times(cold_compile))
     t = time.perf_counter()
-    lm = load_model(model_path, n_ctx=max(n_prompt, n_gen) + 16, n_threads=n_threads)
+    lm = load_model(
+        model_path, n_ctx=max(n_prompt, n_gen) + 16, n_threads=n_threads, cache_type=cache_type
+    )
+    result["cache_type"] = str(lm.model.cache_type)
     result["load_s"] = time.perf_counter() - t
     backend = lm.backend
     result["backend"] = backend.name
@@ -211,6 +215,7 @@ def cmd_bench(args, model_path) -> int:
         n_threads=args.threads,
         repetitions=args.repetitions,
         cold_compile=not args.skip_cold,
+        cache_type=args.cache_type,
     )
     print(json.dumps(r) if args.json else format_table(r))
     return 0

@@ -57,9 +57,13 @@ def dominant_quant(gguf_file) -> str:
 
 
 def load_line(lm: LanguageModel) -> str:
-    """`loaded NAME (ARCH, QUANT): KERNELS` for stderr after a model load."""
+    """`loaded NAME (ARCH, QUANT), KV cache TYPE: KERNELS` for stderr after a model load."""
     name = lm.gguf.metadata.get("general.name") or Path(str(lm.path)).name
-    return f"loaded {name} ({lm.gguf.arch}, {dominant_quant(lm.gguf)}): {kernel_path(lm.backend)}"
+    kv = getattr(getattr(lm, "model", None), "cache_type", "f16")  # stand-ins: the default
+    return (
+        f"loaded {name} ({lm.gguf.arch}, {dominant_quant(lm.gguf)}), KV cache {kv}: "
+        f"{kernel_path(lm.backend)}"
+    )
 
 
 def planned_kernel_path(

@@ -89,8 +89,10 @@ class FakeEngine:
     fail_generate_with: Exception | None = None
     unloaded: list[str] = field(default_factory=list)
     trimmed: object = None  # an app.engine_bridge.ContextTrimmed to yield first
+    loads: list[tuple] = field(default_factory=list)  # (path, n_ctx, n_threads, cache_type)
 
-    def load(self, path, *, n_ctx, n_threads, progress):
+    def load(self, path, *, n_ctx, n_threads, progress, cache_type="f16"):
+        self.loads.append((str(path), n_ctx, n_threads, cache_type))
         if str(path).endswith(".bad"):
             raise ModelFileError(f"{path} is not a GGUF file (magic b'NOPE', expected b'GGUF')")
         for stage, fraction in self.load_stages:

@@ -26,7 +26,7 @@ class WorkerOwnedModel:
 class PathReadingEngine(FakeEngine):
     """Resolves presets from `.path`, as the real bridge does (the checkpoint's folder)."""
 
-    def load(self, path, *, n_ctx, n_threads, progress):
+    def load(self, path, *, n_ctx, n_threads, progress, cache_type="f16"):
         self.model = WorkerOwnedModel(
             super().load(path, n_ctx=n_ctx, n_threads=n_threads, progress=progress)
         )

@@ -154,7 +154,7 @@ class RemoteEngine:
         self.book = book
         self._active: OpenAIClient | None = None
 
-    def load(self, path, *, n_ctx, n_threads, progress) -> RemoteHandle:
+    def load(self, path, *, n_ctx, n_threads, progress, cache_type="f16") -> RemoteHandle:
         parsed = parse_remote_path(path)
         if parsed is None:
             raise RemoteError("", f"{path} is not a remote model")

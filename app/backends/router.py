@@ -97,7 +97,9 @@ class BackendRouter(QObject):
     def kind(self) -> str:
         return REMOTE if self.active is self.remote else LOCAL
 
-    def load_model(self, path: str, n_ctx: int = 0, n_threads: int = 0) -> None:
+    def load_model(
+        self, path: str, n_ctx: int = 0, n_threads: int = 0, cache_type: str = "f16"
+    ) -> None:
         """Open a local GGUF or connect to a remote model ("remote://..."); the backend becomes
         active when it has loaded. A model already loaded in the other backend is switched to at
         once; opening the active model again loads it anew (new settings, a server restarted on
@@ -108,7 +110,7 @@ class BackendRouter(QObject):
         if switching_back and controller.model is not None and controller.model.path == str(path):
             self._on_loaded(controller, controller.model)
             return
-        controller.load_model(path, n_ctx, n_threads)
+        controller.load_model(path, n_ctx, n_threads, cache_type)
 
     def generate(self, request: GenerationRequest) -> int:
         return self.active.generate(request)

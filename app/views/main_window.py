@@ -437,7 +437,9 @@ class MainWindow(QMainWindow):
         else:
             self.model_bar.show_loading(path)
         self._set_busy(self.session.busy)
-        self.backends.load_model(path, self.settings.context_size, self.settings.threads)
+        self.backends.load_model(
+            path, self.settings.context_size, self.settings.threads, self.settings.kv_cache_type
+        )
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
         if info.architecture == REMOTE_ARCHITECTURE:
@@ -839,7 +841,7 @@ class MainWindow(QMainWindow):
         result = dialog.exec()
         if result:
             new = dialog.result_settings()
-            for name in ("threads", "context_size", "theme", "font_size"):
+            for name in ("threads", "context_size", "kv_cache_type", "theme", "font_size"):
                 setattr(self.settings, name, getattr(new, name))
             self.settings_file.save(self.settings)
             apply_theme(QApplication.instance(), self.settings.theme, self.settings.font_size)
