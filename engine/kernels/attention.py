@@ -48,6 +48,9 @@ NEG_INF = "0xFFF0000000000000"
 # TILE keys, against 2 * head_dim multiply-adds per key and head.
 TILE = 64
 Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34
+# Keys whose scores (and value rows) are computed together: independent multiply-add chains
+# instead of one chain per key, whose latency bounded the one-key loop.
+KEYS_AT_ONCE = 4
 
 # Kernel name per KV element layout (the cache's `cache_type`).
 KERNELS = {"f16": "attention_f16", "q8_0": "attention_q8_0"}
@@ -146,6 +149,16 @@ def _load16_q8_0(f: Fn, row: str, d: str) -> str:
     return f.op(f"fmul {V16F} {f.op(f'sitofp {V16B} {ints} to {V16F}')}, {splat16(f, scale)}")
 
 
+def _rows_at(f: Fn, base: str, j0: str, jj: str, last: str, pos_stride: str) -> list[str]:
+    """Pointers to the rows of keys j0+jj .. j0+jj+KEYS_AT_ONCE-1, each clamped to j0+last."""
+    rows = []
+    for u in range(KEYS_AT_ONCE):
+        k = f.op(f"add i64 {jj}, {u}")
+        k = f.op(f"select i1 {f.op(f'icmp ult i64 {k}, {last}')}, i64 {k}, i64 {last}")
+        rows.append(f.gep(base, f.op(f"mul i64 {f.op(f'add i64 {j0}, {k}')}, {pos_stride}")))
+    return rows
+
+
 def _fptr(f: Fn, base: str, index: str) -> str:
     return f.op(f"getelementptr inbounds float, ptr {base}, i64 {index}")
 
@@ -221,30 +234,49 @@ def attention_ir(name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of
     j1 = f.op(f"add i64 {j0}, {TILE}")
     j1 = f.op(f"select i1 {f.op(f'icmp ult i64 {j1}, {hi}')}, i64 {j1}, i64 {hi}")
     n = f.op(f"sub i64 {j1}, {j0}")
-    # 1. scores: one key row at a time, against every head of the item
-    keys = _Loop(f, "key", "0", n, 1)
+    # 1. scores, KEYS_AT_ONCE keys at a time against every head of the item: independent
+    # multiply-add chains (one per key) and one q load per KEYS_AT_ONCE keys. A group past the
+    # tile's end re-reads its last key (valid memory); those scores land in slots >= n, which
+    # the softmax never reads.
+    last = f.op(f"sub i64 {n}, 1")
+    keys = _Loop(f, "key", "0", n, KEYS_AT_ONCE)
     jj = keys.iv
-    krow = f.gep(kbase, f.op(f"mul i64 {f.op(f'add i64 {j0}, {jj}')}, {pos_stride}"))
+    krows = _rows_at(f, kbase, j0, jj, last, pos_stride)
     heads = _Loop(f, "sh", "0", hpi, 1)
     r = heads.iv
     qrow = _fptr(f, qrow0, f.op(f"mul i64 {r}, {qh_stride}"))
-    dots = _Loop(f, "sd", "0", hd, 16, carried=[(V16F, "zeroinitializer")])
-    (acc,) = dots.values
-    kv = load16(f, krow, dots.iv)
+    dots = _Loop(f, "sd", "0", hd, 16, carried=[(V16F, "zeroinitializer")] * KEYS_AT_ONCE)
     qv = f.load(V16F, _fptr(f, qrow, dots.iv), 4)
-    acc_next = f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {kv}, {V16F} {qv}, {V16F} {acc})")
-    (acc,) = dots.end([acc_next])
-    total = f.op(f"call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} {acc})")
-    score = f.op(f"fmul float {total}, {scale}")
+    accs = [
+        f.op(
+            f"call {V16F} @llvm.fma.v16f32({V16F} {load16(f, krow, dots.iv)}, {V16F} {qv}, "
+            f"{V16F} {acc})"
+        )
+        for krow, acc in zip(krows, dots.values, strict=True)
+    ]
+    accs = dots.end(accs)
+    scores = [
+        f.op(
+            f"fmul float {f.op(f'call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} {acc})')}, {scale}"
+        )
+        for acc in accs
+    ]
     f(f"br i1 {has_cap}, label %cap_b, label %cap_x")
     f.put_label("cap_b")  # soft-cap only when asked: tanh is a libm call per key
-    ratio = f.op(f"fdiv float {score}, {softcap}")
-    capped = f.op(f"fmul float {softcap}, {f.op(f'call float @llvm.tanh.f32(float {ratio})')}")
+    capped = []
+    for x in scores:
+        ratio = f.op(f"fdiv float {x}, {softcap}")
+        tanh = f.op(f"call float @llvm.tanh.f32(float {ratio})")
+        capped.append(f.op(f"fmul float {softcap}, {tanh}"))
     f("br label %cap_x")
     f.put_label("cap_x")
-    score = f.op(f"phi float [{score}, %sd_x], [{capped}, %cap_b]")
-    slot = f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")
-    f(f"store float {score}, ptr {_fptr(f, sc, slot)}, align 4")
+    final = [
+        f.op(f"phi float [{x}, %sd_x], [{c}, %cap_b]") for x, c in zip(scores, capped, strict=True)
+    ]
+    slot0 = f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")
+    for u, score in enumerate(final):
+        slot = f.op(f"add i64 {slot0}, {u}")
+        f(f"store float {score}, ptr {_fptr(f, sc, slot)}, align 4")
     heads.end()
     keys.end()
     # 2. online softmax per head: new max, rescale sum and output row, p = exp(s - max)
@@ -287,22 +319,28 @@ def attention_ir(name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of
     l_cur = f.load("float", l_at, 4)
     f(f"store float {f.op(f'fadd float {l_cur}, {psum}')}, ptr {l_at}, align 4")
     soft.end()
-    # 3. values: one value row at a time, into every head's output row
-    vals = _Loop(f, "val", "0", n, 1)
+    # 3. values, KEYS_AT_ONCE rows at a time into every head's output row (one load and store
+    # of the output per KEYS_AT_ONCE keys); keys past the tile's end weigh 0.
+    vals = _Loop(f, "val", "0", n, KEYS_AT_ONCE)
     jj = vals.iv
-    vrow = f.gep(vbase, f.op(f"mul i64 {f.op(f'add i64 {j0}, {jj}')}, {pos_stride}"))
+    vrows = _rows_at(f, vbase, j0, jj, last, pos_stride)
     vheads = _Loop(f, "vh", "0", hpi, 1)
     r = vheads.iv
-    pr = f.load("float", _fptr(f, sc, f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")), 4)
-    pv = splat16(f, pr)
+    slot0 = f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")
+    weights = []
+    for u in range(KEYS_AT_ONCE):
+        pu = f.load("float", _fptr(f, sc, f.op(f"add i64 {slot0}, {u}")), 4)
+        inside = f.op(f"icmp ult i64 {f.op(f'add i64 {jj}, {u}')}, {n}")
+        weights.append(splat16(f, f.op(f"select i1 {inside}, float {pu}, float 0.0")))
     orow = _fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}"))
     vd = _Loop(f, "vd", "0", hd, 16)
-    vv = load16(f, vrow, vd.iv)
     op = _fptr(f, orow, vd.iv)
     o = f.load(V16F, op, 4)
-    f(
-        f"store {V16F} {f.op(f'call {V16F} @llvm.fma.v16f32({V16F} {vv}, {V16F} {pv}, {V16F} {o})')}, ptr {op}, align 4"
-    )
+    for vrow, w in zip(vrows, weights, strict=True):
+        o = f.op(
+            f"call {V16F} @llvm.fma.v16f32({V16F} {load16(f, vrow, vd.iv)}, {V16F} {w}, {V16F} {o})"
+        )
+    f(f"store {V16F} {o}, ptr {op}, align 4")
     vd.end()
     vheads.end()
     vals.end()
