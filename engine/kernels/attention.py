@@ -51,6 +51,10 @@ Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34
 # Keys whose scores (and value rows) are computed together: independent multiply-add chains
 # instead of one chain per key, whose latency bounded the one-key loop.
 KEYS_AT_ONCE = 4
+# Query heads of an item whose dot products (and value sums) share each K (V) row load, per
+# ISA path: 2 x KEYS_AT_ONCE accumulators fit AVX-512's 32 registers; with 16 (AVX2, SSE) they
+# spill, and measured no faster than one head at a time.
+HEADS_AT_ONCE = {"vnni": 2, "avx2": 1, "generic": 1}
 
 # Kernel name per KV element layout (the cache's `cache_type`).
 KERNELS = {"f16": "attention_f16", "q8_0": "attention_q8_0"}
@@ -83,9 +87,9 @@ class AttentionSlots:
     ) = range(17)
 
 
-def scratch_floats_per_thread(heads_per_item: int) -> int:
-    """Scores of one tile per head, then each head's running max and sum."""
-    return heads_per_item * (TILE + 2)
+def scratch_floats_per_thread(heads_per_item: int, head_dim: int) -> int:
+    """Scores of one tile per head, each head's running max and sum, and one spare output row."""
+    return heads_per_item * (TILE + 2) + head_dim
 
 
 def row_bytes(cache_type: str, head_dim: int) -> int:
@@ -159,11 +163,22 @@ def _rows_at(f: Fn, base: str, j0: str, jj: str, last: str, pos_stride: str) -> 
     return rows
 
 
+def _clamped(f: Fn, first: str, last: str, count: int) -> list[str]:
+    """first, first+1, .. first+count-1, each clamped to last."""
+    out = []
+    for h in range(count):
+        i = f.op(f"add i64 {first}, {h}")
+        out.append(f.op(f"select i1 {f.op(f'icmp ult i64 {i}, {last}')}, i64 {i}, i64 {last}"))
+    return out
+
+
 def _fptr(f: Fn, base: str, index: str) -> str:
     return f.op(f"getelementptr inbounds float, ptr {base}, i64 {index}")
 
 
-def attention_ir(name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of_row) -> str:
+def attention_ir(
+    name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of_row, heads_at_once: int
+) -> str:
     f = Fn()
     s = AttentionSlots
     q, kc, vc, out = (f.arg("%args", i, "ptr") for i in (s.Q, s.K_CACHE, s.V_CACHE, s.OUT))
@@ -190,6 +205,7 @@ def attention_ir(name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of
     sc = _fptr(f, scratch, f.op(f"mul i64 {sstride}, {tid64}"))  # [hpi][TILE] tile scores
     st_max = _fptr(f, sc, f.op(f"mul i64 {hpi}, {TILE}"))  # [hpi] running max
     st_sum = _fptr(f, st_max, hpi)  # [hpi] running sum
+    spare = _fptr(f, st_sum, hpi)  # [hd] where a head group's padding head accumulates
 
     # Items are dealt round-robin (chunk c takes items c, c+n, ...): a causal query's work grows
     # with its position, so contiguous ranges would leave the last chunk with the most keys.
@@ -234,25 +250,26 @@ def attention_ir(name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of
     j1 = f.op(f"add i64 {j0}, {TILE}")
     j1 = f.op(f"select i1 {f.op(f'icmp ult i64 {j1}, {hi}')}, i64 {j1}, i64 {hi}")
     n = f.op(f"sub i64 {j1}, {j0}")
-    # 1. scores, KEYS_AT_ONCE keys at a time against every head of the item: independent
-    # multiply-add chains (one per key) and one q load per KEYS_AT_ONCE keys. A group past the
-    # tile's end re-reads its last key (valid memory); those scores land in slots >= n, which
-    # the softmax never reads.
+    # 1. scores, KEYS_AT_ONCE keys x HEADS_AT_ONCE heads at a time: independent multiply-add
+    # chains, each key row load (and its widening) shared by the heads, each q load by the
+    # keys. A key group past the tile's end re-reads its last key (valid memory); those scores
+    # land in slots >= n, which the softmax never reads. A head group past the item's last head
+    # recomputes that head and stores the same scores again.
     last = f.op(f"sub i64 {n}, 1")
+    last_head = f.op(f"sub i64 {hpi}, 1")
     keys = _Loop(f, "key", "0", n, KEYS_AT_ONCE)
     jj = keys.iv
     krows = _rows_at(f, kbase, j0, jj, last, pos_stride)
-    heads = _Loop(f, "sh", "0", hpi, 1)
-    r = heads.iv
-    qrow = _fptr(f, qrow0, f.op(f"mul i64 {r}, {qh_stride}"))
-    dots = _Loop(f, "sd", "0", hd, 16, carried=[(V16F, "zeroinitializer")] * KEYS_AT_ONCE)
-    qv = f.load(V16F, _fptr(f, qrow, dots.iv), 4)
+    heads = _Loop(f, "sh", "0", hpi, heads_at_once)
+    rs = _clamped(f, heads.iv, last_head, heads_at_once)
+    qrows = [_fptr(f, qrow0, f.op(f"mul i64 {r}, {qh_stride}")) for r in rs]
+    pairs = [(h, u) for h in range(heads_at_once) for u in range(KEYS_AT_ONCE)]
+    dots = _Loop(f, "sd", "0", hd, 16, carried=[(V16F, "zeroinitializer")] * len(pairs))
+    qvs = [f.load(V16F, _fptr(f, qrow, dots.iv), 4) for qrow in qrows]
+    kvs = [load16(f, krow, dots.iv) for krow in krows]
     accs = [
-        f.op(
-            f"call {V16F} @llvm.fma.v16f32({V16F} {load16(f, krow, dots.iv)}, {V16F} {qv}, "
-            f"{V16F} {acc})"
-        )
-        for krow, acc in zip(krows, dots.values, strict=True)
+        f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {kvs[u]}, {V16F} {qvs[h]}, {V16F} {acc})")
+        for (h, u), acc in zip(pairs, dots.values, strict=True)
     ]
     accs = dots.end(accs)
     scores = [
@@ -273,9 +290,8 @@ def attention_ir(name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of
     final = [
         f.op(f"phi float [{x}, %sd_x], [{c}, %cap_b]") for x, c in zip(scores, capped, strict=True)
     ]
-    slot0 = f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")
-    for u, score in enumerate(final):
-        slot = f.op(f"add i64 {slot0}, {u}")
+    for (h, u), score in zip(pairs, final, strict=True):
+        slot = f.op(f"add i64 {f.op(f'mul i64 {rs[h]}, {TILE}')}, {f.op(f'add i64 {jj}, {u}')}")
         f(f"store float {score}, ptr {_fptr(f, sc, slot)}, align 4")
     heads.end()
     keys.end()
@@ -319,28 +335,35 @@ def attention_ir(name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of
     l_cur = f.load("float", l_at, 4)
     f(f"store float {f.op(f'fadd float {l_cur}, {psum}')}, ptr {l_at}, align 4")
     soft.end()
-    # 3. values, KEYS_AT_ONCE rows at a time into every head's output row (one load and store
-    # of the output per KEYS_AT_ONCE keys); keys past the tile's end weigh 0.
+    # 3. values, KEYS_AT_ONCE rows x HEADS_AT_ONCE heads at a time (one load and store of each
+    # output per KEYS_AT_ONCE keys, each value row load shared by the heads); keys past the
+    # tile's end weigh 0; a head group past the item's last head adds into a spare row.
     vals = _Loop(f, "val", "0", n, KEYS_AT_ONCE)
     jj = vals.iv
     vrows = _rows_at(f, vbase, j0, jj, last, pos_stride)
-    vheads = _Loop(f, "vh", "0", hpi, 1)
-    r = vheads.iv
-    slot0 = f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")
-    weights = []
-    for u in range(KEYS_AT_ONCE):
-        pu = f.load("float", _fptr(f, sc, f.op(f"add i64 {slot0}, {u}")), 4)
-        inside = f.op(f"icmp ult i64 {f.op(f'add i64 {jj}, {u}')}, {n}")
-        weights.append(splat16(f, f.op(f"select i1 {inside}, float {pu}, float 0.0")))
-    orow = _fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}"))
+    vheads = _Loop(f, "vh", "0", hpi, heads_at_once)
+    rs = _clamped(f, vheads.iv, last_head, heads_at_once)
+    weights = {}
+    orows = []
+    for h, r in enumerate(rs):
+        slot0 = f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")
+        for u in range(KEYS_AT_ONCE):
+            pu = f.load("float", _fptr(f, sc, f.op(f"add i64 {slot0}, {u}")), 4)
+            inside = f.op(f"icmp ult i64 {f.op(f'add i64 {jj}, {u}')}, {n}")
+            weights[h, u] = splat16(f, f.op(f"select i1 {inside}, float {pu}, float 0.0"))
+        real = f.op(f"icmp ult i64 {f.op(f'add i64 {vheads.iv}, {h}')}, {hpi}")
+        row = _fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}"))
+        orows.append(f.op(f"select i1 {real}, ptr {row}, ptr {spare}"))
     vd = _Loop(f, "vd", "0", hd, 16)
-    op = _fptr(f, orow, vd.iv)
-    o = f.load(V16F, op, 4)
-    for vrow, w in zip(vrows, weights, strict=True):
-        o = f.op(
-            f"call {V16F} @llvm.fma.v16f32({V16F} {load16(f, vrow, vd.iv)}, {V16F} {w}, {V16F} {o})"
-        )
-    f(f"store {V16F} {o}, ptr {op}, align 4")
+    vvs = [load16(f, vrow, vd.iv) for vrow in vrows]
+    for h, orow in enumerate(orows):
+        op = _fptr(f, orow, vd.iv)
+        o = f.load(V16F, op, 4)
+        for u in range(KEYS_AT_ONCE):
+            o = f.op(
+                f"call {V16F} @llvm.fma.v16f32({V16F} {vvs[u]}, {V16F} {weights[h, u]}, {V16F} {o})"
+            )
+        f(f"store {V16F} {o}, ptr {op}, align 4")
     vd.end()
     vheads.end()
     vals.end()
@@ -370,7 +393,8 @@ def _q8_0_row_bytes(f: Fn, hd: str) -> str:
     return f.op(f"mul i64 {f.op(f'lshr i64 {hd}, 5')}, {Q8_BLOCK_BYTES}")
 
 
-def module_ir() -> str:
+def module_ir(isa: str) -> str:
+    heads = HEADS_AT_ONCE[isa]
     return "\n".join(
         [
             VEXP16,
@@ -378,7 +402,7 @@ def module_ir() -> str:
             "declare float @llvm.maxnum.f32(float, float)",
             "declare float @llvm.tanh.f32(float)",
             "declare float @llvm.exp.f32(float)",
-            attention_ir(KERNELS["f16"], _load16_f16, _f16_row_bytes),
-            attention_ir(KERNELS["q8_0"], _load16_q8_0, _q8_0_row_bytes),
+            attention_ir(KERNELS["f16"], _load16_f16, _f16_row_bytes, heads),
+            attention_ir(KERNELS["q8_0"], _load16_q8_0, _q8_0_row_bytes, heads),
         ]
     )

@@ -74,7 +74,7 @@ def kernel_modules(isa: str) -> list[tuple[str, str]]:
     modules = [pool_module(), ("quantize_q8", act_quant.module_ir())]
     modules += [quant_module(q, isa) for q in quant_matmul.LAYOUTS if q not in LAZY_QUANT_TYPES]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
-    modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir())]
+    modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir(isa))]
     return modules
 
 
@@ -527,7 +527,7 @@ class JitBackend(ReferenceBackend):
                 out=target,
             )
         heads_per_item = _heads_per_item(tokens, n_head, n_kv, self.pool.default_chunks)
-        stride = attention.scratch_floats_per_thread(heads_per_item)
+        stride = attention.scratch_floats_per_thread(heads_per_item, head_dim)
         need = stride * self.pool.default_chunks  # one scratch block per chunk
         if self._scratch.size < need:
             self._scratch = np.zeros(max(need, 2 * self._scratch.size), np.float32)
