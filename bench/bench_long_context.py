@@ -15,7 +15,12 @@ a JSON line. `--clock cpu` times with process CPU time (all threads) instead of 
 f16 and with a q8_0 cache, logits at every 16th position (--logit-stride); prints max |dlogit|, the KL divergence
 KL(p_f16 || p_q8) per position (mean / max), the top-1 agreement, and both caches' bytes.
 
+`--kernel` times the attention op alone on Qwen2.5-1.5B's shapes (12 query heads, 2 KV heads,
+head_dim 128): one decode query at DEPTH and one 32-query prefill block ending at DEPTH, per
+cache type, 1 thread, process CPU time, median of 20 calls (MODEL is not loaded).
+
 Usage: python bench/bench_long_context.py MODEL [--depth 4096] [-n 32] [-t 2] [-r 3]
+       python bench/bench_long_context.py - --kernel [--depth 4096]
        python bench/bench_long_context.py MODEL --logit-error [--depth 4096]
 MODEL: a GGUF path, "default" (SmolLM2-135M-Instruct) or "gemma3".
 """
@@ -235,6 +240,37 @@ def logit_error(args) -> int:
     return 0
 
 
+def kernel(args) -> int:
+    from engine.kernels.jit_backend import JitBackend
+
+    backend = JitBackend(n_threads=1)
+    rng = np.random.default_rng(0)
+    n_head, n_kv, head_dim, depth = 12, 2, 128, args.depth
+    k = rng.standard_normal((depth + 1, n_kv, head_dim)).astype(np.float32)
+    v = rng.standard_normal((depth + 1, n_kv, head_dim)).astype(np.float32)
+    caches = {
+        "f16": (k.astype(np.float16), v.astype(np.float16)),
+        "q8_0": (quantize_q8_0(k), quantize_q8_0(v)),
+    }
+    result = {}
+    for cache_type, (kc, vc) in caches.items():
+        for label, tokens in (("decode", 1), ("prefill32", 32)):
+            q = rng.standard_normal((tokens, n_head, head_dim)).astype(np.float32)
+            out = np.empty((tokens, n_head * head_dim), np.float32)
+            kw = dict(p0=depth + 1 - tokens, scale=head_dim**-0.5, out=out)
+            backend.attention(q, kc, vc, **kw)
+            times = []
+            for _ in range(20):
+                t0 = time.process_time()
+                backend.attention(q, kc, vc, **kw)
+                times.append(time.process_time() - t0)
+            result[f"{label}_{cache_type}_ms"] = statistics.median(times) * 1e3
+    backend.close()
+    print(" ".join(f"{k}={v:.3f}" for k, v in result.items()), dict(backend.fallbacks))
+    print(json.dumps({"depth": depth, **result}))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -245,7 +281,10 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     ap.add_argument("--logit-error", action="store_true", help="q8_0 vs f16 logits instead")
     ap.add_argument("--logit-stride", type=int, default=16, help="compare every Nth position")
+    ap.add_argument("--kernel", action="store_true", help="time the attention op alone")
     args = ap.parse_args(argv)
+    if args.kernel:
+        return kernel(args)
     return logit_error(args) if args.logit_error else speed(args)
 
 
