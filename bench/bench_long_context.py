@@ -12,7 +12,9 @@ a JSON line. `--clock cpu` times with process CPU time (all threads) instead of 
 
 `--logit-error` instead measures what the q8_0 cache costs in accuracy: a real text prompt
 (this repository's engine source, tokenized, cut to DEPTH tokens) through our engine with an
-f16 and with a q8_0 cache, logits at every 16th position (--logit-stride); prints max |dlogit|, the KL divergence
+f16 and with a q8_0 cache, logits at every 16th position (--logit-stride); with --peer also
+llama.cpp's own f16 vs q8_0 KV error on the same tokens' text (flash attention on, as its q8_0 V
+cache requires); prints max |dlogit|, the KL divergence
 KL(p_f16 || p_q8) per position (mean / max), the top-1 agreement, and both caches' bytes.
 
 `--kernel` times the attention op alone on Qwen2.5-1.5B's shapes (12 query heads, 2 KV heads,
@@ -192,6 +194,44 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
+def _llama_logit_error(path: Path, text: str, depth: int, stride: int, n_threads: int) -> dict:
+    """llama.cpp's own f16 vs q8_0 KV cache error on the same text (its q8_0 V cache needs
+    flash attention, so both runs use it): the yardstick for ours."""
+    from llama_cpp import Llama
+
+    scores = {}
+    for name, kv in (("f16", {}), ("q8_0", {"type_k": 8, "type_v": 8})):  # 8 = GGML_TYPE_Q8_0
+        llm = Llama(
+            model_path=str(path),
+            n_ctx=depth + 8,
+            n_batch=512,
+            n_ubatch=512,
+            n_threads=n_threads,
+            logits_all=True,
+            flash_attn=True,
+            verbose=False,
+            **kv,
+        )
+        ids = llm.tokenize(text.encode())[:depth]
+        llm.eval(ids)
+        at = list(range(len(ids) - 1, -1, -stride))[::-1]
+        scores[name] = np.array(llm.scores[at], dtype=np.float64)
+        del llm
+    return _errors(scores["f16"], scores["q8_0"])
+
+
+def _errors(a: np.ndarray, b: np.ndarray) -> dict:
+    lp, lq = _log_softmax(a), _log_softmax(b)
+    kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)
+    return {
+        "max_abs_logit_diff": float(np.abs(a - b).max()),
+        "mean_abs_logit_diff": float(np.abs(a - b).mean()),
+        "kl_mean": float(kl.mean()),
+        "kl_max": float(kl.max()),
+        "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()),
+    }
+
+
 def logit_error(args) -> int:
     path = resolve_model_path(args.model)
     lm = load_model(path, n_ctx=args.depth, n_threads=args.threads)
@@ -210,18 +250,12 @@ def logit_error(args) -> int:
         nbytes[cache_type] = cache.nbytes
     lm.model.cache_type = KvCacheType.F16
     a, b = logits[KvCacheType.F16], logits[KvCacheType.Q8_0]
-    lp, lq = _log_softmax(a), _log_softmax(b)
-    kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)
     result = {
         "model": path.name,
         "tokens": len(ids),
         "positions_compared": len(at),
-        "max_abs_logit_diff": float(np.abs(a - b).max()),
-        "mean_abs_logit_diff": float(np.abs(a - b).mean()),
+        **_errors(a, b),
         "logit_range_f16": float(a.max() - a.min()),
-        "kl_mean": float(kl.mean()),
-        "kl_max": float(kl.max()),
-        "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()),
         "kv_bytes_f16": nbytes[KvCacheType.F16],
         "kv_bytes_q8_0": nbytes[KvCacheType.Q8_0],
     }
@@ -236,6 +270,14 @@ def logit_error(args) -> int:
         f"{nbytes[KvCacheType.Q8_0] / 2**20:.1f} MiB "
         f"({nbytes[KvCacheType.Q8_0] / nbytes[KvCacheType.F16]:.3f}x)"
     )
+    if args.peer:
+        peer = _llama_logit_error(path, text, args.depth, args.logit_stride, args.threads)
+        result["llama_cpp"] = peer
+        print(
+            f"  llama.cpp on the same text, f16 vs q8_0 KV: max |dlogit| "
+            f"{peer['max_abs_logit_diff']:.4f}, KL mean {peer['kl_mean']:.2e} max "
+            f"{peer['kl_max']:.2e}, top-1 agreement {peer['top1_agreement']:.4f}"
+        )
     print(json.dumps(result))
     return 0
 
@@ -282,6 +324,9 @@ def main(argv=None) -> int:
     ap.add_argument("--logit-error", action="store_true", help="q8_0 vs f16 logits instead")
     ap.add_argument("--logit-stride", type=int, default=16, help="compare every Nth position")
     ap.add_argument("--kernel", action="store_true", help="time the attention op alone")
+    ap.add_argument(
+        "--peer", action="store_true", help="with --logit-error: llama.cpp's own q8_0 KV error"
+    )
     args = ap.parse_args(argv)
     if args.kernel:
         return kernel(args)
