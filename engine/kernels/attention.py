@@ -87,9 +87,9 @@ class AttentionSlots:
     ) = range(17)
 
 
-def scratch_floats_per_thread(heads_per_item: int, head_dim: int) -> int:
-    """Scores of one tile per head, each head's running max and sum, and one spare output row."""
-    return heads_per_item * (TILE + 2) + head_dim
+def scratch_floats_per_thread(heads_per_item: int) -> int:
+    """Scores of one tile per head, then each head's running max and sum."""
+    return heads_per_item * (TILE + 2)
 
 
 def row_bytes(cache_type: str, head_dim: int) -> int:
@@ -163,15 +163,6 @@ def _rows_at(f: Fn, base: str, j0: str, jj: str, last: str, pos_stride: str) -> 
     return rows
 
 
-def _clamped(f: Fn, first: str, last: str, count: int) -> list[str]:
-    """first, first+1, .. first+count-1, each clamped to last."""
-    out = []
-    for h in range(count):
-        i = f.op(f"add i64 {first}, {h}")
-        out.append(f.op(f"select i1 {f.op(f'icmp ult i64 {i}, {last}')}, i64 {i}, i64 {last}"))
-    return out
-
-
 def _fptr(f: Fn, base: str, index: str) -> str:
     return f.op(f"getelementptr inbounds float, ptr {base}, i64 {index}")
 
@@ -205,7 +196,6 @@ def attention_ir(
     sc = _fptr(f, scratch, f.op(f"mul i64 {sstride}, {tid64}"))  # [hpi][TILE] tile scores
     st_max = _fptr(f, sc, f.op(f"mul i64 {hpi}, {TILE}"))  # [hpi] running max
     st_sum = _fptr(f, st_max, hpi)  # [hpi] running sum
-    spare = _fptr(f, st_sum, hpi)  # [hd] where a head group's padding head accumulates
 
     # Items are dealt round-robin (chunk c takes items c, c+n, ...): a causal query's work grows
     # with its position, so contiguous ranges would leave the last chunk with the most keys.
@@ -250,50 +240,55 @@ def attention_ir(
     j1 = f.op(f"add i64 {j0}, {TILE}")
     j1 = f.op(f"select i1 {f.op(f'icmp ult i64 {j1}, {hi}')}, i64 {j1}, i64 {hi}")
     n = f.op(f"sub i64 {j1}, {j0}")
-    # 1. scores, KEYS_AT_ONCE keys x HEADS_AT_ONCE heads at a time: independent multiply-add
+    # 1. scores, KEYS_AT_ONCE keys x heads_at_once heads at a time: independent multiply-add
     # chains, each key row load (and its widening) shared by the heads, each q load by the
     # keys. A key group past the tile's end re-reads its last key (valid memory); those scores
-    # land in slots >= n, which the softmax never reads. A head group past the item's last head
-    # recomputes that head and stores the same scores again.
+    # land in slots >= n, which the softmax never reads. Heads go in groups of heads_at_once,
+    # then one at a time for the rest (no padding head is computed).
     last = f.op(f"sub i64 {n}, 1")
-    last_head = f.op(f"sub i64 {hpi}, 1")
+    grouped = f.op(f"and i64 {hpi}, {-heads_at_once}")  # heads covered by whole groups
+    head_runs = [("g", "0", grouped, heads_at_once)]
+    if heads_at_once > 1:
+        head_runs.append(("t", grouped, hpi, 1))
     keys = _Loop(f, "key", "0", n, KEYS_AT_ONCE)
     jj = keys.iv
     krows = _rows_at(f, kbase, j0, jj, last, pos_stride)
-    heads = _Loop(f, "sh", "0", hpi, heads_at_once)
-    rs = _clamped(f, heads.iv, last_head, heads_at_once)
-    qrows = [_fptr(f, qrow0, f.op(f"mul i64 {r}, {qh_stride}")) for r in rs]
-    pairs = [(h, u) for h in range(heads_at_once) for u in range(KEYS_AT_ONCE)]
-    dots = _Loop(f, "sd", "0", hd, 16, carried=[(V16F, "zeroinitializer")] * len(pairs))
-    qvs = [f.load(V16F, _fptr(f, qrow, dots.iv), 4) for qrow in qrows]
-    kvs = [load16(f, krow, dots.iv) for krow in krows]
-    accs = [
-        f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {kvs[u]}, {V16F} {qvs[h]}, {V16F} {acc})")
-        for (h, u), acc in zip(pairs, dots.values, strict=True)
-    ]
-    accs = dots.end(accs)
-    scores = [
-        f.op(
-            f"fmul float {f.op(f'call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} {acc})')}, {scale}"
-        )
-        for acc in accs
-    ]
-    f(f"br i1 {has_cap}, label %cap_b, label %cap_x")
-    f.put_label("cap_b")  # soft-cap only when asked: tanh is a libm call per key
-    capped = []
-    for x in scores:
-        ratio = f.op(f"fdiv float {x}, {softcap}")
-        tanh = f.op(f"call float @llvm.tanh.f32(float {ratio})")
-        capped.append(f.op(f"fmul float {softcap}, {tanh}"))
-    f("br label %cap_x")
-    f.put_label("cap_x")
-    final = [
-        f.op(f"phi float [{x}, %sd_x], [{c}, %cap_b]") for x, c in zip(scores, capped, strict=True)
-    ]
-    for (h, u), score in zip(pairs, final, strict=True):
-        slot = f.op(f"add i64 {f.op(f'mul i64 {rs[h]}, {TILE}')}, {f.op(f'add i64 {jj}, {u}')}")
-        f(f"store float {score}, ptr {_fptr(f, sc, slot)}, align 4")
-    heads.end()
+    for tag, h_lo, h_hi, width in head_runs:
+        heads = _Loop(f, f"sh{tag}", h_lo, h_hi, width)
+        rs = [f.op(f"add i64 {heads.iv}, {h}") for h in range(width)]
+        qrows = [_fptr(f, qrow0, f.op(f"mul i64 {r}, {qh_stride}")) for r in rs]
+        pairs = [(h, u) for h in range(width) for u in range(KEYS_AT_ONCE)]
+        dots = _Loop(f, f"sd{tag}", "0", hd, 16, carried=[(V16F, "zeroinitializer")] * len(pairs))
+        qvs = [f.load(V16F, _fptr(f, qrow, dots.iv), 4) for qrow in qrows]
+        kvs = [load16(f, krow, dots.iv) for krow in krows]
+        accs = [
+            f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {kvs[u]}, {V16F} {qvs[h]}, {V16F} {acc})")
+            for (h, u), acc in zip(pairs, dots.values, strict=True)
+        ]
+        accs = dots.end(accs)
+        scores = [
+            f.op(
+                f"fmul float {f.op(f'call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} {acc})')}, {scale}"
+            )
+            for acc in accs
+        ]
+        f(f"br i1 {has_cap}, label %cap{tag}_b, label %cap{tag}_x")
+        f.put_label(f"cap{tag}_b")  # soft-cap only when asked: tanh is a libm call per key
+        capped = []
+        for x in scores:
+            ratio = f.op(f"fdiv float {x}, {softcap}")
+            tanh = f.op(f"call float @llvm.tanh.f32(float {ratio})")
+            capped.append(f.op(f"fmul float {softcap}, {tanh}"))
+        f(f"br label %cap{tag}_x")
+        f.put_label(f"cap{tag}_x")
+        final = [
+            f.op(f"phi float [{x}, %sd{tag}_x], [{c}, %cap{tag}_b]")
+            for x, c in zip(scores, capped, strict=True)
+        ]
+        for (h, u), score in zip(pairs, final, strict=True):
+            slot = f.op(f"add i64 {f.op(f'mul i64 {rs[h]}, {TILE}')}, {f.op(f'add i64 {jj}, {u}')}")
+            f(f"store float {score}, ptr {_fptr(f, sc, slot)}, align 4")
+        heads.end()
     keys.end()
     # 2. online softmax per head: new max, rescale sum and output row, p = exp(s - max)
     soft = _Loop(f, "sm", "0", hpi, 1)
@@ -335,37 +330,36 @@ def attention_ir(
     l_cur = f.load("float", l_at, 4)
     f(f"store float {f.op(f'fadd float {l_cur}, {psum}')}, ptr {l_at}, align 4")
     soft.end()
-    # 3. values, KEYS_AT_ONCE rows x HEADS_AT_ONCE heads at a time (one load and store of each
-    # output per KEYS_AT_ONCE keys, each value row load shared by the heads); keys past the
-    # tile's end weigh 0; a head group past the item's last head adds into a spare row.
+    # 3. values, KEYS_AT_ONCE rows x heads_at_once heads at a time (one load and store of each
+    # output per KEYS_AT_ONCE keys, each value row load shared by the heads), the same head
+    # groups as the scores; keys past the tile's end weigh 0.
     vals = _Loop(f, "val", "0", n, KEYS_AT_ONCE)
     jj = vals.iv
     vrows = _rows_at(f, vbase, j0, jj, last, pos_stride)
-    vheads = _Loop(f, "vh", "0", hpi, heads_at_once)
-    rs = _clamped(f, vheads.iv, last_head, heads_at_once)
-    weights = {}
-    orows = []
-    for h, r in enumerate(rs):
-        slot0 = f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")
-        for u in range(KEYS_AT_ONCE):
-            pu = f.load("float", _fptr(f, sc, f.op(f"add i64 {slot0}, {u}")), 4)
-            inside = f.op(f"icmp ult i64 {f.op(f'add i64 {jj}, {u}')}, {n}")
-            weights[h, u] = splat16(f, f.op(f"select i1 {inside}, float {pu}, float 0.0"))
-        real = f.op(f"icmp ult i64 {f.op(f'add i64 {vheads.iv}, {h}')}, {hpi}")
-        row = _fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}"))
-        orows.append(f.op(f"select i1 {real}, ptr {row}, ptr {spare}"))
-    vd = _Loop(f, "vd", "0", hd, 16)
-    vvs = [load16(f, vrow, vd.iv) for vrow in vrows]
-    for h, orow in enumerate(orows):
-        op = _fptr(f, orow, vd.iv)
-        o = f.load(V16F, op, 4)
-        for u in range(KEYS_AT_ONCE):
-            o = f.op(
-                f"call {V16F} @llvm.fma.v16f32({V16F} {vvs[u]}, {V16F} {weights[h, u]}, {V16F} {o})"
-            )
-        f(f"store {V16F} {o}, ptr {op}, align 4")
-    vd.end()
-    vheads.end()
+    for tag, h_lo, h_hi, width in head_runs:
+        vheads = _Loop(f, f"vh{tag}", h_lo, h_hi, width)
+        weights = {}
+        orows = []
+        for h in range(width):
+            r = f.op(f"add i64 {vheads.iv}, {h}")
+            slot0 = f.op(f"add i64 {f.op(f'mul i64 {r}, {TILE}')}, {jj}")
+            for u in range(KEYS_AT_ONCE):
+                pu = f.load("float", _fptr(f, sc, f.op(f"add i64 {slot0}, {u}")), 4)
+                inside = f.op(f"icmp ult i64 {f.op(f'add i64 {jj}, {u}')}, {n}")
+                weights[h, u] = splat16(f, f.op(f"select i1 {inside}, float {pu}, float 0.0"))
+            orows.append(_fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}")))
+        vd = _Loop(f, f"vd{tag}", "0", hd, 16)
+        vvs = [load16(f, vrow, vd.iv) for vrow in vrows]
+        for h, orow in enumerate(orows):
+            op = _fptr(f, orow, vd.iv)
+            o = f.load(V16F, op, 4)
+            for u in range(KEYS_AT_ONCE):
+                o = f.op(
+                    f"call {V16F} @llvm.fma.v16f32({V16F} {vvs[u]}, {V16F} {weights[h, u]}, {V16F} {o})"
+                )
+            f(f"store {V16F} {o}, ptr {op}, align 4")
+        vd.end()
+        vheads.end()
     vals.end()
     tiles.end()
 

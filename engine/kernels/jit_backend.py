@@ -527,7 +527,7 @@ class JitBackend(ReferenceBackend):
                 out=target,
             )
         heads_per_item = _heads_per_item(tokens, n_head, n_kv, self.pool.default_chunks)
-        stride = attention.scratch_floats_per_thread(heads_per_item, head_dim)
+        stride = attention.scratch_floats_per_thread(heads_per_item)
         need = stride * self.pool.default_chunks  # one scratch block per chunk
         if self._scratch.size < need:
             self._scratch = np.zeros(max(need, 2 * self._scratch.size), np.float32)
