@@ -88,6 +88,34 @@ def send(qtbot, window, text: str) -> None:
     qtbot.keyClick(window.input, Qt.Key_Return)
 
 
+def stop_mid_stream(qtbot, window, text: str, after_chars: int):
+    """Send `text` and press Stop once more than `after_chars` of the reply are shown; returns
+    the stored reply."""
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as finished:
+        send(qtbot, window, text)
+        qtbot.waitUntil(
+            lambda: (
+                window.chat_view.streaming_widget is not None
+                and len(window.chat_view.streaming_widget.text) > after_chars
+            ),
+            timeout=WAIT_MS,
+        )
+        qtbot.mouseClick(window.cancel_button, Qt.LeftButton)
+    return finished.args[0]
+
+
+def restart(qtbot, data_dir, model_path: str):
+    """A new window on the same data directory, started as the app starts (it opens the last
+    chat's model, here a remote one); returns it once that model is open."""
+    again = make_window(qtbot, data_dir, FakeEngine(), load=False)
+    again.start()
+    qtbot.waitUntil(
+        lambda: again.backends.model is not None and again.backends.model.path == model_path,
+        timeout=WAIT_MS,
+    )
+    return again
+
+
 def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_server, dialogs):
     window = make_window(qtbot, tmp_path, FakeEngine())  # a local model is open first
     add_connection(qtbot, window, f"127.0.0.1:{openai_server.port}")
@@ -119,17 +147,7 @@ def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_s
 
     # Stop mid-stream: the partial reply stays, marked cancelled.
     window.session.set_preset_value("max_new_tokens", 400)
-    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as finished:
-        send(qtbot, window, "Write a long story about a dragon.")
-        qtbot.waitUntil(
-            lambda: (
-                window.chat_view.streaming_widget is not None
-                and len(window.chat_view.streaming_widget.text) > 20
-            ),
-            timeout=WAIT_MS,
-        )
-        qtbot.mouseClick(window.cancel_button, Qt.LeftButton)
-    stopped = finished.args[0]
+    stopped = stop_mid_stream(qtbot, window, "Write a long story about a dragon.", 20)
     assert stopped.status == MessageStatus.CANCELLED and stopped.content
     cid = window.session.conversation_id
     binding = window.store.chat_backend(cid)
@@ -143,12 +161,7 @@ def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_s
     close_window(window)
 
     # Restart on the same data directory: the chat reopens bound to the same server's model.
-    again = make_window(qtbot, tmp_path, FakeEngine(), load=False)
-    again.start()  # what the app does at start-up: the remote chat's model, not the last file
-    qtbot.waitUntil(
-        lambda: again.backends.model is not None and again.backends.model.path == path,
-        timeout=WAIT_MS,
-    )
+    again = restart(qtbot, tmp_path, path)  # the remote chat's model, not the last file
     assert again.session.conversation_id == cid
     assert [(m.role, m.content) for m in again.store.messages(cid)] == messages_before
     assert again.store.messages(cid)[-1].status == MessageStatus.CANCELLED
@@ -201,17 +214,7 @@ def test_a_servers_usage_and_a_stop_reach_the_window_and_restart_keeps_the_bindi
     assert first["messages"][-1] == {"role": "user", "content": "Name three colors."}
 
     window.session.set_preset_value("max_new_tokens", 400)
-    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as finished:
-        send(qtbot, window, "Write a long story about a dragon.")
-        qtbot.waitUntil(
-            lambda: (
-                window.chat_view.streaming_widget is not None
-                and len(window.chat_view.streaming_widget.text) > 40
-            ),
-            timeout=WAIT_MS,
-        )
-        qtbot.mouseClick(window.cancel_button, Qt.LeftButton)
-    stopped = finished.args[0]
+    stopped = stop_mid_stream(qtbot, window, "Write a long story about a dragon.", 40)
     assert stopped.status == MessageStatus.CANCELLED
     assert stopped.content.startswith("Once upon a time a dragon more")
     assert server.client_left.wait(WAIT_MS / 1000)  # the server was streaming when it went
@@ -226,12 +229,7 @@ def test_a_servers_usage_and_a_stop_reach_the_window_and_restart_keeps_the_bindi
     assert dialogs == []
     close_window(window)
 
-    again = make_window(qtbot, tmp_path, FakeEngine(), load=False)
-    again.start()
-    qtbot.waitUntil(
-        lambda: again.backends.model is not None and again.backends.model.path == path,
-        timeout=WAIT_MS,
-    )
+    again = restart(qtbot, tmp_path, path)
     assert again.session.conversation_id == cid
     assert [(m.role, m.content) for m in again.store.messages(cid)] == messages_before
     with qtbot.waitSignal(again.session.replyFinished, timeout=WAIT_MS) as answered:
