@@ -26,6 +26,14 @@ if str(_ROOT) not in sys.path:
 from engine.model_files import ModelNotInstalledError, default_model_path, gemma3_270m_path  # noqa: E402
 from tests.llama_server import start_openai_server  # noqa: E402
 
+# Bytecode is cached during test runs (pytest's assertion-rewritten test modules, the engine and app
+# modules every worker and child process imports), whatever the environment says: with
+# PYTHONDONTWRITEBYTECODE=1 (set on the shared dev machine) each xdist worker rewrote all test
+# modules again on every run (collection 8.7 s -> 3.3 s of CPU per worker) and every `python -m
+# engine` child compiled the engine from source. The caches are __pycache__ dirs (.gitignore).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # --- Parallel runs (pytest-xdist; `-n auto` is in pyproject's addopts) ---------------------------
 
 MAX_WORKERS = 4  # each worker maps both models and JIT-loads the kernels: ~1.5 GB RSS at its peak
