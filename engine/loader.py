@@ -4,6 +4,7 @@ chat template), with progress reported for the app's loading screen."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -14,6 +15,7 @@ from engine.config import ModelConfig
 from engine.errors import ConfigValidationError
 from engine.gguf import GGUFFile, open_gguf
 from engine.models import build_model
+from engine.weight_prefetch import start_prefetch
 
 if TYPE_CHECKING:
     from engine.chat_template import ChatTemplate
@@ -34,6 +36,8 @@ class LoadedModel:
     model: TransformerModel
     n_ctx: int
     backend: Backend
+    # the thread mapping the weight pages in (engine/weight_prefetch.py); it ends by itself
+    prefetch: threading.Thread | None = None
 
     @property
     def name(self) -> str:
@@ -96,6 +100,9 @@ def load_model(
     gguf_file = open_gguf(path)
     config = ModelConfig.from_gguf(gguf_file)
     n_ctx = _resolve_n_ctx(n_ctx, config)
+    # The weight pages are mapped on a thread while the kernels load and the tokenizer builds,
+    # instead of faulting in one by one inside the first forward pass (engine/weight_prefetch.py).
+    prefetch = start_prefetch(gguf_file.tensors)
 
     report("compiling kernels", 0.2)
     from engine.kernels.backend import get_backend
@@ -108,7 +115,13 @@ def load_model(
     report("preparing weights", 0.9)
     model = build_model(gguf_file, config, backend)
     loaded = LoadedModel(
-        path=path, gguf=gguf_file, config=config, model=model, n_ctx=n_ctx, backend=backend
+        path=path,
+        gguf=gguf_file,
+        config=config,
+        model=model,
+        n_ctx=n_ctx,
+        backend=backend,
+        prefetch=prefetch,
     )
     report("tokenizer", 0.95)
     # Build tokenizer and template now so a broken vocabulary or template fails the load, not
