@@ -6,6 +6,7 @@ first token, each measured in a fresh child process, against issue 11's targets:
 
     python bench/bench_memory.py coder 7b -r 3          # the 1.5B and the synthetic 7B
     python bench/bench_memory.py path/to/model.gguf --json
+    python bench/bench_memory.py coder --baseline /work/main   # A/B against another checkout
 
 `coder` is Qwen2.5-Coder-1.5B-Instruct Q4_K_M (python -m tools.fetch_qwen_coder), `7b` the file
 `python -m tools.make_synthetic_7b` writes. Before the rounds the file is read once (page cache)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,8 +32,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# A child runs the engine of the checkout named by PYTHONPATH (--baseline), else this one.
+sys.path.insert(0, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(ROOT))
 
 PROMPT = "Write a short poem about the sea, the wind and the harbour lights at night."
 BUDGET_SLACK_MB = 150
@@ -70,14 +72,17 @@ def child(path: Path, n_ctx: int, n_gen: int, n_threads: int) -> dict:
     from engine.loader import load_model
     from engine.types import GenerationRequest
 
-    stages: list[dict] = [{"stage": "imports", "s": 0.0, **status_mb()}]
+    stages: list[dict] = [{"stage": "imports", "s": 0.0, "cpu_s": 0.0, **status_mb()}]
     import_s = time.perf_counter() - t_import
-    t0 = time.perf_counter()
+    cpu = time.process_time  # CPU seconds of all this process's threads: steadier when busy
+    t0, c0 = time.perf_counter(), cpu()
 
     def record(stage: str, _fraction: float = 0.0) -> None:
         if stage.startswith("kernels") and stages[-1]["stage"].startswith("kernels"):
             stages.pop()  # one row for the kernel library: its last step
-        stages.append({"stage": stage, "s": time.perf_counter() - t0, **status_mb()})
+        stages.append(
+            {"stage": stage, "s": time.perf_counter() - t0, "cpu_s": cpu() - c0, **status_mb()}
+        )
 
     lm = load_model(path, n_ctx=n_ctx, n_threads=n_threads, progress=record)
     request = GenerationRequest(
@@ -105,6 +110,9 @@ def child(path: Path, n_ctx: int, n_gen: int, n_threads: int) -> dict:
         "n_gen": generated,
         "import_s": import_s,
         "load_to_first_token_s": first,
+        "load_to_first_token_cpu_s": next(
+            s["cpu_s"] for s in stages if s["stage"] == "first token"
+        ),
         "peak_rss_mb": peak,
         "rss_generating_mb": stages[-1]["VmRSS"],
         "budget_mb": file_bytes / 2**20 + kv / 2**20 + BUDGET_SLACK_MB,
@@ -112,10 +120,12 @@ def child(path: Path, n_ctx: int, n_gen: int, n_threads: int) -> dict:
     }
 
 
-def run_child(path: Path, args) -> dict:
+def run_child(path: Path, args, root: Path = ROOT) -> dict:
+    """One child measuring `path` with the engine of the checkout at `root`."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)]
     cmd += ["--n-ctx", str(args.n_ctx), "-n", str(args.n_gen), "-t", str(args.threads)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env)
     if out.returncode != 0:
         raise SystemExit(f"child failed on {path}:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -137,16 +147,19 @@ def summarise(path: Path, runs: list[dict]) -> dict:
         "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
         "rss_generating_mb": statistics.median(r["rss_generating_mb"] for r in runs),
         "load_to_first_token_s": statistics.median(r["load_to_first_token_s"] for r in runs),
+        "load_to_first_token_cpu_s": statistics.median(
+            r["load_to_first_token_cpu_s"] for r in runs
+        ),
         "import_s": statistics.median(r["import_s"] for r in runs),
         "rounds": runs,
     }
 
 
 def format_stages(run: dict) -> str:
-    lines = ["| stage | s | RSS | anon | file | peak |", "|---|---|---|---|---|---|"]
+    lines = ["| stage | s | CPU s | RSS | anon | file | peak |", "|---|---|---|---|---|---|---|"]
     for s in run["stages"]:
         lines.append(
-            f"| {s['stage']} | {s['s']:.2f} | {s['VmRSS']:.0f} | {s['RssAnon']:.0f} | "
+            f"| {s['stage']} | {s['s']:.2f} | {s['cpu_s']:.2f} | {s['VmRSS']:.0f} | {s['RssAnon']:.0f} | "
             f"{s['RssFile']:.0f} | {s['VmHWM']:.0f} |"
         )
     return "\n".join(lines)
@@ -161,7 +174,7 @@ def format_report(summary: dict) -> str:
         f"{summary['rss_generating_mb']:.0f} MB; load to first token "
         f"{summary['load_to_first_token_s']:.2f} s (median of {len(summary['rounds'])}; rounds "
         + " / ".join(f"{r['load_to_first_token_s']:.2f}" for r in summary["rounds"])
-        + f"); imports {summary['import_s']:.2f} s"
+        + f"), CPU {summary['load_to_first_token_cpu_s']:.2f} s; imports {summary['import_s']:.2f} s"
     )
     return (
         head
@@ -183,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-n", "--n-gen", type=int, default=16, help="tokens generated per round")
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--baseline", help="another checkout (e.g. /work/main) measured alternately")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -190,19 +204,25 @@ def main(argv: list[str] | None = None) -> None:
         return
     with open("/proc/loadavg") as fh:
         load_before = fh.read().split()[:3]
-    paths = [model_path(m) for m in args.models]
-    for path in paths:
+    roots = [("this checkout", ROOT)]
+    if args.baseline:
+        roots.append((f"baseline {args.baseline}", Path(args.baseline).resolve()))
+    variants = [(label, root, model_path(m)) for m in args.models for label, root in roots]
+    for _, _, path in variants:
         if not path.is_file():
             raise SystemExit(f"{path}: missing (see this script's docstring for how to make it)")
+    for _, root, path in variants:
         warm_page_cache(path)
-        run_child(path, args)  # warm-up: JIT cache, tokenizer caches, page cache
-    rounds: dict[Path, list[dict]] = {path: [] for path in paths}
+        run_child(path, args, root)  # warm-up: JIT cache, tokenizer caches, page cache
+    rounds: dict[int, list[dict]] = {i: [] for i in range(len(variants))}
     for _ in range(args.rounds):
-        for path in paths:  # alternate models so a noisy moment hits both
-            rounds[path].append(run_child(path, args))
+        for i, (_, root, path) in enumerate(variants):  # alternate: noise hits every variant
+            rounds[i].append(run_child(path, args, root))
     with open("/proc/loadavg") as fh:
         load_after = fh.read().split()[:3]
-    summaries = [summarise(path, rounds[path]) for path in paths]
+    summaries = []
+    for i, (label, _, path) in enumerate(variants):
+        summaries.append({"engine": label, **summarise(path, rounds[i])})
     if args.json:
         print(
             json.dumps({"load_before": load_before, "load_after": load_after, "models": summaries})
@@ -211,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}")
     for s in summaries:
         print()
-        print(format_report(s))
+        print(f"[{s['engine']}] " + format_report(s))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -110,25 +111,35 @@ def load_model(
     def kernel_progress(stage: str, fraction: float) -> None:
         report(stage, 0.2 + 0.7 * max(0.0, min(1.0, fraction)))
 
-    backend = get_backend(n_threads=n_threads, progress=kernel_progress)
-
-    report("preparing weights", 0.9)
-    model = build_model(gguf_file, config, backend)
-    loaded = LoadedModel(
-        path=path,
-        gguf=gguf_file,
-        config=config,
-        model=model,
-        n_ctx=n_ctx,
-        backend=backend,
-        prefetch=prefetch,
-    )
-    report("tokenizer", 0.95)
-    # Build tokenizer and template now so a broken vocabulary or template fails the load, not
-    # the first request.
-    _ = loaded.tokenizer, loaded.chat_template
+    # The tokenizer builds on a thread beside the kernel library: loading the cached kernel
+    # objects and the weight prefetch spend their time in C with the GIL released. Building it
+    # now (not on first use) makes a broken vocabulary fail the load, not the first request;
+    # result() re-raises its TokenizerError here.
+    with ThreadPoolExecutor(1, thread_name_prefix="localchat-tokenizer") as pool:
+        tokenizer = pool.submit(_build_tokenizer, gguf_file)
+        backend = get_backend(n_threads=n_threads, progress=kernel_progress)
+        report("preparing weights", 0.9)
+        model = build_model(gguf_file, config, backend)
+        report("tokenizer", 0.95)
+        loaded = LoadedModel(
+            path=path,
+            gguf=gguf_file,
+            config=config,
+            model=model,
+            n_ctx=n_ctx,
+            backend=backend,
+            prefetch=prefetch,
+        )
+        loaded.__dict__["tokenizer"] = tokenizer.result()  # the cached_property's slot
+    _ = loaded.chat_template  # a broken template fails the load too
     report("ready", 1.0)
     return loaded
+
+
+def _build_tokenizer(gguf_file: GGUFFile) -> Tokenizer:
+    from engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(gguf_file)
 
 
 def warm_up(lm: LoadedModel) -> None:
