@@ -63,7 +63,7 @@ def status_mb() -> dict[str, float]:
     return out
 
 
-def child(path: Path, n_ctx: int, n_gen: int, n_threads: int) -> dict:
+def child(path: Path, n_ctx: int, n_gen: int, n_threads: int, prompt: str) -> dict:
     """One measurement in this (fresh) process."""
     t_import = time.perf_counter()
     from engine.events import TokenSampled
@@ -86,9 +86,9 @@ def child(path: Path, n_ctx: int, n_gen: int, n_threads: int) -> dict:
 
     lm = load_model(path, n_ctx=n_ctx, n_threads=n_threads, progress=record)
     request = GenerationRequest(
-        prompt=PROMPT, overrides={"max_new_tokens": n_gen, "do_sample": False}
+        prompt=prompt, overrides={"max_new_tokens": n_gen, "do_sample": False}
     )
-    n_prompt = len(lm.tokenizer.encode(PROMPT, add_special=True))
+    n_prompt = len(lm.tokenizer.encode(prompt, add_special=True))
     first = None
     generated = 0
     for event in generate(lm, request):
@@ -124,6 +124,7 @@ def run_child(path: Path, args, root: Path = ROOT) -> dict:
     """One child measuring `path` with the engine of the checkout at `root`."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)]
     cmd += ["--n-ctx", str(args.n_ctx), "-n", str(args.n_gen), "-t", str(args.threads)]
+    cmd += ["--prompt", args.prompt]
     env = {**os.environ, "PYTHONPATH": str(root)}
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env)
     if out.returncode != 0:
@@ -168,7 +169,7 @@ def format_stages(run: dict) -> str:
 def format_report(summary: dict) -> str:
     ok = summary["peak_rss_mb"] <= summary["budget_mb"]
     head = (
-        f"{summary['model']}: file {summary['file_mb']:.0f} MB, KV {summary['kv_mb']:.1f} MB, "
+        f"{summary['model']}, {summary['rounds'][0]['n_prompt']}-token prompt: file {summary['file_mb']:.0f} MB, KV {summary['kv_mb']:.1f} MB, "
         f"budget {summary['budget_mb']:.0f} MB; peak RSS {summary['peak_rss_mb']:.0f} MB "
         f"({'within' if ok else 'OVER'} budget), while generating "
         f"{summary['rss_generating_mb']:.0f} MB; load to first token "
@@ -195,12 +196,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("-n", "--n-gen", type=int, default=16, help="tokens generated per round")
     p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--prompt", default=PROMPT, help="raw prompt text (default: ~17 tokens)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--baseline", help="another checkout (e.g. /work/main) measured alternately")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(Path(args.child), args.n_ctx, args.n_gen, args.threads)))
+        result = child(Path(args.child), args.n_ctx, args.n_gen, args.threads, args.prompt)
+        print(json.dumps(result))
         return
     with open("/proc/loadavg") as fh:
         load_before = fh.read().split()[:3]
