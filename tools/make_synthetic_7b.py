@@ -1,6 +1,6 @@
 """Write a Qwen2.5-7B-shaped Q4_K_M GGUF with random weights, for speed and memory runs only:
 
-    python -m tools.make_synthetic_7b            # prints the path (~4.5 GB, made on first run)
+    python -m tools.make_synthetic_7b            # prints the path (4.7 GB; first run ~20 min)
     python -m tools.make_synthetic_7b --layers 2 # a 2-layer file of the same widths (quick check)
 
 No real 7B-8B file is installable here (issue 11), so the file is synthetic: the shapes of
@@ -8,7 +8,7 @@ Qwen2.5-7B (hidden 3584, 28 layers, 28 query heads over 4 KV heads of 128, FFN 1
 biases, untied output), written as F16 with gguf-py one tensor at a time (never the whole 15 GB in
 memory), then quantized to Q4_K_M by llama.cpp's own quantizer (`llama_model_quantize` from
 llama-cpp-python, the `peer` extra), so the file has llama.cpp's real Q4_K/Q6_K mix. The F16
-intermediate is deleted afterwards. Output goes to ~/.cache/localchat-bench/ and is never
+intermediate (15.2 GB on disk) is deleted afterwards. Output goes to ~/.cache/localchat-bench/ and is never
 committed; tests never make it.
 
 The tokenizer (and chat template) is copied from the Qwen2.5-Coder-1.5B GGUF, so prompts tokenize
