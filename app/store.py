@@ -44,7 +44,7 @@ import platformdirs
 from engine.types import MessageStatus
 
 if TYPE_CHECKING:
-    from app.chat_import import ImportedChat
+    from app.chat_import import ImportedChat, ImportedMessage
 
 SCHEMA_VERSION = 4
 DEFAULT_TITLE = "New chat"
@@ -717,27 +717,9 @@ class Store:
                     parent = None if m.parent_key is None else new_id[m.parent_key]
                     depth[m.key] = 0 if m.parent_key is None else depth[m.parent_key] + 1
                     cur = self._db.execute(
-                        "INSERT INTO messages(conversation_id, position, role, content, reasoning,"
-                        " status, finish_reason, usage_json, tokens_json, json_mode, created_at,"
-                        " parent_id, selected, receipt_json, tool_json)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        (
-                            cid,
-                            depth[m.key],
-                            m.role,
-                            m.content,
-                            m.reasoning,
-                            m.status,
-                            m.finish_reason,
-                            json.dumps(m.usage) if m.usage is not None else None,
-                            json.dumps(m.tokens) if m.tokens else None,
-                            m.json_mode,
-                            m.created_at,
-                            parent,
-                            int(selected),
-                            json.dumps(m.receipt) if m.receipt is not None else None,
-                            json.dumps(m.tool) if m.tool is not None else None,
-                        ),
+                        "INSERT INTO messages(conversation_id, position, parent_id, selected,"
+                        f" {_MESSAGE_COLUMNS}) VALUES (?,?,?,?,{_MESSAGE_PLACEHOLDERS})",
+                        (cid, depth[m.key], parent, int(selected), *_message_row(m)),
                     )
                     new_id[m.key] = cur.lastrowid
             return cid
@@ -867,28 +849,9 @@ class Store:
     def restore_message(self, m: StoredMessage, selected: bool = True) -> None:
         with self._writing():
             self._db.execute(
-                "INSERT INTO messages(id, conversation_id, position, role, content, reasoning,"
-                " status, finish_reason, usage_json, tokens_json, json_mode, created_at,"
-                " parent_id, selected, receipt_json, tool_json)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    m.id,
-                    m.conversation_id,
-                    m.position,
-                    m.role,
-                    m.content,
-                    m.reasoning,
-                    m.status,
-                    m.finish_reason,
-                    json.dumps(m.usage) if m.usage is not None else None,
-                    json.dumps(m.tokens) if m.tokens else None,
-                    m.json_mode,
-                    m.created_at,
-                    m.parent_id,
-                    int(selected),
-                    json.dumps(m.receipt) if m.receipt is not None else None,
-                    json.dumps(m.tool) if m.tool is not None else None,
-                ),
+                "INSERT INTO messages(id, conversation_id, position, parent_id, selected,"
+                f" {_MESSAGE_COLUMNS}) VALUES (?,?,?,?,?,{_MESSAGE_PLACEHOLDERS})",
+                (m.id, m.conversation_id, m.position, m.parent_id, int(selected), *_message_row(m)),
             )
 
     def update_message_content(self, message_id: int, content: str) -> None:
@@ -948,6 +911,32 @@ def _sibling_groups(rows: list[sqlite3.Row]) -> dict[int | None, tuple[int, ...]
     for r in sorted(rows, key=lambda r: r["id"]):
         groups.setdefault(r["parent_id"], []).append(r["id"])
     return {parent: tuple(ids) for parent, ids in groups.items()}
+
+
+# A message's own columns (what it says and how it was made), as `_message_row` fills them; the
+# tree columns (conversation, position, parent, selected) are the caller's.
+_MESSAGE_COLUMNS = (
+    "role, content, reasoning, status, finish_reason, usage_json, tokens_json, json_mode,"
+    " created_at, receipt_json, tool_json"
+)
+_MESSAGE_PLACEHOLDERS = ",".join("?" * len(_MESSAGE_COLUMNS.split(",")))
+
+
+def _message_row(m: StoredMessage | ImportedMessage) -> tuple:
+    """`m`'s values for `_MESSAGE_COLUMNS`, in that order (JSON columns encoded, empty ones NULL)."""
+    return (
+        m.role,
+        m.content,
+        m.reasoning,
+        m.status,
+        m.finish_reason,
+        json.dumps(m.usage) if m.usage is not None else None,
+        json.dumps(m.tokens) if m.tokens else None,
+        m.json_mode,
+        m.created_at,
+        json.dumps(m.receipt) if m.receipt is not None else None,
+        json.dumps(m.tool) if m.tool is not None else None,
+    )
 
 
 def _message_from_row(row: sqlite3.Row, version_ids: tuple[int, ...] = ()) -> StoredMessage:

@@ -4,7 +4,11 @@ chat template), with progress reported for the app's loading screen."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -16,6 +20,7 @@ from engine.gguf import GGUFFile, open_gguf
 from engine.kv_cache import check_cache_type
 from engine.models import build_model
 from engine.types import DEFAULT_KV_CACHE_TYPE
+from engine.weight_prefetch import start_prefetch
 
 if TYPE_CHECKING:
     from engine.chat_template import ChatTemplate
@@ -36,6 +41,8 @@ class LoadedModel:
     model: TransformerModel
     n_ctx: int
     backend: Backend
+    # the thread mapping the weight pages in (engine/weight_prefetch.py); it ends by itself
+    prefetch: threading.Thread | None = None
 
     @property
     def name(self) -> str:
@@ -109,20 +116,57 @@ def load_model(
     def kernel_progress(stage: str, fraction: float) -> None:
         report(stage, 0.2 + 0.7 * max(0.0, min(1.0, fraction)))
 
-    backend = get_backend(n_threads=n_threads, progress=kernel_progress)
-
-    report("preparing weights", 0.9)
-    model = build_model(gguf_file, config, backend)
-    model.cache_type = kv_type
-    loaded = LoadedModel(
-        path=path, gguf=gguf_file, config=config, model=model, n_ctx=n_ctx, backend=backend
-    )
-    report("tokenizer", 0.95)
-    # Build tokenizer and template now so a broken vocabulary or template fails the load, not
-    # the first request.
-    _ = loaded.tokenizer, loaded.chat_template
+    # The tokenizer builds on a thread beside the kernel library (loading the cached kernel
+    # objects spends its time in C with the GIL released), then that thread starts the weight
+    # prefetch. Building it now (not on first use) makes a broken vocabulary fail the load, not
+    # the first request; result() re-raises its TokenizerError here.
+    with ThreadPoolExecutor(1, thread_name_prefix="localchat-tokenizer") as pool:
+        tokenizer = pool.submit(_tokenizer_then_prefetch, gguf_file)
+        backend = get_backend(n_threads=n_threads, progress=kernel_progress)
+        report("preparing weights", 0.9)
+        model = build_model(gguf_file, config, backend)
+        model.cache_type = kv_type
+        report("tokenizer", 0.95)
+        loaded = LoadedModel(
+            path=path,
+            gguf=gguf_file,
+            config=config,
+            model=model,
+            n_ctx=n_ctx,
+            backend=backend,
+        )
+        # the cached_property's slot
+        loaded.__dict__["tokenizer"], loaded.prefetch = tokenizer.result()
+    _ = loaded.chat_template  # a broken template fails the load too
+    _return_freed_heap()
     report("ready", 1.0)
     return loaded
+
+
+def _tokenizer_then_prefetch(gguf_file: GGUFFile) -> tuple[Tokenizer, threading.Thread]:
+    """The tokenizer, and the thread mapping the weight pages in (engine/weight_prefetch.py)
+    instead of the first forward pass faulting them in one by one (measured on the 7B: first
+    one-token forward 1.0-1.25 s instead of 1.45 s). The prefetch starts after the build, when
+    its ~35 MB of temporaries (merge pairs, the Rust side's copies) are freed, so they never
+    stack on top of the fully mapped weights in the peak RSS."""
+    from engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(gguf_file)
+    return tokenizer, start_prefetch(gguf_file.tensors)
+
+
+def _return_freed_heap() -> None:
+    """Give the heap the load freed back to the OS (glibc keeps it, in every thread's arena):
+    the tokenizer's build temporaries and the kernel library's. Measured on the 1.5B: RssAnon
+    131 -> 116 MB after the load. A no-op where there is no glibc malloc_trim."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # musl and other C libraries have none
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
 
 
 def warm_up(lm: LoadedModel) -> None:

@@ -26,6 +26,14 @@ if str(_ROOT) not in sys.path:
 from engine.model_files import ModelNotInstalledError, default_model_path, gemma3_270m_path  # noqa: E402
 from tests.llama_server import start_openai_server  # noqa: E402
 
+# Bytecode is cached during test runs (pytest's assertion-rewritten test modules, the engine and app
+# modules every worker and child process imports), whatever the environment says: with
+# PYTHONDONTWRITEBYTECODE=1 (set on the shared dev machine) each xdist worker rewrote all test
+# modules again on every run (collection 8.7 s -> 3.3 s of CPU per worker) and every `python -m
+# engine` child compiled the engine from source. The caches are __pycache__ dirs (.gitignore).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # --- Parallel runs (pytest-xdist; `-n auto` is in pyproject's addopts) ---------------------------
 
 MAX_WORKERS = 4  # each worker maps both models and JIT-loads the kernels: ~1.5 GB RSS at its peak
@@ -129,10 +137,81 @@ REAL_MODEL_FIXTURES = frozenset(
 
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` every test that uses a real model through a fixture above (directly or through
-    another fixture: `fixturenames` is the closure)."""
+    another fixture: `fixturenames` is the closure), then put the heaviest files first."""
     for item in items:
         if REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    _heaviest_files_first(config, items)
+
+
+# --- Balancing `--dist loadfile` -----------------------------------------------------------------
+# xdist hands whole files to the workers in collection order (pyproject passes
+# --no-loadscope-reorder: its default order, most tests first, put the few-test real-model files
+# last, where one ran alone for ~50 s while the other core idled). Longest first balances: each
+# file's seconds in the last run, kept in pytest's cache (.pytest_cache) by the controller.
+
+FILE_SECONDS_KEY = "localchat/file_seconds"
+_file_seconds: dict[str, float] = {}
+_READ_ONCE = pytest.StashKey[dict]()
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _heaviest_files_first(config, items) -> None:
+    """Reorder whole files (tests inside a file keep their order) by their seconds in the last
+    run, longest first; files with no record yet (a fresh checkout, a new file) go by how many
+    real-model tests they have, then in collection order."""
+    seconds = _recorded_file_seconds(config)
+    first_seen: dict[str, int] = {}
+    real_model_tests: dict[str, int] = {}
+    for item in items:
+        name = _file_of(item.nodeid)
+        first_seen.setdefault(name, len(first_seen))
+        if item.get_closest_marker("slow") is not None:
+            real_model_tests[name] = real_model_tests.get(name, 0) + 1
+
+    def weight(item) -> tuple:
+        name = _file_of(item.nodeid)
+        return (-seconds.get(name, 0.0), -real_model_tests.get(name, 0), first_seen[name])
+
+    items.sort(key=weight)
+
+
+def _recorded_file_seconds(config) -> dict[str, float]:
+    """The last run's file seconds. A worker takes the controller's copy (pytest_configure_node):
+    every worker must collect the same order, even if another run rewrites the cache meanwhile."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return workerinput.get(FILE_SECONDS_KEY, {})
+    if _READ_ONCE not in config.stash:  # the controller reads once, for itself and every worker
+        cache = getattr(config, "cache", None)
+        config.stash[_READ_ONCE] = cache.get(FILE_SECONDS_KEY, {}) if cache is not None else {}
+    return config.stash[_READ_ONCE]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(xdist, in the controller) Hand each worker the file seconds the controller read."""
+    node.workerinput[FILE_SECONDS_KEY] = _recorded_file_seconds(node.config)
+
+
+def pytest_runtest_logreport(report):
+    """Add every phase's duration to its file's total (in the controller, from all workers)."""
+    name = _file_of(report.nodeid)
+    _file_seconds[name] = _file_seconds.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """Record this run's file seconds for the next run's order (files not run keep theirs).
+    Only the process that saw every report writes: the controller, or a run without workers."""
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _file_seconds:
+        return
+    recorded = dict(cache.get(FILE_SECONDS_KEY, {}))
+    recorded.update({name: round(t, 2) for name, t in _file_seconds.items()})
+    cache.set(FILE_SECONDS_KEY, recorded)
 
 
 # --- Generated models --------------------------------------------------------------------------

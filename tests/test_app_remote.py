@@ -1,8 +1,12 @@
 """End to end in the window with a real OpenAI-compatible server (llama-cpp-python on loopback):
 add a connection, pick its model, chat, stop, restart the app on the same data directory, and
-the chat is there and still bound to that connection."""
+the chat is there and still bound to that connection. The flows whose assertions depend on what
+the model says (exact usage numbers, a tool call and the answer from its result) run against a
+scripted server (tests/scripted_openai_server.py) instead of a sampling model."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from PySide6.QtCore import Qt
@@ -12,6 +16,7 @@ from app.backends.remote import remote_model_path
 from engine.types import MessageStatus, Role
 from tests.app_fakes import FakeEngine, close_window, make_window
 from tests.llama_server import start_openai_server
+from tests.scripted_openai_server import Reply, ScriptedOpenAIServer
 
 WAIT_MS = 120_000  # a real model on a busy shared machine
 
@@ -25,6 +30,20 @@ def openai_server(smollm2_path, tmp_path_factory):
     server = start_openai_server(smollm2_path, tmp_path_factory.mktemp("llama-server-window"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def scripted_server():
+    """`start(replies) -> ScriptedOpenAIServer`, running until the test ends."""
+    servers: list[ScriptedOpenAIServer] = []
+
+    def start(replies: list[Reply]) -> ScriptedOpenAIServer:
+        servers.append(ScriptedOpenAIServer(replies).start())
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
 
 
 @pytest.fixture
@@ -69,6 +88,34 @@ def send(qtbot, window, text: str) -> None:
     qtbot.keyClick(window.input, Qt.Key_Return)
 
 
+def stop_mid_stream(qtbot, window, text: str, after_chars: int):
+    """Send `text` and press Stop once more than `after_chars` of the reply are shown; returns
+    the stored reply."""
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as finished:
+        send(qtbot, window, text)
+        qtbot.waitUntil(
+            lambda: (
+                window.chat_view.streaming_widget is not None
+                and len(window.chat_view.streaming_widget.text) > after_chars
+            ),
+            timeout=WAIT_MS,
+        )
+        qtbot.mouseClick(window.cancel_button, Qt.LeftButton)
+    return finished.args[0]
+
+
+def restart(qtbot, data_dir, model_path: str):
+    """A new window on the same data directory, started as the app starts (it opens the last
+    chat's model, here a remote one); returns it once that model is open."""
+    again = make_window(qtbot, data_dir, FakeEngine(), load=False)
+    again.start()
+    qtbot.waitUntil(
+        lambda: again.backends.model is not None and again.backends.model.path == model_path,
+        timeout=WAIT_MS,
+    )
+    return again
+
+
 def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_server, dialogs):
     window = make_window(qtbot, tmp_path, FakeEngine())  # a local model is open first
     add_connection(qtbot, window, f"127.0.0.1:{openai_server.port}")
@@ -100,17 +147,7 @@ def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_s
 
     # Stop mid-stream: the partial reply stays, marked cancelled.
     window.session.set_preset_value("max_new_tokens", 400)
-    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as finished:
-        send(qtbot, window, "Write a long story about a dragon.")
-        qtbot.waitUntil(
-            lambda: (
-                window.chat_view.streaming_widget is not None
-                and len(window.chat_view.streaming_widget.text) > 20
-            ),
-            timeout=WAIT_MS,
-        )
-        qtbot.mouseClick(window.cancel_button, Qt.LeftButton)
-    stopped = finished.args[0]
+    stopped = stop_mid_stream(qtbot, window, "Write a long story about a dragon.", 20)
     assert stopped.status == MessageStatus.CANCELLED and stopped.content
     cid = window.session.conversation_id
     binding = window.store.chat_backend(cid)
@@ -124,12 +161,7 @@ def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_s
     close_window(window)
 
     # Restart on the same data directory: the chat reopens bound to the same server's model.
-    again = make_window(qtbot, tmp_path, FakeEngine(), load=False)
-    again.start()  # what the app does at start-up: the remote chat's model, not the last file
-    qtbot.waitUntil(
-        lambda: again.backends.model is not None and again.backends.model.path == path,
-        timeout=WAIT_MS,
-    )
+    again = restart(qtbot, tmp_path, path)  # the remote chat's model, not the last file
     assert again.session.conversation_id == cid
     assert [(m.role, m.content) for m in again.store.messages(cid)] == messages_before
     assert again.store.messages(cid)[-1].status == MessageStatus.CANCELLED
@@ -142,13 +174,24 @@ def test_remote_chat_stop_and_restart_keep_the_binding(qtbot, tmp_path, openai_s
     close_window(again)
 
 
-def test_our_own_server_as_a_remote_model_stop_cancels_there_and_restart_keeps_it(
-    qtbot, tmp_path, localchat_server, dialogs
+def test_a_servers_usage_and_a_stop_reach_the_window_and_restart_keeps_the_binding(
+    qtbot, tmp_path, scripted_server, dialogs
 ):
-    """The app's remote side against `python -m engine serve`: its usage (include_usage) reaches
-    the usage panel, Stop reaches the server as a cancelled request (/health), and after a
-    restart the chat is still bound to it and still answers."""
-    server = localchat_server
+    """Against a scripted server, so every number is known: the include_usage chunk's counts
+    are what the usage panel shows (not the streamed chunks counted), the tokens' logprobs are
+    the inspector's tokens, Stop closes the connection while the server is still streaming,
+    and after a restart the chat is still bound to the server and its history goes there.
+    Catches usage counted from the chunks instead of the server's numbers (planted: fails), and
+    a Stop that does not end the stream (the scripted reply never ends by itself). A real
+    server counting the cancelled request (`python -m engine serve`'s /health) is
+    test_remote_client.py::test_stop_mid_stream_is_seen_by_our_server_as_a_cancelled_request."""
+    server = scripted_server(
+        [
+            Reply("Red, green and blue.", usage=(23, 5)),
+            Reply("Once upon a time a dragon", endless=True),
+            Reply("You are welcome."),
+        ]
+    )
     window = make_window(qtbot, tmp_path, FakeEngine())
     add_connection(qtbot, window, server.base_url, models=(server.model,))
     connection = window.book.connections[0]
@@ -161,33 +204,20 @@ def test_our_own_server_as_a_remote_model_stop_cancels_there_and_restart_keeps_i
     with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as done:
         send(qtbot, window, "Name three colors.")
     stored = done.args[0]
-    assert stored.status == MessageStatus.COMPLETE and stored.content.strip()
+    assert stored.status == MessageStatus.COMPLETE and stored.content == "Red, green and blue."
     assert window.chat_view.widgets[-1].text == stored.content
-    # Our server sends the include_usage chunk: the prompt is counted by the server.
-    assert int(window.usage_panel.text_of("prompt_tokens")) > 5
-    assert int(window.usage_panel.text_of("completion_tokens")) == len(stored.tokens) <= 12
+    assert [t["text"] for t in stored.tokens] == ["Red,", " green", " and", " blue."]
+    assert window.usage_panel.text_of("prompt_tokens") == "23"
+    assert window.usage_panel.text_of("completion_tokens") == "5"
+    first = server.requests[0]
+    assert (first["model"], first["max_tokens"], first["temperature"]) == (server.model, 12, 0.0)
+    assert first["messages"][-1] == {"role": "user", "content": "Name three colors."}
 
-    before = server.health()["requests"]
     window.session.set_preset_value("max_new_tokens", 400)
-    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as finished:
-        send(qtbot, window, "Write a long story about a dragon.")
-        qtbot.waitUntil(
-            lambda: (
-                window.chat_view.streaming_widget is not None
-                and len(window.chat_view.streaming_widget.text) > 20
-            ),
-            timeout=WAIT_MS,
-        )
-        qtbot.mouseClick(window.cancel_button, Qt.LeftButton)
-    stopped = finished.args[0]
-    assert stopped.status == MessageStatus.CANCELLED and stopped.content
-    # The server saw the connection close and ended the request as cancelled, freeing its KV.
-    qtbot.waitUntil(
-        lambda: server.health()["requests"]["cancelled"] == before["cancelled"] + 1,
-        timeout=WAIT_MS,
-    )
-    qtbot.waitUntil(lambda: server.health()["kv_bytes_reserved"] == 0, timeout=WAIT_MS)
-    assert server.health()["requests"]["completed"] == before["completed"]
+    stopped = stop_mid_stream(qtbot, window, "Write a long story about a dragon.", 40)
+    assert stopped.status == MessageStatus.CANCELLED
+    assert stopped.content.startswith("Once upon a time a dragon more")
+    assert server.client_left.wait(WAIT_MS / 1000)  # the server was streaming when it went
     cid = window.session.conversation_id
     binding = window.store.chat_backend(cid)
     assert (binding.kind, binding.connection_id, binding.model) == (
@@ -199,19 +229,15 @@ def test_our_own_server_as_a_remote_model_stop_cancels_there_and_restart_keeps_i
     assert dialogs == []
     close_window(window)
 
-    again = make_window(qtbot, tmp_path, FakeEngine(), load=False)
-    again.start()
-    qtbot.waitUntil(
-        lambda: again.backends.model is not None and again.backends.model.path == path,
-        timeout=WAIT_MS,
-    )
+    again = restart(qtbot, tmp_path, path)
     assert again.session.conversation_id == cid
     assert [(m.role, m.content) for m in again.store.messages(cid)] == messages_before
-    again.session.set_preset_value("max_new_tokens", 8)
     with qtbot.waitSignal(again.session.replyFinished, timeout=WAIT_MS) as answered:
         send(qtbot, again, "Thanks.")
     assert answered.args[0].status == MessageStatus.COMPLETE
-    assert again.store.messages(cid)[-1].content.strip()
+    assert again.store.messages(cid)[-1].content == "You are welcome."
+    history = [(m["role"], m["content"]) for m in server.requests[-1]["messages"]]
+    assert history[-5:] == [*messages_before, ("user", "Thanks.")]
     assert again.store.chat_backend(cid).model == server.model
     close_window(again)
 
@@ -345,36 +371,39 @@ def test_settings_leads_to_connections_and_names_where_keys_go(qtbot, tmp_path, 
 
 
 def test_a_remote_model_calls_a_tool_and_answers_from_its_result(
-    qtbot, tmp_path, localchat_server, dialogs
+    qtbot, tmp_path, scripted_server, dialogs
 ):
-    """The app's tool flow on a remote model: our own server returns the constrained
-    calculator call as OpenAI tool_calls, the client turns them into the engine's tool events,
-    the app runs the built-in tool and sends its result back in the history, and the model
-    answers in text."""
+    """The app's tool flow on a remote model, scripted: the server's streamed tool_calls become
+    a tool message the app runs (the built-in calculator), and the next request carries the
+    call and its result, paired by id, with tool_choice "none" after the required first round.
+    Catches tools or tool_choice left out of the remote request and a result not sent back.
+    Real servers' calls: test_remote_tools.py; a real model's: test_qwen_coder_tools.py."""
     from app.tool_registry import builtin_key
-    from app.tools.calculator import evaluate, format_number
     from engine.types import ToolChoice
 
-    server = localchat_server
+    server = scripted_server(
+        [Reply(tool_calls=(("calculator", {"expression": "17 * 23"}),)), Reply("It is 391.")]
+    )
     window = make_window(qtbot, tmp_path, FakeEngine())
     add_connection(qtbot, window, server.base_url, models=(server.model,))
     pick_remote_model(qtbot, window)
     assert window.backends.kind == "remote"
     window.session.tools.first_choice = ToolChoice.REQUIRED
     window.session.set_tool_enabled(builtin_key("calculator"), True)
-    window.session.set_preset_value("max_new_tokens", 160)
-    # the server samples with SmolLM2's chat defaults; with this seed the constrained call
-    # closes within the budget (greedy loops inside the "expression" string)
-    window.session.set_preset_value("seed", 1)
     send(qtbot, window, "Use the calculator: what is 17 * 23?")
-    qtbot.waitUntil(lambda: not window.session.busy, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not window.session.busy, timeout=WAIT_MS)  # busy through the rounds
+    first, second = server.requests
+    assert [t["function"]["name"] for t in first["tools"]] == ["calculator"]
+    assert (first["tool_choice"], second["tool_choice"]) == ("required", "none")
+    call_message, result = second["messages"][-2:]
+    (call,) = call_message["tool_calls"]
+    assert call_message["role"] == "assistant" and call["function"]["name"] == "calculator"
+    assert json.loads(call["function"]["arguments"]) == {"expression": "17 * 23"}
+    assert result == {"role": "tool", "tool_call_id": call["id"], "content": "391"}
     roles = [m.role for m in window.session.branch]
-    assert roles == ["user", "assistant", "tool", "assistant"], [
-        (m.role, m.content, m.finish_reason, m.tool) for m in window.session.branch
-    ]
+    assert roles == ["user", "assistant", "tool", "assistant"]
     tool = window.session.branch[2]
-    assert tool.tool["name"] == "calculator" and not tool.tool["is_error"], tool.content
-    assert tool.content == format_number(evaluate(tool.tool["arguments"]["expression"]))
-    assert window.session.branch[3].content.strip()  # answered in text, by the server
+    assert tool.tool["name"] == "calculator" and not tool.tool["is_error"] and tool.content == "391"
+    assert window.session.branch[3].content == "It is 391."
     assert dialogs == []
     close_window(window)

@@ -106,6 +106,7 @@ class Tokenizer:
         add_space_prefix: bool,
         pre: str | None,
         clean_spaces: bool = False,
+        text_to_id: dict[str, int] | None = None,
     ):
         self.model = model  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
         self.pre = pre
@@ -133,6 +134,8 @@ class Tokenizer:
         # once per turn (context fitting, then the request), so without this every message is
         # re-tokenized every time, holding the GIL. Exact: fragments are tokenized independently.
         self._fragment_ids: dict[str, tuple[int, ...]] = {}
+        if text_to_id is not None:  # the vocabulary reader's table: not built a second time
+            self.__dict__["_text_to_id_table"] = text_to_id
         self._fragment_lock = threading.Lock()
 
     # --- construction ------------------------------------------------------------------------
@@ -328,7 +331,7 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
         model=v.model, tokens=v.tokens, attrs=v.attrs, hf=hf, bos_id=v.bos_id, eos_id=v.eos_id,
         eot_id=v.eot_id, eog_ids=v.eog_ids, add_bos=v.add_bos, add_eos=v.add_eos,
         add_space_prefix=v.add_space_prefix, pre=v.pre_name,
-        clean_spaces=bool(v.pre and v.pre.clean_spaces),
+        clean_spaces=bool(v.pre and v.pre.clean_spaces), text_to_id=v.text_to_id,
     )  # fmt: skip
 
 
