@@ -320,6 +320,9 @@ def test_a_stream_cut_short_is_named_kept_and_the_chat_goes_on(
         add_connection(qtbot, window, proxy.base_url)
         pick_remote_model(qtbot, window)
         window.session.set_preset_value("max_new_tokens", 24)
+        # Greedy: a sampled reply could end (EOS) before 1500 bytes and never be cut; the greedy
+        # one is a fixed, longer list, so the cut always lands mid-stream.
+        window.session.set_preset_value("do_sample", False)
         proxy.fault = Fault(cut_after_bytes=1500)
         with qtbot.waitSignal(window.session.replyFailed, timeout=WAIT_MS) as failed:
             send(qtbot, window, "Name three colors.")
