@@ -19,12 +19,21 @@ import contextlib
 import ctypes
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
-from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
+from engine.kernels import (
+    act_quant,
+    attention,
+    elementwise,
+    float_matmul,
+    packed_matmul,
+    quant_matmul,
+    repack,
+)
 from engine.kernels.act_quant import QuantizeSlots
 from engine.kernels.attention import AttentionSlots
 from engine.kernels.compiler import HostCPU, KernelLibrary, target_cpu
@@ -62,6 +71,20 @@ def select_isa(cpu: HostCPU) -> str:
 LAZY_QUANT_TYPES = frozenset(quant_matmul.UNPACK_IQ)
 
 
+# LOCALCHAT_REPACK=0 keeps Q4_K / Q6_K weights in the file's layout (the row-major kernels), to
+# compare the two paths side by side; unset or 1, they are repacked on first use (repack.py).
+REPACK_ENV = "LOCALCHAT_REPACK"
+
+
+def repack_enabled() -> bool:
+    return os.environ.get(REPACK_ENV, "1").strip() != "0"
+
+
+def packed_module(qname: str, isa: str) -> tuple[str, str]:
+    """The (name, IR) module of the repacked-record mat-mul of one type (packed_matmul.py)."""
+    return f"pmm_{qname}_{isa}", packed_matmul.module_ir(qname, isa)
+
+
 def quant_module(qname: str, isa: str) -> tuple[str, str]:
     """The (name, IR) mat-mul module of one tensor type; the name also keys the disk cache."""
     return f"mm_{qname}_{isa}", quant_matmul.module_ir(qname, isa)
@@ -72,6 +95,7 @@ def kernel_modules(isa: str) -> list[tuple[str, str]]:
     later, from `lazy_quant_kernel`)."""
     modules = [pool_module(), ("quantize_q8", act_quant.module_ir())]
     modules += [quant_module(q, isa) for q in quant_matmul.LAYOUTS if q not in LAZY_QUANT_TYPES]
+    modules += [packed_module(q, isa) for q in packed_matmul.PACKED_TYPES]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
     modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir())]
     return modules
@@ -160,13 +184,16 @@ class _WeightCall:
 
 
 class _ActivationBuffers:
-    """int8 activations, per-32 scales and per-16 scaled sums for up to `capacity` tokens."""
+    """int8 activations, per-32 scales, per-16 scaled sums, per-32 scaled sums and per-16
+    integer sums for up to `capacity` tokens (act_quant.py)."""
 
     def __init__(self, n: int, capacity: int):
         self.capacity = capacity
         self.aq = np.zeros((capacity, n), np.int8)
         self.ad = np.zeros((capacity, n // 32), np.float32)
         self.sums = np.zeros((capacity, n // 16), np.float32)
+        self.sums32 = np.zeros((capacity, n // 32), np.float32)
+        self.isums = np.zeros((capacity, n // 16), np.int32)
         s = QuantizeSlots
         self.args = np.zeros(s.SIZE, np.int64)
         self.args[s.N] = n
@@ -175,6 +202,7 @@ class _ActivationBuffers:
             self.ad.ctypes.data,
             self.sums.ctypes.data,
         )
+        self.args[s.SUMS32], self.args[s.ISUMS] = self.sums32.ctypes.data, self.isums.ctypes.data
         self.args_ptr = self.args.ctypes.data
 
 
@@ -193,6 +221,11 @@ class JitBackend(ReferenceBackend):
             for q in quant_matmul.LAYOUTS
             if q not in LAZY_QUANT_TYPES
         }
+        self._packed_kernels = (
+            {q: self.library.address(f"pmm_{q}") for q in packed_matmul.PACKED_TYPES}
+            if repack_enabled()
+            else {}
+        )
         self._float_kernels = {k: self.library.address(f"mmf_{k}") for k in float_matmul.ELEM}
         self._direct = {
             name: _KERNEL_FN(self.library.address(name))
@@ -255,7 +288,15 @@ class JitBackend(ReferenceBackend):
         if data.ndim != 2 or data.shape[0] != w.rows or not data.flags.c_contiguous:
             data = np.ascontiguousarray(data).reshape(w.rows, -1)
         kind = w.qtype.name
-        if kind in quant_matmul.LAYOUTS:
+        if kind in self._packed_kernels and repack.packable(w):
+            packed = repack.packed_for(w)
+            s = QuantMatmulSlots
+            args = np.zeros(s.SIZE, np.int64)
+            args[s.W], args[s.ROW_BYTES] = packed.data.ctypes.data, packed.group_bytes
+            args[s.N_ROWS], args[s.N_BLOCKS] = w.rows, w.cols // repack.BLOCK
+            args[s.N], args[s.OUT_STRIDE] = w.cols, w.rows
+            entry = _WeightCall(w, packed.data, args, self._packed_kernels[kind], True)
+        elif kind in quant_matmul.LAYOUTS:
             s = QuantMatmulSlots
             args = np.zeros(s.SIZE, np.int64)
             args[s.W], args[s.ROW_BYTES] = data.ctypes.data, data.strides[0]
@@ -324,6 +365,8 @@ class JitBackend(ReferenceBackend):
                 args[QuantMatmulSlots.AQ] = qargs[QuantizeSlots.AQ]
                 args[QuantMatmulSlots.AD] = qargs[QuantizeSlots.AD]
                 args[QuantMatmulSlots.SUMS] = qargs[QuantizeSlots.SUMS]
+                args[QuantMatmulSlots.SUMS32] = qargs[QuantizeSlots.SUMS32]
+                args[QuantMatmulSlots.ISUMS] = qargs[QuantizeSlots.ISUMS]
                 call.bufs = bufs
             args[QuantMatmulSlots.N_TOKENS] = tokens
             args[QuantMatmulSlots.OUT] = self._ptr(out)
