@@ -71,34 +71,47 @@ def packable(w: QTensor) -> bool:
 # --- unpacking the GGUF blocks to small integers --------------------------------------------
 
 
+# The fields below work on uint32 views: 4 consecutive values of one row are one element (one
+# vpdpbusd lane), so the transposes move a quarter of the elements and the nibble arithmetic
+# runs 4 values at a time (no carry crosses a byte: every shift keeps each byte's bits in it).
+_LOW4 = np.uint32(0x0F0F0F0F)
+_LOW2 = np.uint32(0x03030303)
+
+
+def _u32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
 def _q4_k_fields(blocks: np.ndarray):
-    """uint8 [r, nb, 144] -> (q u8 [r, nb, 256], sc u8 [r, nb, 8], m u8 [r, nb, 8], d, dmin)."""
+    """uint8 [r, nb, 144] -> (q as u32 [r, nb, 8 chunks, 8 units] of 4 nibble values,
+    sc u8 [r, nb, 8], m u8 [r, nb, 8], d, dmin)."""
+    lead = blocks.shape[:-1]
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     s = blocks[..., 4:16]
-    sc = np.empty((*blocks.shape[:-1], 8), np.uint8)
+    sc = np.empty((*lead, 8), np.uint8)
     m = np.empty_like(sc)
     sc[..., :4] = s[..., 0:4] & 63
     m[..., :4] = s[..., 4:8] & 63
     sc[..., 4:] = (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)
     m[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
-    qs = blocks[..., 16:144].reshape(*blocks.shape[:-1], 4, 32)
-    q = np.stack([qs & 15, qs >> 4], axis=-2)  # [r, nb, 4, 2, 32]: sub-block 2j, 2j + 1
-    return q.reshape(*blocks.shape[:-1], 256), sc, m, d, dmin
+    qs = _u32(blocks[..., 16:144]).reshape(*lead, 4, 8)  # 32-byte run j: sub-blocks 2j, 2j + 1
+    q = np.stack([qs & _LOW4, (qs >> 4) & _LOW4], axis=-2)  # [r, nb, 4, 2, 8]
+    return q.reshape(*lead, 8, 8), sc, m, d, dmin
 
 
 def _q6_k_fields(blocks: np.ndarray):
-    """uint8 [r, nb, 210] -> (q + 32 as u8 [r, nb, 256], scale i8 [r, nb, 16], d f32)."""
+    """uint8 [r, nb, 210] -> (q + 32 as u32 [r, nb, 8 chunks, 8 units] of 4 values,
+    scale i8 [r, nb, 16], d f32)."""
     lead = blocks.shape[:-1]
-    ql = blocks[..., 0:128].reshape(*lead, 2, 2, 32)  # [half n][32-byte run][l]
-    qh = blocks[..., 128:192].reshape(*lead, 2, 1, 32)
-    lo = np.stack([ql[..., 0, :] & 15, ql[..., 1, :] & 15, ql[..., 0, :] >> 4, ql[..., 1, :] >> 4])
-    hi = np.stack([(qh[..., 0, :] >> (2 * k)) & 3 for k in range(4)])
-    q = lo | (hi << 4)  # [k, r, nb, n, 32] -> value 128n + 32k + l
-    q = np.moveaxis(q, 0, -2).reshape(*lead, 256)
+    ql = _u32(blocks[..., 0:128]).reshape(*lead, 2, 2, 8)  # [half n][32-byte run][4 bytes]
+    qh = _u32(blocks[..., 128:192]).reshape(*lead, 2, 8)
+    run0, run1 = ql[..., 0, :], ql[..., 1, :]
+    lo = [run0 & _LOW4, run1 & _LOW4, (run0 >> 4) & _LOW4, (run1 >> 4) & _LOW4]
+    q = np.stack([lo[k] | (((qh >> (2 * k)) & _LOW2) << 4) for k in range(4)], axis=-2)
     sc = blocks[..., 192:208].view(np.int8)
     d = blocks[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
-    return q, sc, d
+    return q.reshape(*lead, 8, 8), sc, d  # value 128n + 32k + l: chunk 4n + k, unit l // 4
 
 
 def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
@@ -108,22 +121,32 @@ def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([a, pad])
 
 
+def _lanes(q: np.ndarray, g: int) -> np.ndarray:
+    """u32 [g*16, nb, 8, 8] -> [g, nb, chunk, unit, row]: the record order."""
+    nb = q.shape[1]
+    return q.reshape(g, GROUP_ROWS, nb, 8, 8).transpose(0, 2, 3, 4, 1)
+
+
+def _per_row(a: np.ndarray, g: int) -> np.ndarray:
+    """[g*16, nb, width] -> [g, nb, width * 16] laid out [width][row]."""
+    nb, width = a.shape[1], a.shape[2]
+    return np.ascontiguousarray(
+        a.reshape(g, GROUP_ROWS, nb, width).transpose(0, 2, 3, 1).reshape(g, nb, -1)
+    )
+
+
 def _records_q4_k(blocks: np.ndarray) -> np.ndarray:
     """uint8 [g*16, nb, 144] -> records uint8 [g, nb, 2432]."""
     q, sc, m, d, dmin = _q4_k_fields(blocks)
     g, nb = blocks.shape[0] // GROUP_ROWS, blocks.shape[1]
-    units = q.reshape(g, GROUP_ROWS, nb, 8, 8, 4).transpose(0, 2, 3, 4, 1, 5)  # [g,nb,c,k,i,e]
+    units = _lanes(q, g)  # [g, nb, c, k, i]
     packed = units[:, :, :, :4] | (units[:, :, :, 4:] << 4)
     rec = np.empty((g, nb, RECORD_BYTES["Q4_K"]), np.uint8)
-    rec[..., :2048] = packed.reshape(g, nb, 2048)
-
-    def per_row(a, width):  # [g*16, nb, width] -> [g, nb, width * 16] as [width][row]
-        return a.reshape(g, GROUP_ROWS, nb, width).transpose(0, 2, 3, 1).reshape(g, nb, -1)
-
-    rec[..., 2048:2176] = per_row(sc, 8)
-    rec[..., 2176:2304] = per_row(m, 8)
-    rec[..., 2304:2368] = per_row(d[..., None], 1).copy().view(np.uint8)
-    rec[..., 2368:2432] = per_row(dmin[..., None], 1).copy().view(np.uint8)
+    rec[..., :2048] = packed.reshape(g, nb, 512).view(np.uint8)
+    rec[..., 2048:2176] = _per_row(sc, g)
+    rec[..., 2176:2304] = _per_row(m, g)
+    rec[..., 2304:2368] = _per_row(d[..., None], g).view(np.uint8)
+    rec[..., 2368:2432] = _per_row(dmin[..., None], g).view(np.uint8)
     return rec
 
 
@@ -131,9 +154,9 @@ def _records_q6_k(blocks: np.ndarray) -> np.ndarray:
     """uint8 [g*16, nb, 210] -> records uint8 [g, nb, 3392]."""
     q, sc, d = _q6_k_fields(blocks)
     g, nb = blocks.shape[0] // GROUP_ROWS, blocks.shape[1]
-    units = q.reshape(g, GROUP_ROWS, nb, 8, 8, 4).transpose(0, 2, 3, 4, 1, 5)  # [g,nb,c,k,i,e]
-    low = (units[:, :, :, :4] & 15) | ((units[:, :, :, 4:] & 15) << 4)  # [g,nb,c,4,16,4]
-    top = units >> 4
+    units = _lanes(q, g)  # [g, nb, c, k, i]
+    low = (units[:, :, :, :4] & _LOW4) | ((units[:, :, :, 4:] & _LOW4) << 4)  # [g,nb,c,4,i]
+    top = (units >> 4) & _LOW2
     high = np.stack(
         [
             top[:, :, :, 4 * h]
@@ -143,25 +166,23 @@ def _records_q6_k(blocks: np.ndarray) -> np.ndarray:
             for h in (0, 1)
         ],
         axis=3,
-    )  # [g,nb,c,2,16,4]
+    )  # [g, nb, c, 2, i]
     rec = np.empty((g, nb, RECORD_BYTES["Q6_K"]), np.uint8)
     chunks = rec[..., :3072].reshape(g, nb, 8, 384)
-    chunks[..., :256] = low.reshape(g, nb, 8, 256)
-    chunks[..., 256:] = high.reshape(g, nb, 8, 128)
-    rec[..., 3072:3328] = (
-        sc.reshape(g, GROUP_ROWS, nb, 16).transpose(0, 2, 3, 1).reshape(g, nb, 256).view(np.uint8)
-    )
-    rec[..., 3328:3392] = (
-        d.reshape(g, GROUP_ROWS, nb).transpose(0, 2, 1).copy().view(np.uint8).reshape(g, nb, 64)
-    )
+    chunks[..., :256] = np.ascontiguousarray(low).reshape(g, nb, 8, 64).view(np.uint8)
+    chunks[..., 256:] = high.reshape(g, nb, 8, 32).view(np.uint8)
+    rec[..., 3072:3328] = _per_row(sc, g).view(np.uint8)
+    rec[..., 3328:3392] = _per_row(d[..., None], g).view(np.uint8)
     return rec
 
 
 _RECORDS = {"Q4_K": _records_q4_k, "Q6_K": _records_q6_k}
 
 
-def repack(w: QTensor) -> PackedWeight:
-    """The records of a Q4_K or Q6_K weight (`packable(w)`), built _ROWS_PER_PASS rows at a time."""
+def repack(w: QTensor, release: bool = False) -> PackedWeight:
+    """The records of a Q4_K or Q6_K weight (`packable(w)`), built _ROWS_PER_PASS rows at a time;
+    with `release`, each pass's pages of the file mapping are released as soon as it is done, so
+    the original and the repacked bytes of a big tensor are never both resident."""
     qname = w.qtype.name
     nb = w.cols // BLOCK
     src = np.asarray(w.data).reshape(w.rows, nb, SOURCE_BLOCK_BYTES[qname])
@@ -172,6 +193,8 @@ def repack(w: QTensor) -> PackedWeight:
         part = _pad_rows(src[r0:r1], -(-(r1 - r0) // GROUP_ROWS) * GROUP_ROWS)
         g0 = r0 // GROUP_ROWS
         out[g0 : g0 + part.shape[0] // GROUP_ROWS] = _RECORDS[qname](part)
+        if release:
+            release_file_pages(src[r0:r1])
     return PackedWeight(qname, w.rows, w.cols, out)
 
 
@@ -217,8 +240,8 @@ def packed_for(w: QTensor) -> PackedWeight:
     with _lock:
         hit = _packed.get(w)
         if hit is None:
-            hit = _packed[w] = repack(w)
-            release_file_pages(w.data)
+            hit = _packed[w] = repack(w, release=True)
+            release_file_pages(w.data)  # the pages that straddled two passes
         return hit
 
 
