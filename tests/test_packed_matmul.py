@@ -44,7 +44,7 @@ def test_repacking_in_passes_equals_one_pass(monkeypatch):
     rng = np.random.default_rng(5)
     w = make_weight(Q.Q6_K, 100, 512, rng)
     whole = repack.repack(w).data
-    monkeypatch.setattr(repack, "_ROWS_PER_PASS", 32)
+    monkeypatch.setattr(repack, "_PASS_BYTES", 16 * 2 * 210 * 3)  # 48 rows a pass, 3 threads
     np.testing.assert_array_equal(repack.repack(w).data, whole)
 
 

@@ -32,9 +32,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
+import os
 import sys
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,9 +47,10 @@ GROUP_ROWS = 16  # rows per record: one 512-bit vector of i32 lanes
 BLOCK = 256
 RECORD_BYTES = {"Q4_K": 2432, "Q6_K": 3392}
 SOURCE_BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
-# Rows repacked per numpy pass: bounds the temporaries (~1 KB per row-block) on a 150k-row
-# output matrix.
-_ROWS_PER_PASS = 2048
+# File bytes repacked per numpy pass: bounds the temporaries (~3x the pass) on a 150k-row output
+# matrix and keeps them in cache; passes run on up to _REPACK_THREADS threads.
+_PASS_BYTES = 1 << 20
+_REPACK_THREADS = min(4, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,21 +183,32 @@ _RECORDS = {"Q4_K": _records_q4_k, "Q6_K": _records_q6_k}
 
 
 def repack(w: QTensor, release: bool = False) -> PackedWeight:
-    """The records of a Q4_K or Q6_K weight (`packable(w)`), built _ROWS_PER_PASS rows at a time;
-    with `release`, each pass's pages of the file mapping are released as soon as it is done, so
+    """The records of a Q4_K or Q6_K weight (`packable(w)`), built in passes of about
+    _PASS_BYTES of the file on up to _REPACK_THREADS threads (numpy releases the GIL); with
+    `release`, each pass's pages of the file mapping are released as soon as it is done, so
     the original and the repacked bytes of a big tensor are never both resident."""
     qname = w.qtype.name
     nb = w.cols // BLOCK
     src = np.asarray(w.data).reshape(w.rows, nb, SOURCE_BLOCK_BYTES[qname])
     groups = -(-w.rows // GROUP_ROWS)
     out = np.empty((groups, nb, RECORD_BYTES[qname]), np.uint8)
-    for r0 in range(0, w.rows, _ROWS_PER_PASS):
-        r1 = min(r0 + _ROWS_PER_PASS, w.rows)
+    step = max(1, _PASS_BYTES // (GROUP_ROWS * nb * SOURCE_BLOCK_BYTES[qname])) * GROUP_ROWS
+
+    def one_pass(r0: int) -> None:
+        r1 = min(r0 + step, w.rows)
         part = _pad_rows(src[r0:r1], -(-(r1 - r0) // GROUP_ROWS) * GROUP_ROWS)
         g0 = r0 // GROUP_ROWS
         out[g0 : g0 + part.shape[0] // GROUP_ROWS] = _RECORDS[qname](part)
         if release:
             release_file_pages(src[r0:r1])
+
+    starts = range(0, w.rows, step)
+    if len(starts) == 1 or _REPACK_THREADS == 1:
+        for r0 in starts:
+            one_pass(r0)
+    else:
+        with ThreadPoolExecutor(min(_REPACK_THREADS, len(starts))) as ex:
+            list(ex.map(one_pass, starts))
     return PackedWeight(qname, w.rows, w.cols, out)
 
 
