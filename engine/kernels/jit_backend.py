@@ -4,6 +4,10 @@ All kernel modules are compiled once per process (object code cached on disk, se
 and shared; every backend owns a native thread pool (engine/kernels/threads.py) that runs them.
 The quantized mat-mul path picks the dot-product instruction set from the host CPU at load:
 AVX512-VNNI `vpdpbusd`, else AVX2 `pmaddubsw`, else generic widening multiplies.
+Q4_K and Q6_K weights whose rows are whole super-blocks are repacked on their first use into
+16-row records (repack.py, shared by every backend of the process) and run on
+packed_matmul.py's kernels, for every token count, so a token's result never depends on the
+batch; LOCALCHAT_REPACK=0 keeps them on the row-major kernels (for side-by-side comparison).
 
 Per-call Python work is kept to a few slot writes into cached int64 argument blocks: array
 addresses are cached per array object (reading `arr.ctypes.data` costs ~1.5-3 us), weight
