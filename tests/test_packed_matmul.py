@@ -14,11 +14,12 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from engine.kernels import act_quant, repack
+from engine.kernels import act_quant, repack, repack_jit
 from engine.kernels.act_quant import QuantizeSlots
 from engine.kernels.compiler import CPU_ENV, CpuSelectionError, KernelLibrary, target_cpu
 from engine.kernels.jit_backend import REPACK_ENV, JitBackend, packed_module
 from engine.kernels.quant_matmul import QuantMatmulSlots
+from engine.kernels.repack_jit import RepackSlots
 from engine.kernels.threads import ThreadPool, pool_module
 from engine.qtensor import QTensor
 from tests.quant_blocks import random_blocks
@@ -199,3 +200,47 @@ def test_file_pages_are_released_only_for_a_file_mapping(tmp_path):
     np.testing.assert_array_equal(repack.packed_for(mapped_w).data, expected)
     del view, mapped_w
     mapped.close()
+
+
+def _jit_fill(pool, lib):
+    """repack.RecordFiller running repack_jit's kernels on `pool` (what JitBackend passes)."""
+
+    def fill(qname, src, rows, n_blocks, out):
+        s = RepackSlots
+        args = np.zeros(s.SIZE, np.int64)
+        args[s.SRC], args[s.DST] = src.ctypes.data, out.ctypes.data
+        args[s.ROWS], args[s.N_BLOCKS] = rows, n_blocks
+        pool.run(lib.address(f"repack_{qname.lower()}"), args.ctypes.data)
+
+    return fill
+
+
+@pytest.mark.parametrize(
+    ("isa", "cpu"), [("vnni", None), ("avx2", "haswell"), ("generic", "x86-64-v2")]
+)
+def test_the_jit_repack_writes_the_numpy_repacks_bytes(isa, cpu, monkeypatch):
+    if cpu is not None:
+        monkeypatch.setenv(CPU_ENV, cpu)
+    try:
+        target = target_cpu()
+    except CpuSelectionError as exc:
+        pytest.skip(f"this CPU cannot run {cpu} code: {exc}")
+    if cpu is None and not (target.has("avx512vnni") and target.has("avx512vl")):
+        pytest.skip("the host has no AVX512-VNNI")
+    lib = KernelLibrary(cpu=target)
+    lib.add_modules([pool_module(), ("repack", repack_jit.module_ir())])
+    pool = ThreadPool(lib, 2)
+    rng = np.random.default_rng(23)
+    # 48 rows a pass: the last pass of 100 or 37 rows is short and not a multiple of 16
+    monkeypatch.setattr(repack, "_FILL_PASS_BYTES", 16 * 3 * 210 * 3)
+    try:
+        for qtype in PACKED:
+            for rows, cols in [(1, 256), (15, 768), (16, 512), (37, 768), (100, 256)]:
+                blocks = random_blocks(rng, qtype, rows * cols // 256).reshape(rows, -1)
+                w = QTensor("w", qtype, (rows, cols), blocks)
+                jit = repack.repack(w, fill=_jit_fill(pool, lib))
+                np.testing.assert_array_equal(
+                    jit.data, repack.repack(w).data, err_msg=f"{isa} {qtype.name} {rows}x{cols}"
+                )
+    finally:
+        pool.close()

@@ -37,6 +37,7 @@ from engine.kernels import (
     packed_matmul,
     quant_matmul,
     repack,
+    repack_jit,
 )
 from engine.kernels.act_quant import QuantizeSlots
 from engine.kernels.attention import AttentionSlots
@@ -100,6 +101,7 @@ def kernel_modules(isa: str) -> list[tuple[str, str]]:
     modules = [pool_module(), ("quantize_q8", act_quant.module_ir())]
     modules += [quant_module(q, isa) for q in quant_matmul.LAYOUTS if q not in LAZY_QUANT_TYPES]
     modules += [packed_module(q, isa) for q in packed_matmul.PACKED_TYPES]
+    modules += [("repack", repack_jit.module_ir())]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
     modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir())]
     return modules
@@ -230,6 +232,10 @@ class JitBackend(ReferenceBackend):
             if repack_enabled()
             else {}
         )
+        self._repack_kernels = {
+            q: self.library.address(f"repack_{q.lower()}") for q in repack_jit.REPACK_TYPES
+        }
+        self._repack_args = np.zeros(repack_jit.RepackSlots.SIZE, np.int64)
         self._float_kernels = {k: self.library.address(f"mmf_{k}") for k in float_matmul.ELEM}
         self._direct = {
             name: _KERNEL_FN(self.library.address(name))
@@ -287,13 +293,25 @@ class JitBackend(ReferenceBackend):
             self._ptrs[id(arr)] = (arr, p)
         return p
 
+    def _fill_records(
+        self, qname: str, src: np.ndarray, rows: int, n_blocks: int, out: np.ndarray
+    ) -> None:
+        """repack.RecordFiller on the pool: the records of `rows` rows of GGUF blocks."""
+        if not (src.flags.c_contiguous and out.flags.c_contiguous):
+            raise ValueError("repack kernels need C-contiguous blocks and records")
+        s = repack_jit.RepackSlots
+        args = self._repack_args
+        args[s.SRC], args[s.DST] = src.ctypes.data, out.ctypes.data
+        args[s.ROWS], args[s.N_BLOCKS] = rows, n_blocks
+        self.pool.run(self._repack_kernels[qname], args.ctypes.data)
+
     def _weight_args(self, w: QTensor) -> _WeightCall:
         data = w.data
         if data.ndim != 2 or data.shape[0] != w.rows or not data.flags.c_contiguous:
             data = np.ascontiguousarray(data).reshape(w.rows, -1)
         kind = w.qtype.name
         if kind in self._packed_kernels and repack.packable(w):
-            packed = repack.packed_for(w)
+            packed = repack.packed_for(w, self._fill_records)
             s = QuantMatmulSlots
             args = np.zeros(s.SIZE, np.int64)
             args[s.W], args[s.ROW_BYTES] = packed.data.ctypes.data, packed.group_bytes

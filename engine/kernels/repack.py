@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -79,6 +80,7 @@ def packable(w: QTensor) -> bool:
 # runs 4 values at a time (no carry crosses a byte: every shift keeps each byte's bits in it).
 _LOW4 = np.uint32(0x0F0F0F0F)
 _LOW2 = np.uint32(0x03030303)
+_LOW6 = np.uint32(0x3F3F3F3F)
 
 
 def _u32(a: np.ndarray) -> np.ndarray:
@@ -89,15 +91,19 @@ def _q4_k_fields(blocks: np.ndarray):
     """uint8 [r, nb, 144] -> (q as u32 [r, nb, 8 chunks, 8 units] of 4 nibble values,
     sc u8 [r, nb, 8], m u8 [r, nb, 8], d, dmin)."""
     lead = blocks.shape[:-1]
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    s = blocks[..., 4:16]
-    sc = np.empty((*lead, 8), np.uint8)
-    m = np.empty_like(sc)
-    sc[..., :4] = s[..., 0:4] & 63
-    m[..., :4] = s[..., 4:8] & 63
-    sc[..., 4:] = (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)
-    m[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    # d and dmin in one conversion, the 12 scale bytes as 3 u32 (4 sub-blocks each): numpy's
+    # per-element overhead on the blocks' short strided byte fields was most of the repack.
+    dd = np.ascontiguousarray(blocks[..., 0:4]).view(np.float16).astype(np.float32)
+    d, dmin = dd[..., 0], dd[..., 1]
+    s = _u32(blocks[..., 4:16])  # [r, nb, 3]: scale bytes 0-3, 4-7, 8-11
+    a, b, c = s[..., 0], s[..., 1], s[..., 2]
+    sc32 = np.empty((*lead, 2), np.uint32)
+    m32 = np.empty_like(sc32)
+    sc32[..., 0] = a & _LOW6
+    m32[..., 0] = b & _LOW6
+    sc32[..., 1] = (c & _LOW4) | (((a >> 6) & _LOW2) << 4)
+    m32[..., 1] = ((c >> 4) & _LOW4) | (((b >> 6) & _LOW2) << 4)
+    sc, m = sc32.view(np.uint8), m32.view(np.uint8)
     qs = _u32(blocks[..., 16:144]).reshape(*lead, 4, 8)  # 32-byte run j: sub-blocks 2j, 2j + 1
     q = np.stack([qs & _LOW4, (qs >> 4) & _LOW4], axis=-2)  # [r, nb, 4, 2, 8]
     return q.reshape(*lead, 8, 8), sc, m, d, dmin
@@ -182,28 +188,41 @@ def _records_q6_k(blocks: np.ndarray) -> np.ndarray:
 _RECORDS = {"Q4_K": _records_q4_k, "Q6_K": _records_q6_k}
 
 
-def repack(w: QTensor, release: bool = False) -> PackedWeight:
+# A compiled repack (repack_jit.py through a backend's pool): fill(qname, src, rows, n_blocks,
+# out) writes the records of `rows` rows of GGUF blocks (C-contiguous, from src's address) into
+# out's groups. Passes through it are bigger: it makes no temporaries and runs on every thread.
+RecordFiller = Callable[[str, np.ndarray, int, int, np.ndarray], None]
+_FILL_PASS_BYTES = 1 << 23
+
+
+def repack(w: QTensor, release: bool = False, fill: RecordFiller | None = None) -> PackedWeight:
     """The records of a Q4_K or Q6_K weight (`packable(w)`), built in passes of about
-    _PASS_BYTES of the file on up to _REPACK_THREADS threads (numpy releases the GIL); with
-    `release`, each pass's pages of the file mapping are released as soon as it is done, so
-    the original and the repacked bytes of a big tensor are never both resident."""
+    _PASS_BYTES of the file on up to _REPACK_THREADS threads (numpy releases the GIL), or by
+    `fill` in passes of _FILL_PASS_BYTES; with `release`, each pass's pages of the file mapping
+    are released as soon as it is done, so the original and the repacked bytes of a big tensor
+    are never both resident."""
     qname = w.qtype.name
     nb = w.cols // BLOCK
     src = np.asarray(w.data).reshape(w.rows, nb, SOURCE_BLOCK_BYTES[qname])
     groups = -(-w.rows // GROUP_ROWS)
     out = np.empty((groups, nb, RECORD_BYTES[qname]), np.uint8)
-    step = max(1, _PASS_BYTES // (GROUP_ROWS * nb * SOURCE_BLOCK_BYTES[qname])) * GROUP_ROWS
+    group_file_bytes = GROUP_ROWS * nb * SOURCE_BLOCK_BYTES[qname]
+    step = max(1, (_PASS_BYTES if fill is None else _FILL_PASS_BYTES) // group_file_bytes)
+    step *= GROUP_ROWS
 
     def one_pass(r0: int) -> None:
         r1 = min(r0 + step, w.rows)
-        part = _pad_rows(src[r0:r1], -(-(r1 - r0) // GROUP_ROWS) * GROUP_ROWS)
         g0 = r0 // GROUP_ROWS
-        out[g0 : g0 + part.shape[0] // GROUP_ROWS] = _RECORDS[qname](part)
+        if fill is not None:
+            fill(qname, src[r0:r1], r1 - r0, nb, out[g0 : g0 + -(-(r1 - r0) // GROUP_ROWS)])
+        else:
+            part = _pad_rows(src[r0:r1], -(-(r1 - r0) // GROUP_ROWS) * GROUP_ROWS)
+            out[g0 : g0 + part.shape[0] // GROUP_ROWS] = _RECORDS[qname](part)
         if release:
             release_file_pages(src[r0:r1])
 
     starts = range(0, w.rows, step)
-    if len(starts) == 1 or _REPACK_THREADS == 1:
+    if len(starts) == 1 or _REPACK_THREADS == 1 or fill is not None:
         for r0 in starts:
             one_pass(r0)
     else:
@@ -249,12 +268,13 @@ _lock = threading.Lock()
 _packed: weakref.WeakKeyDictionary[QTensor, PackedWeight] = weakref.WeakKeyDictionary()
 
 
-def packed_for(w: QTensor) -> PackedWeight:
-    """The process's repacked copy of `w` (every backend over the same weights shares it)."""
+def packed_for(w: QTensor, fill: RecordFiller | None = None) -> PackedWeight:
+    """The process's repacked copy of `w` (every backend over the same weights shares it), made
+    by `fill` where given (a compiled repack), else by numpy."""
     with _lock:
         hit = _packed.get(w)
         if hit is None:
-            hit = _packed[w] = repack(w, release=True)
+            hit = _packed[w] = repack(w, release=True, fill=fill)
             release_file_pages(w.data)  # the pages that straddled two passes
         return hit
 
