@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import sys
@@ -293,7 +294,10 @@ def _mapped_by_a_file(arr: np.ndarray) -> bool:
     return False
 
 
+@functools.cache
 def _libc():
+    """libc with madvise typed, looked up once: find_library runs `ldconfig -p` in a subprocess
+    (~2 ms), which once per repack pass was a third of the whole repack's time."""
     if not sys.platform.startswith("linux"):
         return None
     lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
