@@ -5,7 +5,8 @@ and shared; every backend owns a native thread pool (engine/kernels/threads.py) 
 The quantized mat-mul path picks the dot-product instruction set from the host CPU at load:
 AVX512-VNNI `vpdpbusd`, else AVX2 `pmaddubsw`, else generic widening multiplies.
 Q4_K and Q6_K weights whose rows are whole super-blocks are repacked on their first use into
-16-row records (repack.py, shared by every backend of the process) and run on
+16-row records (repack.py, shared by every backend of the process; written by repack_jit.py's
+kernels on the pool) and run on
 packed_matmul.py's kernels, for every token count, so a token's result never depends on the
 batch; LOCALCHAT_REPACK=0 keeps them on the row-major kernels (for side-by-side comparison).
 

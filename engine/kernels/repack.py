@@ -1,4 +1,4 @@
-"""Q4_K / Q6_K weights repacked once at load into 16-row interleaved records (numpy, vectorised).
+"""Q4_K / Q6_K weights repacked once at load into 16-row interleaved records.
 
 The GGUF layout keeps each row's blocks together, so a mat-mul kernel unpacks one row at a time
 and reduces every dot product across vector lanes. A record here holds one 256-value super-block
@@ -25,6 +25,9 @@ Rows past the last multiple of 16 are zero (their outputs are never stored). Onc
 repacked its pages of the memory-mapped file are released (madvise DONTNEED), so the process
 holds the repacked bytes instead of the original ones, not both; the file's other tensors are
 untouched.
+
+The JIT backend repacks through its compiled kernels (repack_jit.py, passed in as `fill`); the
+numpy code here is the fallback without them and the tests' reference for their bytes.
 """
 
 from __future__ import annotations
