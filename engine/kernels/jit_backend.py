@@ -6,9 +6,9 @@ The quantized mat-mul path picks the dot-product instruction set from the host C
 AVX512-VNNI `vpdpbusd`, else AVX2 `pmaddubsw`, else generic widening multiplies.
 Q4_K and Q6_K weights whose rows are whole super-blocks are repacked on their first use into
 16-row records (repack.py, shared by every backend of the process; written by repack_jit.py's
-kernels on the pool) and run on
-packed_matmul.py's kernels, for every token count, so a token's result never depends on the
-batch; LOCALCHAT_REPACK=0 keeps them on the row-major kernels (for side-by-side comparison).
+kernels on the pool) and run on packed_matmul.py's kernels, for every token count, so a token's
+result never depends on the batch; LOCALCHAT_REPACK=0 keeps them on the row-major kernels (for
+side-by-side comparison).
 
 Per-call Python work is kept to a few slot writes into cached int64 argument blocks: array
 addresses are cached per array object (reading `arr.ctypes.data` costs ~1.5-3 us), weight
