@@ -154,8 +154,12 @@ def test_other_instruction_set_paths(isa, cpu, monkeypatch):
         aq = np.zeros((5, n), np.int8)
         ad = np.zeros((5, n // 32), np.float32)
         sums = np.zeros((5, n // 16), np.float32)
+        sums32 = np.zeros((5, n // 32), np.float32)
+        isums = np.zeros((5, n // 16), np.int32)
         qargs = np.array(
-            [x.ctypes.data, 5, n, aq.ctypes.data, ad.ctypes.data, sums.ctypes.data], np.int64
+            [x.ctypes.data, 5, n, aq.ctypes.data, ad.ctypes.data, sums.ctypes.data]
+            + [sums32.ctypes.data, isums.ctypes.data],
+            np.int64,
         )
         pool.run(lib.address("quantize_q8"), qargs.ctypes.data)
         out = np.zeros((5, 6), np.float32)

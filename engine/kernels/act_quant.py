@@ -4,6 +4,8 @@ Per token row x (n floats, n a multiple of 32) it writes
   aq: int8 [n]       q_i = round(x_i / d) with d = max|x| / 127 over the block of 32
   ad: f32 [n/32]     d per block
   as: f32 [n/16]     d * (sum of q over every 16 values): the weight formats' offset terms
+  s32: f32 [n/32]    d * (sum of q over the block): the repacked kernels' min terms
+  is: i32 [n/16]     sum of q over every 16 values: the repacked kernels' integer offsets
 Tokens are split across the pool threads. Argument slots: `QuantizeSlots`.
 """
 
@@ -15,10 +17,10 @@ V32F = "<32 x float>"
 
 
 class QuantizeSlots:
-    """quantize_q8's i64 argument block: x (f32 [T, n]), n_tokens, n, and the three outputs;
+    """quantize_q8's i64 argument block: x (f32 [T, n]), n_tokens, n, and the five outputs;
     SIZE is the block's length (the IR reads these slots, engine/kernels/jit_backend.py fills them)."""
 
-    X, N_TOKENS, N, AQ, AD, SUMS, SIZE = range(7)
+    X, N_TOKENS, N, AQ, AD, SUMS, SUMS32, ISUMS, SIZE = range(9)
 
 
 def module_ir() -> str:
@@ -28,6 +30,7 @@ def module_ir() -> str:
     ntok = f.arg("%args", s.N_TOKENS)
     n = f.arg("%args", s.N)
     aq, ad, as_ = (f.arg("%args", i, "ptr") for i in (s.AQ, s.AD, s.SUMS))
+    s32, is_ = (f.arg("%args", i, "ptr") for i in (s.SUMS32, s.ISUMS))
     nb = f.op(f"lshr i64 {n}, 5")
     total = f.op(f"mul i64 {ntok}, {nb}")  # every block of every token is independent
     b0, b1 = thread_range(f, total, "%tid", "%nth", 1)
@@ -53,16 +56,26 @@ def module_ir() -> str:
     q8 = f.op(f"trunc <32 x i32> {qi} to <32 x i8>")
     f(f"store <32 x i8> {q8}, ptr {f.gep(aq, e)}, align 1")
     f(f"store float {d}, ptr {f.op(f'getelementptr inbounds float, ptr {ad}, i64 %b')}, align 4")
+    lane_sums = []
     for h in (0, 1):
         half = f.op(
             f"shufflevector <32 x i32> {qi}, <32 x i32> poison, {mask(range(16 * h, 16 * h + 16))}"
         )
         lane_sum = f.op(f"call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> {half})")
+        lane_sums.append(lane_sum)
         sd = f.op(f"fmul float {f.op(f'sitofp i32 {lane_sum} to float')}, {d}")
         idx = f.op(f"add i64 {f.op('shl i64 %b, 1')}, {h}")
         f(
             f"store float {sd}, ptr {f.op(f'getelementptr inbounds float, ptr {as_}, i64 {idx}')}, align 4"
         )
+        f(
+            f"store i32 {lane_sum}, ptr {f.op(f'getelementptr inbounds i32, ptr {is_}, i64 {idx}')}, align 4"
+        )
+    total = f.op(f"add i32 {lane_sums[0]}, {lane_sums[1]}")
+    s32d = f.op(f"fmul float {f.op(f'sitofp i32 {total} to float')}, {d}")
+    f(
+        f"store float {s32d}, ptr {f.op(f'getelementptr inbounds float, ptr {s32}, i64 %b')}, align 4"
+    )
     f("%b_next = add i64 %b, 1")
     f("br label %head")
     f.put_label("exit")

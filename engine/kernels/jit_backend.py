@@ -4,6 +4,11 @@ All kernel modules are compiled once per process (object code cached on disk, se
 and shared; every backend owns a native thread pool (engine/kernels/threads.py) that runs them.
 The quantized mat-mul path picks the dot-product instruction set from the host CPU at load:
 AVX512-VNNI `vpdpbusd`, else AVX2 `pmaddubsw`, else generic widening multiplies.
+Q4_K and Q6_K weights whose rows are whole super-blocks are repacked on their first use into
+16-row records (repack.py, shared by every backend of the process; written by repack_jit.py's
+kernels on the pool) and run on packed_matmul.py's kernels, for every token count, so a token's
+result never depends on the batch; LOCALCHAT_REPACK=0 keeps them on the row-major kernels (for
+side-by-side comparison).
 
 Per-call Python work is kept to a few slot writes into cached int64 argument blocks: array
 addresses are cached per array object (reading `arr.ctypes.data` costs ~1.5-3 us), weight
@@ -19,12 +24,22 @@ import contextlib
 import ctypes
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
-from engine.kernels import act_quant, attention, elementwise, float_matmul, quant_matmul
+from engine.kernels import (
+    act_quant,
+    attention,
+    elementwise,
+    float_matmul,
+    packed_matmul,
+    quant_matmul,
+    repack,
+    repack_jit,
+)
 from engine.kernels.act_quant import QuantizeSlots
 from engine.kernels.attention import AttentionSlots
 from engine.kernels.compiler import HostCPU, KernelLibrary, target_cpu
@@ -63,6 +78,20 @@ def select_isa(cpu: HostCPU) -> str:
 LAZY_QUANT_TYPES = frozenset(quant_matmul.UNPACK_IQ)
 
 
+# LOCALCHAT_REPACK=0 keeps Q4_K / Q6_K weights in the file's layout (the row-major kernels), to
+# compare the two paths side by side; unset or 1, they are repacked on first use (repack.py).
+REPACK_ENV = "LOCALCHAT_REPACK"
+
+
+def repack_enabled() -> bool:
+    return os.environ.get(REPACK_ENV, "1").strip() != "0"
+
+
+def packed_module(qname: str, isa: str) -> tuple[str, str]:
+    """The (name, IR) module of the repacked-record mat-mul of one type (packed_matmul.py)."""
+    return f"pmm_{qname}_{isa}", packed_matmul.module_ir(qname, isa)
+
+
 def quant_module(qname: str, isa: str) -> tuple[str, str]:
     """The (name, IR) mat-mul module of one tensor type; the name also keys the disk cache."""
     return f"mm_{qname}_{isa}", quant_matmul.module_ir(qname, isa)
@@ -73,6 +102,8 @@ def kernel_modules(isa: str) -> list[tuple[str, str]]:
     later, from `lazy_quant_kernel`)."""
     modules = [pool_module(), ("quantize_q8", act_quant.module_ir())]
     modules += [quant_module(q, isa) for q in quant_matmul.LAYOUTS if q not in LAZY_QUANT_TYPES]
+    modules += [packed_module(q, isa) for q in packed_matmul.PACKED_TYPES]
+    modules += [("repack", repack_jit.module_ir())]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
     modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir(isa))]
     return modules
@@ -172,13 +203,16 @@ class _WeightCall:
 
 
 class _ActivationBuffers:
-    """int8 activations, per-32 scales and per-16 scaled sums for up to `capacity` tokens."""
+    """int8 activations, per-32 scales, per-16 scaled sums, per-32 scaled sums and per-16
+    integer sums for up to `capacity` tokens (act_quant.py)."""
 
     def __init__(self, n: int, capacity: int):
         self.capacity = capacity
         self.aq = np.zeros((capacity, n), np.int8)
         self.ad = np.zeros((capacity, n // 32), np.float32)
         self.sums = np.zeros((capacity, n // 16), np.float32)
+        self.sums32 = np.zeros((capacity, n // 32), np.float32)
+        self.isums = np.zeros((capacity, n // 16), np.int32)
         s = QuantizeSlots
         self.args = np.zeros(s.SIZE, np.int64)
         self.args[s.N] = n
@@ -187,6 +221,7 @@ class _ActivationBuffers:
             self.ad.ctypes.data,
             self.sums.ctypes.data,
         )
+        self.args[s.SUMS32], self.args[s.ISUMS] = self.sums32.ctypes.data, self.isums.ctypes.data
         self.args_ptr = self.args.ctypes.data
 
 
@@ -205,6 +240,15 @@ class JitBackend(ReferenceBackend):
             for q in quant_matmul.LAYOUTS
             if q not in LAZY_QUANT_TYPES
         }
+        self._packed_kernels = (
+            {q: self.library.address(f"pmm_{q}") for q in packed_matmul.PACKED_TYPES}
+            if repack_enabled()
+            else {}
+        )
+        self._repack_kernels = {
+            q: self.library.address(f"repack_{q.lower()}") for q in repack_jit.REPACK_TYPES
+        }
+        self._repack_args = np.zeros(repack_jit.RepackSlots.SIZE, np.int64)
         self._float_kernels = {k: self.library.address(f"mmf_{k}") for k in float_matmul.ELEM}
         self._direct = {
             name: _KERNEL_FN(self.library.address(name))
@@ -264,12 +308,32 @@ class JitBackend(ReferenceBackend):
             self._ptrs[id(arr)] = (arr, p)
         return p
 
+    def _fill_records(
+        self, qname: str, src: np.ndarray, rows: int, n_blocks: int, out: np.ndarray
+    ) -> None:
+        """repack.RecordFiller on the pool: the records of `rows` rows of GGUF blocks."""
+        if not (src.flags.c_contiguous and out.flags.c_contiguous):
+            raise ValueError("repack kernels need C-contiguous blocks and records")
+        s = repack_jit.RepackSlots
+        args = self._repack_args
+        args[s.SRC], args[s.DST] = src.ctypes.data, out.ctypes.data
+        args[s.ROWS], args[s.N_BLOCKS] = rows, n_blocks
+        self.pool.run(self._repack_kernels[qname], args.ctypes.data)
+
     def _weight_args(self, w: QTensor) -> _WeightCall:
         data = w.data
         if data.ndim != 2 or data.shape[0] != w.rows or not data.flags.c_contiguous:
             data = np.ascontiguousarray(data).reshape(w.rows, -1)
         kind = w.qtype.name
-        if kind in quant_matmul.LAYOUTS:
+        if kind in self._packed_kernels and repack.packable(w):
+            packed = repack.packed_for(w, self._fill_records)
+            s = QuantMatmulSlots
+            args = np.zeros(s.SIZE, np.int64)
+            args[s.W], args[s.ROW_BYTES] = packed.data.ctypes.data, packed.group_bytes
+            args[s.N_ROWS], args[s.N_BLOCKS] = w.rows, w.cols // repack.BLOCK
+            args[s.N], args[s.OUT_STRIDE] = w.cols, w.rows
+            entry = _WeightCall(w, packed.data, args, self._packed_kernels[kind], True)
+        elif kind in quant_matmul.LAYOUTS:
             s = QuantMatmulSlots
             args = np.zeros(s.SIZE, np.int64)
             args[s.W], args[s.ROW_BYTES] = data.ctypes.data, data.strides[0]
@@ -338,6 +402,8 @@ class JitBackend(ReferenceBackend):
                 args[QuantMatmulSlots.AQ] = qargs[QuantizeSlots.AQ]
                 args[QuantMatmulSlots.AD] = qargs[QuantizeSlots.AD]
                 args[QuantMatmulSlots.SUMS] = qargs[QuantizeSlots.SUMS]
+                args[QuantMatmulSlots.SUMS32] = qargs[QuantizeSlots.SUMS32]
+                args[QuantMatmulSlots.ISUMS] = qargs[QuantizeSlots.ISUMS]
                 call.bufs = bufs
             args[QuantMatmulSlots.N_TOKENS] = tokens
             args[QuantMatmulSlots.OUT] = self._ptr(out)

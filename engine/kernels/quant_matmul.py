@@ -45,10 +45,13 @@ PREFETCH_TILES = 2  # software prefetch distance in row tiles (rows are one cont
 
 class QuantMatmulSlots:
     """w, row_bytes, n_rows, n_blocks (per row), n_tokens, aq (int8 [T, n]), ad (f32 [T, n/32]),
-    sums (f32 [T, n/16], scale * sum of 16 int8), out (f32), n (= cols), out_stride (floats);
-    AQ..SUMS are act_quant's outputs in the same order. SIZE: block length."""
+    sums (f32 [T, n/16], scale * sum of 16 int8), out (f32), n (= cols), out_stride (floats),
+    sums32 (f32 [T, n/32]) and isums (i32 [T, n/16]), which only the repacked kernels read
+    (packed_matmul.py, where ROW_BYTES is the bytes of a 16-row group); AQ..SUMS and
+    SUMS32..ISUMS are act_quant's outputs. SIZE: block length."""
 
-    W, ROW_BYTES, N_ROWS, N_BLOCKS, N_TOKENS, AQ, AD, SUMS, OUT, N, OUT_STRIDE, SIZE = range(12)
+    W, ROW_BYTES, N_ROWS, N_BLOCKS, N_TOKENS, AQ, AD, SUMS, OUT, N, OUT_STRIDE = range(11)
+    SUMS32, ISUMS, SIZE = 11, 12, 13
 
 
 V32I8 = "<32 x i8>"

@@ -1,0 +1,69 @@
+"""Repacked-record Q4_K/Q6_K mat-mul (engine/kernels/packed_matmul.py) vs the row-major kernels.
+
+Two JIT backends in one process, one with LOCALCHAT_REPACK=0 (main's row-major kernels) and
+one repacking; each weight is timed on both, alternating, by process CPU time (robust on a
+shared machine); medians of `--rounds` pairs of 2 calls each. Random K-quant blocks, the 1.5B
+model's shapes. The first call's time (which includes the repack) is printed too.
+
+Usage: python bench/bench_packed_matmul.py [-t THREADS] [-T TOKENS] [-r ROUNDS]
+Set LOCALCHAT_CPU=haswell (or x86-64-v2) to time the AVX2 (generic) path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.kernels.jit_backend import REPACK_ENV, JitBackend
+from tests.test_kernels_linear import make_weight
+
+SHAPES = [(Q.Q4_K, 8960, 1536), (Q.Q6_K, 1536, 8960), (Q.Q4_K, 1536, 1536)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("-T", "--tokens", type=int, default=512)
+    ap.add_argument("-r", "--rounds", type=int, default=7)
+    args = ap.parse_args(argv)
+    os.environ[REPACK_ENV] = "0"
+    rowwise = JitBackend(args.threads)
+    os.environ[REPACK_ENV] = "1"
+    packed = JitBackend(args.threads)
+    rng = np.random.default_rng(0)
+    for qtype, rows, cols in SHAPES:
+        w = make_weight(qtype, rows, cols, rng)
+        x = rng.standard_normal((args.tokens, cols)).astype(np.float32)
+        t0 = time.perf_counter()
+        new = packed.linear(w, x)
+        first = time.perf_counter() - t0
+        old = rowwise.linear(w, x)
+        times: dict[str, list[float]] = {"row-major": [], "repacked": []}
+        for _ in range(args.rounds):
+            for key, backend in (("row-major", rowwise), ("repacked", packed)):
+                c0 = time.process_time()
+                backend.linear(w, x)
+                backend.linear(w, x)
+                times[key].append((time.process_time() - c0) / 2)
+        mo, mn = (float(np.median(times[k])) for k in ("row-major", "repacked"))
+        print(
+            f"{qtype.name} {rows}x{cols} T={args.tokens} threads={args.threads}: "
+            f"row-major {mo * 1e3:.2f} ms, repacked {mn * 1e3:.2f} ms, {mo / mn:.2f}x; "
+            f"max rel diff {np.abs(new - old).max() / np.abs(old).max():.1e}; "
+            f"first call incl. repack {first * 1e3:.0f} ms"
+        )
+    rowwise.close()
+    packed.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

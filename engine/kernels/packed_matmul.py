@@ -1,0 +1,303 @@
+"""IR for `out = x @ W.T` over Q4_K / Q6_K weights repacked into 16-row records (repack.py).
+
+The row-major kernels (quant_matmul.py) give each weight row its own vector accumulators and
+pay, per row and token and 64 values, a dot product plus a conversion, a scale multiply, an fma
+and scalar min terms, besides unpacking every row's 6-bit scales with scalar byte code. Here one
+zmm holds 16 rows (lane i = row i, 4 bytes = 4 consecutive values), so per 32 values of one
+token the 16 rows take 8 `vpdpbusd` with a broadcast activation dword (an embedded broadcast,
+no shuffle) and then, once for all 16 rows: int -> float, times (scale * da), added; Q4_K's mins
+are one more fma with the token's d * sum(q) over the 32. The scales are decoded once per record
+per tile, as 16-lane vectors, and shared by the tile's tokens.
+
+  Q4_K  w = d*sc*q - dmin*m:      acc += cvt(dot(q, a)) * (d*sc * da) + (-dmin*m) * (da*sum a)
+  Q6_K  w = d*sc*(u - 32), u = q + 32, per 16 values:
+        the dot chain starts at -32 * sum(a) (an integer, act_quant's `is`), so
+        acc += cvt(dot(u, a) - 32 sum(a)) * (d*sc * da)
+
+Tiles are 16 rows x TILE tokens, then at most one tile of each SMALL_TILES size for what is left;
+every (row, token) accumulator runs the same instructions in every tile shape, so a token's
+result does not depend on the tile it lands in or on the batch (tests/test_batching_exact.py).
+Row groups are split across the pool's threads; the last group of a weight whose row count is
+not a multiple of 16 stores only its real rows (a masked store).
+
+The non-VNNI paths run the same records through quant_matmul.udot512 (AVX2 pmaddubsw/pmaddwd,
+or widening multiplies): the lane semantics are the same, so only the instruction differs.
+Argument block: quant_matmul.QuantMatmulSlots, with ROW_BYTES = bytes per row group.
+"""
+
+from __future__ import annotations
+
+from engine.kernels.ir import Fn, mask, splat, thread_range
+from engine.kernels.quant_matmul import DECLARATIONS, QuantMatmulSlots, udot512
+from engine.kernels.repack import GROUP_ROWS, RECORD_BYTES
+
+TILE = 8  # tokens per pass over a row group's records
+SMALL_TILES = (4, 2, 1)  # for the tokens left after the TILE passes, largest first
+# Software prefetch distance in records (0: none). Measured on a 65536 x 1536 mat-vec from
+# memory, 1 thread, distances 0/2/4/8: Q6_K 9.5/5.8/6.1/6.6 ms (its 6-bit unpacking keeps the
+# hardware prefetcher behind), Q4_K 2.7/2.8/3.2/3.3 ms (already streaming at ~22 GB/s).
+PREFETCH_RECORDS = {"Q4_K": 0, "Q6_K": 2}
+PACKED_TYPES = tuple(RECORD_BYTES)
+
+V64I8 = "<64 x i8>"
+V16I32 = "<16 x i32>"
+V16F = "<16 x float>"
+
+
+def _splat16(f: Fn, ty: str, x: str) -> str:
+    ins = f.op(f"insertelement <16 x {ty}> poison, {ty} {x}, i32 0")
+    return f.op(f"shufflevector <16 x {ty}> {ins}, <16 x {ty}> poison, {mask([0] * 16)}")
+
+
+def _act_dword(f: Fn, aq: str, e: str) -> str:
+    """Activation bytes e..e+3 broadcast to every lane, as <64 x i8>."""
+    word = f.load("i32", f.gep(aq, e), 1, "aw")
+    return f.op(f"bitcast {V16I32} {_splat16(f, 'i32', word)} to {V64I8}", "ab")
+
+
+def _dot(f: Fn, isa: str, u: str, a: str, acc: str) -> str:
+    """<16 x i32>: acc + (lane i = sum of u[4i+k] * a[4i+k], k < 4), u unsigned (< 64), a
+    signed. quant_matmul.udot512 keeps these lane semantics on VNNI and AVX2; its generic
+    path sums lanes in another order (its callers only reduce them), so this one pairs
+    neighbours: u * a fits i16 (|63 * -128|), a pair sum too, then pairs of pairs in i32."""
+    if isa != "generic":
+        return udot512(f, isa, u, a, acc)
+    uw = f.op(f"zext {V64I8} {u} to <64 x i16>")
+    aw = f.op(f"sext {V64I8} {a} to <64 x i16>")
+    p = f.op(f"mul <64 x i16> {uw}, {aw}")
+    ev = f.op(f"shufflevector <64 x i16> {p}, <64 x i16> poison, {mask(range(0, 64, 2))}")
+    od = f.op(f"shufflevector <64 x i16> {p}, <64 x i16> poison, {mask(range(1, 64, 2))}")
+    pair = f.op(f"sext <32 x i16> {f.op(f'add <32 x i16> {ev}, {od}')} to <32 x i32>")
+    ev2 = f.op(f"shufflevector <32 x i32> {pair}, <32 x i32> poison, {mask(range(0, 32, 2))}")
+    od2 = f.op(f"shufflevector <32 x i32> {pair}, <32 x i32> poison, {mask(range(1, 32, 2))}")
+    quad = f.op(f"add {V16I32} {ev2}, {od2}")
+    return quad if acc == "zeroinitializer" else f.op(f"add {V16I32} {quad}, {acc}", "dot")
+
+
+def _fma(f: Fn, a: str, b: str, c: str) -> str:
+    return f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {a}, {V16F} {b}, {V16F} {c})", "acc")
+
+
+def _byte_scales(f: Fn, rec: str, at: str, signed: bool, d: str) -> str:
+    """<16 x float> d * scale for the 16 rows, from 16 scale bytes at rec + at."""
+    raw = f.load("<16 x i8>", f.gep(rec, at), 1, "scb")
+    conv = "sitofp" if signed else "uitofp"
+    return f.op(f"fmul {V16F} {f.op(f'{conv} <16 x i8> {raw} to {V16F}')}, {d}", "sc")
+
+
+def _vec_op(f: Fn, opname: str, v: str, k: int) -> str:
+    return f.op(f"{opname} {V64I8} {v}, {splat(64, 'i8', k)}")
+
+
+def _at(f: Fn, base: str, k: int) -> str:
+    """base + k as an i64 value (base an SSA name)."""
+    return f.op(f"add i64 {base}, {k}", "o")
+
+
+def _units_q4_k(f: Fn, rec: str, c: str) -> list[str]:
+    base = f.op(f"mul i64 {c}, 256", "o")
+    packed = [f.load(V64I8, f.gep(rec, _at(f, base, 64 * p)), 1, "wq") for p in range(4)]
+    return [_vec_op(f, "and", p, 15) for p in packed] + [_vec_op(f, "lshr", p, 4) for p in packed]
+
+
+def _units_q6_k(f: Fn, rec: str, c: str) -> list[str]:
+    base = f.op(f"mul i64 {c}, 384", "o")
+    low = [f.load(V64I8, f.gep(rec, _at(f, base, 64 * p)), 1, "wl") for p in range(4)]
+    high = [f.load(V64I8, f.gep(rec, _at(f, base, 256 + 64 * q)), 1, "wh") for q in range(2)]
+    units = []
+    for k in range(8):
+        lo = _vec_op(f, "and", low[k], 15) if k < 4 else _vec_op(f, "lshr", low[k - 4], 4)
+        h, pair = high[k // 4], k % 4
+        # bits 2*pair..2*pair+1 of the high vector moved to bits 4-5
+        moved = {0: ("shl", 4), 1: ("shl", 2), 2: (None, 0), 3: ("lshr", 2)}[pair]
+        hv = h if moved[0] is None else _vec_op(f, moved[0], h, moved[1])
+        units.append(f.op(f"or {V64I8} {lo}, {_vec_op(f, 'and', hv, 0x30)}", "wu"))
+    return units
+
+
+def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
+    """Values 32c..32c+31 of the record at rec (i = the chunk's index over the whole row)."""
+    d = f.load(V16F, f.gep(rec, 2304), 4, "d")
+    dmin = f.load(V16F, f.gep(rec, 2368), 4, "dmin")
+    c16 = f.op(f"shl i64 {c}, 4", "o")
+    s = _byte_scales(f, rec, _at(f, c16, 2048), False, d)
+    mneg = f.op(f"fneg {V16F} {_byte_scales(f, rec, _at(f, c16, 2176), False, dmin)}", "mn")
+    units = _units_q4_k(f, rec, c)
+    e_c = f.op(f"shl i64 {i}, 5", "e")
+    for j, (aq, ad, s32, _is) in enumerate(toks):
+        chain = "zeroinitializer"
+        for k, u in enumerate(units):
+            a = _act_dword(f, aq, _at(f, e_c, 4 * k))
+            chain = _dot(f, isa, u, a, chain)
+        df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
+        da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
+        sda = f.op(f"fmul {V16F} {s}, {_splat16(f, 'float', da)}", "sda")
+        acc[j] = _fma(f, df, sda, acc[j])
+        sm = f.load("float", f.op(f"getelementptr inbounds float, ptr {s32}, i64 {i}"), 4)
+        acc[j] = _fma(f, mneg, _splat16(f, "float", sm), acc[j])
+
+
+def _chunk_q6_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
+    d = f.load(V16F, f.gep(rec, 3328), 4, "d")
+    units = _units_q6_k(f, rec, c)
+    c32 = f.op(f"shl i64 {c}, 5", "o")
+    scales = [_byte_scales(f, rec, _at(f, c32, 3072 + 16 * h), True, d) for h in (0, 1)]
+    e_c = f.op(f"shl i64 {i}, 5", "e")
+    i16 = f.op(f"shl i64 {i}, 1", "o")
+    for j, (aq, ad, _s32, is_) in enumerate(toks):
+        da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
+        dab = _splat16(f, "float", da)
+        for h in (0, 1):
+            isp = f.op(f"getelementptr inbounds i32, ptr {is_}, i64 {i16}")
+            isum = f.load("i32", f.gep(isp, 4 * h), 4, "is")
+            chain = _splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
+            for k in range(4 * h, 4 * h + 4):
+                a = _act_dword(f, aq, _at(f, e_c, 4 * k))
+                chain = _dot(f, isa, units[k], a, chain)
+            df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
+            sda = f.op(f"fmul {V16F} {scales[h]}, {dab}", "sda")
+            acc[j] = _fma(f, df, sda, acc[j])
+
+
+_CHUNK = {"Q4_K": _chunk_q4_k, "Q6_K": _chunk_q6_k}
+
+
+def tile_function(qname: str, isa: str, ntok: int) -> str:
+    """`ptile(rec0, nblocks, aq, ad, s32, is, n, t, out, ostride, col, valid)`: out[t + j,
+    col + i] for j < ntok, i < valid (<= 16), over one row group's records from rec0."""
+    f = Fn()
+    toks = []
+    for j in range(ntok):
+        tj = f.op(f"add i64 %t, {j}")
+        aq = f.gep("%aq", f.op(f"mul i64 {tj}, %n"))
+        per32 = f.op(f"mul i64 {tj}, %nb32")
+        ad = f.op(f"getelementptr inbounds float, ptr %ad, i64 {per32}")
+        s32 = f.op(f"getelementptr inbounds float, ptr %s32, i64 {per32}")
+        is_ = f.op(f"getelementptr inbounds i32, ptr %is, i64 {f.op(f'mul i64 {tj}, %nb16')}")
+        toks.append((aq, ad, s32, is_))
+    # one iteration per 32 values (a loop, not 8 unrolled chunks: an eighth of the code, which
+    # the generic path's compile time needs, for a loop overhead the 8 x TILE dots hide)
+    nchunks = f.op("shl i64 %nblocks, 3")
+    f("br label %head")
+    f.put_label("head")
+    f("%i = phi i64 [0, %entry], [%i_next, %body]")
+    phi_at = len(f.lines)
+    f(f"%more = icmp ult i64 %i, {nchunks}")
+    f("br i1 %more, label %body, label %done")
+    f.put_label("body")
+    acc_phi = [f"%acc_{j}" for j in range(ntok)]
+    acc = list(acc_phi)
+    b = f.op("lshr i64 %i, 3")
+    rec = f.gep("%rec0", f.op(f"mul i64 {b}, {RECORD_BYTES[qname]}"), "rec")
+    distance = PREFETCH_RECORDS[qname]
+    if distance:
+        # The group's records are one contiguous stream; fetch the eighth of a record that
+        # this chunk's position maps to, `distance` records ahead (decode is a stream from
+        # memory).
+        span = RECORD_BYTES[qname] // 8
+        ahead = f.gep("%rec0", f.op(f"mul i64 %i, {span}"), "pf")
+        ahead = f.gep(ahead, distance * RECORD_BYTES[qname], "pf")
+        for line in range(0, span + 63, 64):
+            f(f"call void @llvm.prefetch.p0(ptr {f.gep(ahead, line, 'pf')}, i32 0, i32 3, i32 1)")
+    _CHUNK[qname](f, isa, rec, f.op("and i64 %i, 7"), "%i", toks, acc)
+    f.lines[phi_at:phi_at] = [
+        f"  {acc_phi[j]} = phi {V16F} [zeroinitializer, %entry], [{acc[j]}, %body]"
+        for j in range(ntok)
+    ]
+    f("%i_next = add i64 %i, 1")
+    f("br label %head")
+    f.put_label("done")
+    lane = f"<16 x i64> <{', '.join(f'i64 {i}' for i in range(16))}>"
+    keep = f.op(f"icmp ult {lane}, {_splat16(f, 'i64', '%valid')}", "keep")
+    for j in range(ntok):
+        tj = f.op(f"add i64 %t, {j}")
+        row0 = f.op(f"add i64 {f.op(f'mul i64 {tj}, %ostride')}, %col")
+        dst = f.op(f"getelementptr inbounds float, ptr %out, i64 {row0}")
+        f(
+            f"call void @llvm.masked.store.v16f32.p0({V16F} {acc_phi[j]}, ptr {dst}, i32 4, "
+            f"<16 x i1> {keep})"
+        )
+    f("ret void")
+    return (
+        f"define internal void @ptile_{qname}_{ntok}(ptr %rec0, i64 %nblocks, ptr %aq, ptr %ad, "
+        f"ptr %s32, ptr %is, i64 %n, i64 %t, ptr %out, i64 %ostride, i64 %col, i64 %valid) "
+        f"noinline {{\nentry:\n  %nb32 = lshr i64 %n, 5\n  %nb16 = lshr i64 %n, 4\n"
+        f"{f.text()}\n}}\n"
+    )
+
+
+def kernel_function(qname: str) -> str:
+    """`pmm_<type>(args, tid, n_threads)`: this thread's row groups x all tokens."""
+    f = Fn()
+    s = QuantMatmulSlots
+    w = f.arg("%args", s.W, "ptr")
+    group_bytes = f.arg("%args", s.ROW_BYTES)
+    n_rows = f.arg("%args", s.N_ROWS)
+    nblocks = f.arg("%args", s.N_BLOCKS)
+    ntok = f.arg("%args", s.N_TOKENS)
+    aq, ad, s32, is_ = (f.arg("%args", i, "ptr") for i in (s.AQ, s.AD, s.SUMS32, s.ISUMS))
+    out = f.arg("%args", s.OUT, "ptr")
+    n = f.arg("%args", s.N)
+    ostride = f.arg("%args", s.OUT_STRIDE)
+    groups = f.op(f"lshr i64 {f.op(f'add i64 {n_rows}, {GROUP_ROWS - 1}')}, 4")
+    g0, g1 = thread_range(f, groups, "%tid", "%nth")
+    f("br label %gh")
+    f.put_label("gh")
+    f(f"%g = phi i64 [{g0}, %entry], [%g_next, %gnext]")
+    f(f"%gmore = icmp ult i64 %g, {g1}")
+    f("br i1 %gmore, label %gbody, label %exit")
+    f.put_label("gbody")
+    rec0 = f.gep(w, f.op(f"mul i64 %g, {group_bytes}"), "rec0")
+    col = f.op("shl i64 %g, 4", "col")
+    left = f.op(f"sub i64 {n_rows}, {col}")
+    short = f.op(f"icmp ult i64 {left}, {GROUP_ROWS}")
+    valid = f.op(f"select i1 {short}, i64 {left}, i64 {GROUP_ROWS}", "valid")
+
+    def call(size: int, t: str) -> None:
+        f(
+            f"call void @ptile_{qname}_{size}(ptr {rec0}, i64 {nblocks}, ptr {aq}, ptr {ad}, "
+            f"ptr {s32}, ptr {is_}, i64 {n}, i64 {t}, ptr {out}, i64 {ostride}, i64 {col}, "
+            f"i64 {valid})"
+        )
+
+    f("br label %th")
+    f.put_label("th")
+    f("%t = phi i64 [0, %gbody], [%tn, %tb]")
+    f(f"%tfits = icmp ule i64 {f.op(f'add i64 %t, {TILE}')}, {ntok}")
+    f(f"br i1 %tfits, label %tb, label %s{SMALL_TILES[0]}")
+    f.put_label("tb")
+    call(TILE, "%t")
+    f(f"%tn = add i64 %t, {TILE}")
+    f("br label %th")
+    t = "%t"
+    for size in SMALL_TILES:
+        f.put_label(f"s{size}")
+        f(f"%s{size}_e = add i64 {t}, {size}")
+        f(f"%s{size}_fits = icmp ule i64 %s{size}_e, {ntok}")
+        f(f"br i1 %s{size}_fits, label %s{size}_b, label %s{size}_j")
+        f.put_label(f"s{size}_b")
+        call(size, t)
+        f(f"br label %s{size}_j")
+        f.put_label(f"s{size}_j")
+        f(f"%s{size}_t = phi i64 [{t}, %s{size}], [%s{size}_e, %s{size}_b]")
+        t = f"%s{size}_t"
+        nxt = f"s{SMALL_TILES[SMALL_TILES.index(size) + 1]}" if size != SMALL_TILES[-1] else "gnext"
+        f(f"br label %{nxt}")
+    f.put_label("gnext")
+    f("%g_next = add i64 %g, 1")
+    f("br label %gh")
+    f.put_label("exit")
+    f("ret void")
+    return f"define void @pmm_{qname}(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+
+
+def module_ir(qname: str, isa: str) -> str:
+    """One module per repacked type: the tile shapes plus the threaded driver."""
+    return "\n".join(
+        [
+            DECLARATIONS,
+            f"declare void @llvm.masked.store.v16f32.p0({V16F}, ptr, i32, <16 x i1>)",
+            *(tile_function(qname, isa, nt) for nt in (TILE, *SMALL_TILES)),
+            kernel_function(qname),
+        ]
+    )
