@@ -79,7 +79,10 @@ def test_unset_or_empty_means_the_host(monkeypatch):
     assert target_cpu().label() == host_cpu().name
 
 
-def test_the_cpu_keys_the_signed_cache(tmp_path):
+def test_the_cpu_keys_the_signed_cache(tmp_path, monkeypatch):
+    # "host" is the unnamed library: with LOCALCHAT_CPU=haswell in the environment (how the AVX2
+    # path is run here) it would be haswell too and the two keys would rightly be equal.
+    monkeypatch.delenv(CPU_ENV, raising=False)
     ir = "define i32 @seven() {\n  ret i32 7\n}\n"
     host = KernelLibrary(cache_dir=tmp_path / "jit")
     haswell = KernelLibrary(cpu=named_cpu("haswell"), cache_dir=tmp_path / "jit")
@@ -164,7 +167,8 @@ def test_without_f16c_every_half_widens_exactly(tmp_path):
     assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))  # -0.0 too
 
 
-def test_a_named_cpu_never_evicts_the_hosts_cache_entries(tmp_path):
+def test_a_named_cpu_never_evicts_the_hosts_cache_entries(tmp_path, monkeypatch):
+    monkeypatch.delenv(CPU_ENV, raising=False)  # the host's own entries, whatever the caller set
     ir = "define i32 @eight() {\n  ret i32 8\n}\n"
     cache = tmp_path / "jit"
     KernelLibrary(cache_dir=cache).add_modules([("eight", ir)])
