@@ -112,19 +112,23 @@ class ScriptedOpenAIServer:
                 self.end_headers()
                 self.close_connection = True
                 try:
-                    self._stream(reply)
+                    # as real servers do: logprobs entries only when the request asks for them
+                    self._stream(reply, with_logprobs=bool(body.get("logprobs")))
                 except (BrokenPipeError, ConnectionResetError):
                     server.client_left.set()
 
-            def _stream(self, reply: Reply) -> None:
+            def _stream(self, reply: Reply, with_logprobs: bool = True) -> None:
                 words = re.findall(r"\s*\S+", reply.text)
                 for word in words:
-                    self._event(_chunk({"content": word}, logprob_of=word))
+                    self._event(
+                        _chunk({"content": word}, logprob_of=word if with_logprobs else None)
+                    )
                 sent = len(words)
                 give_up = time.monotonic() + ENDLESS_FOR_AT_MOST_S
                 while reply.endless and time.monotonic() < give_up:
                     time.sleep(reply.word_every_s)
-                    self._event(_chunk({"content": " more"}, logprob_of=" more"))
+                    more = " more" if with_logprobs else None
+                    self._event(_chunk({"content": " more"}, logprob_of=more))
                     sent += 1
                 for index, (name, arguments) in enumerate(reply.tool_calls):
                     text = json.dumps(arguments)
