@@ -90,10 +90,14 @@ def _packed_matmul(pool, lib, packed, bufs, tokens, out):
     pool.run(lib.address(f"pmm_{packed.qname}"), args.ctypes.data)
 
 
-@pytest.mark.parametrize(
-    ("isa", "cpu"), [("vnni", None), ("avx2", "haswell"), ("generic", "x86-64-v2")]
-)
-def test_every_path_matches_the_oracle_on_odd_shapes(isa, cpu, monkeypatch):
+# (isa, LLVM CPU to compile for): the host's VNNI path, then the AVX2 and generic paths as if on
+# those CPUs (LOCALCHAT_CPU).
+PATHS = [("vnni", None), ("avx2", "haswell"), ("generic", "x86-64-v2")]
+
+
+def _target_or_skip(cpu, monkeypatch):
+    """The CPU to compile for (`cpu`, or the host when None), or a skip when this machine cannot
+    run that code or (host) has no AVX512-VNNI."""
     if cpu is not None:
         monkeypatch.setenv(CPU_ENV, cpu)
     try:
@@ -102,7 +106,12 @@ def test_every_path_matches_the_oracle_on_odd_shapes(isa, cpu, monkeypatch):
         pytest.skip(f"this CPU cannot run {cpu} code: {exc}")
     if cpu is None and not (target.has("avx512vnni") and target.has("avx512vl")):
         pytest.skip("the host has no AVX512-VNNI")
-    lib = KernelLibrary(cpu=target)
+    return target
+
+
+@pytest.mark.parametrize(("isa", "cpu"), PATHS)
+def test_every_path_matches_the_oracle_on_odd_shapes(isa, cpu, monkeypatch):
+    lib = KernelLibrary(cpu=_target_or_skip(cpu, monkeypatch))
     lib.add_modules(
         [pool_module(), ("quantize_q8", act_quant.module_ir())]
         + [packed_module(q.name, isa) for q in PACKED]
@@ -215,19 +224,9 @@ def _jit_fill(pool, lib):
     return fill
 
 
-@pytest.mark.parametrize(
-    ("isa", "cpu"), [("vnni", None), ("avx2", "haswell"), ("generic", "x86-64-v2")]
-)
+@pytest.mark.parametrize(("isa", "cpu"), PATHS)
 def test_the_jit_repack_writes_the_numpy_repacks_bytes(isa, cpu, monkeypatch):
-    if cpu is not None:
-        monkeypatch.setenv(CPU_ENV, cpu)
-    try:
-        target = target_cpu()
-    except CpuSelectionError as exc:
-        pytest.skip(f"this CPU cannot run {cpu} code: {exc}")
-    if cpu is None and not (target.has("avx512vnni") and target.has("avx512vl")):
-        pytest.skip("the host has no AVX512-VNNI")
-    lib = KernelLibrary(cpu=target)
+    lib = KernelLibrary(cpu=_target_or_skip(cpu, monkeypatch))
     lib.add_modules([pool_module(), ("repack", repack_jit.module_ir())])
     pool = ThreadPool(lib, 2)
     rng = np.random.default_rng(23)
