@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -42,6 +42,14 @@ class Backend(Protocol):
         w: QTensor of shape (n_out, n_in), any supported qtype. x: (T, n_in) float32 C-contig.
         out: (T, n_out) float32 C-contig or None. Bias, if any, is added by the caller.
         """
+
+    def linear_many(
+        self, weights: Sequence[QTensor], x: np.ndarray, outs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """[linear(w, x, out=o) for w, o in zip(weights, outs)]: projections of one input (q/k/v,
+        gate/up). outs[j]: (T, weights[j].rows) float32 C-contig. Each output must hold exactly
+        what `linear` gives it; a backend may run them together (the JIT: one quantization of
+        x, one pool job)."""
 
     def embedding(self, w: QTensor, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """out[t, :] = W[ids[t], :] dequantized. w: (n_vocab, d); ids: (T,) int32/int64 in range;

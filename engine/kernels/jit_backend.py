@@ -26,7 +26,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from engine.kernels.elementwise import GluSlots, RmsnormSlots, RopeSlots
 from engine.kernels.float_matmul import FloatMatmulSlots
 from engine.kernels.quant_matmul import QuantMatmulSlots
 from engine.kernels.reference import ReferenceBackend
-from engine.kernels.threads import ThreadPool, pool_module
+from engine.kernels.threads import ThreadPool, job_list_table, pool_module
 from engine.kv_quant import element_layout as kv_element_layout
 from engine.qtensor import QTensor
 
@@ -225,6 +225,22 @@ class _ActivationBuffers:
         self.args_ptr = self.args.ctypes.data
 
 
+class _JobList:
+    """Weights whose mat-muls run as one pool job: their calls and the pool_job_list table."""
+
+    __slots__ = ("weights", "calls", "table", "table_ptr", "n_chunks")
+
+    def __init__(
+        self,
+        weights: tuple[QTensor, ...],
+        calls: tuple[_WeightCall, ...],
+        table: np.ndarray,
+        n_chunks: int,
+    ):
+        self.weights, self.calls, self.table, self.n_chunks = weights, calls, table, n_chunks
+        self.table_ptr = table.ctypes.data
+
+
 class JitBackend(ReferenceBackend):
     name = "jit"
 
@@ -274,6 +290,8 @@ class JitBackend(ReferenceBackend):
         self._scratch = np.zeros(0, np.float32)
         self._acts: dict[int, _ActivationBuffers] = {}
         self._weights: dict[int, _WeightCall] = {}  # by id(weight); the entry keeps it alive
+        self._job_lists: dict[tuple[int, ...], _JobList] = {}  # by the weights' ids, likewise
+        self._job_list_kernel = self.library.address("pool_job_list")
         self._ptrs: dict[int, tuple[np.ndarray, int]] = {}
         # "op: reason" -> calls the numpy reference ran instead of a kernel (see _fell_back).
         self.fallbacks: dict[str, int] = {}
@@ -388,25 +406,7 @@ class JitBackend(ReferenceBackend):
             out = np.empty((tokens, rows), np.float32)
         args = call.args
         if call.quantized:
-            bufs = self._acts.get(cols)
-            if bufs is None or bufs.capacity < tokens:
-                bufs = self._activations(cols, tokens)
-            qargs = bufs.args
-            qargs[QuantizeSlots.X] = self._ptr(x)
-            qargs[QuantizeSlots.N_TOKENS] = tokens
-            if tokens <= _QUANTIZE_DIRECT_TOKENS:
-                self._quantize_direct(bufs.args_ptr, 0, 1)  # a pool hand-off costs more
-            else:
-                self.pool.run(self._quantize, bufs.args_ptr)
-            if call.bufs is not bufs:
-                args[QuantMatmulSlots.AQ] = qargs[QuantizeSlots.AQ]
-                args[QuantMatmulSlots.AD] = qargs[QuantizeSlots.AD]
-                args[QuantMatmulSlots.SUMS] = qargs[QuantizeSlots.SUMS]
-                args[QuantMatmulSlots.SUMS32] = qargs[QuantizeSlots.SUMS32]
-                args[QuantMatmulSlots.ISUMS] = qargs[QuantizeSlots.ISUMS]
-                call.bufs = bufs
-            args[QuantMatmulSlots.N_TOKENS] = tokens
-            args[QuantMatmulSlots.OUT] = self._ptr(out)
+            self._point(call, self._quantized(x, cols, tokens), tokens, out)
         else:
             args[FloatMatmulSlots.N_TOKENS] = tokens
             args[FloatMatmulSlots.X] = self._ptr(x)
@@ -416,6 +416,87 @@ class JitBackend(ReferenceBackend):
             target[...] = out
             return target
         return out
+
+    def _quantized(self, x: np.ndarray, cols: int, tokens: int) -> _ActivationBuffers:
+        """x (tokens, cols) quantized to int8 blocks (act_quant.py) in the width's buffers."""
+        bufs = self._acts.get(cols)
+        if bufs is None or bufs.capacity < tokens:
+            bufs = self._activations(cols, tokens)
+        qargs = bufs.args
+        qargs[QuantizeSlots.X] = self._ptr(x)
+        qargs[QuantizeSlots.N_TOKENS] = tokens
+        if tokens <= _QUANTIZE_DIRECT_TOKENS:
+            self._quantize_direct(bufs.args_ptr, 0, 1)  # a pool hand-off costs more
+        else:
+            self.pool.run(self._quantize, bufs.args_ptr)
+        return bufs
+
+    def _point(
+        self, call: _WeightCall, bufs: _ActivationBuffers, tokens: int, out: np.ndarray
+    ) -> None:
+        """Point a quantized weight's argument block at the activations and the output."""
+        args = call.args
+        if call.bufs is not bufs:
+            qargs = bufs.args
+            args[QuantMatmulSlots.AQ] = qargs[QuantizeSlots.AQ]
+            args[QuantMatmulSlots.AD] = qargs[QuantizeSlots.AD]
+            args[QuantMatmulSlots.SUMS] = qargs[QuantizeSlots.SUMS]
+            args[QuantMatmulSlots.SUMS32] = qargs[QuantizeSlots.SUMS32]
+            args[QuantMatmulSlots.ISUMS] = qargs[QuantizeSlots.ISUMS]
+            call.bufs = bufs
+        args[QuantMatmulSlots.N_TOKENS] = tokens
+        args[QuantMatmulSlots.OUT] = self._ptr(out)
+
+    def _job_list(self, weights: tuple[QTensor, ...]) -> _JobList | None:
+        """The one-job form of these weights' mat-muls, or None where they cannot share one
+        (not all quantized, different input widths, a type with no kernel)."""
+        key = tuple(id(w) for w in weights)
+        hit = self._job_lists.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit.weights, weights, strict=True)):
+            return hit
+        calls = []
+        for w in weights:
+            call = self._weights.get(id(w))
+            if call is None or call.weight is not w:
+                if w.qtype.name not in quant_matmul.LAYOUTS:
+                    return None
+                call = self._weight_args(w)
+            calls.append(call)
+        if not all(c.quantized and c.cols == calls[0].cols for c in calls):
+            return None
+        # each kernel gets the chunk count `linear` gives it alone: the same split, same bits
+        chunks = self.pool.default_chunks
+        table = job_list_table([(c.kernel, c.args_ptr, chunks) for c in calls])
+        entry = _JobList(weights, tuple(calls), table, chunks * len(calls))
+        self._job_lists[key] = entry
+        return entry
+
+    def linear_many(
+        self, weights: Sequence[QTensor], x: np.ndarray, outs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        # Projections that read the same input (q/k/v, gate/up): x is quantized once and their
+        # kernels run as one pool job (pool_job_list), one hand-off and one wait instead of one
+        # per weight; each output gets exactly the bits `linear` gives it.
+        weights = tuple(weights)
+        jobs = self._job_list(weights) if len(weights) > 1 else None
+        tokens = x.shape[0] if x.ndim == 2 else -1
+        if (
+            jobs is None
+            or len(outs) != len(weights)
+            or x.shape[1:] != (jobs.calls[0].cols,)
+            or not all(
+                o.shape == (tokens, c.rows) and o.dtype is _F32 and o.flags.c_contiguous
+                for o, c in zip(outs, jobs.calls, strict=True)
+            )
+        ):
+            return super().linear_many(weights, x, outs)
+        if x.dtype is not _F32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        bufs = self._quantized(x, jobs.calls[0].cols, tokens)
+        for call, out in zip(jobs.calls, outs, strict=True):
+            self._point(call, bufs, tokens, out)
+        self.pool.run(self._job_list_kernel, jobs.table_ptr, jobs.n_chunks)
+        return list(outs)
 
     def _run_small(self, name: str, work: int) -> None:
         if work <= _DIRECT_MAX:

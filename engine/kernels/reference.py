@@ -7,6 +7,8 @@ time and thrown away after use: keeping a float32 copy would need ~4-8x the file
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from engine.kv_quant import as_float
@@ -62,6 +64,11 @@ class ReferenceBackend:
             # (measured 17 s vs <1 s per SmolLM2 forward).
             out[:, r0:r1] = x @ dequantize_rows_range(w, r0, r1).T
         return out
+
+    def linear_many(
+        self, weights: Sequence[QTensor], x: np.ndarray, outs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        return [self.linear(w, x, out=o) for w, o in zip(weights, outs, strict=True)]
 
     def embedding(self, w: QTensor, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         rows = dequantize_rows_at(w, ids)

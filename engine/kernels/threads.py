@@ -347,6 +347,67 @@ out:
 """
 
 
+# A job list: several kernels run as ONE pool job (one hand-off, one wait for the slowest
+# thread instead of one per kernel), e.g. the q/k/v projections that read the same input. The
+# table is i64 [count, then per kernel: fn, args, first chunk, chunks]; chunk c of the job runs
+# chunk c - first of the kernel whose range holds it, with that kernel's own chunk count, so
+# every kernel sees exactly the (i, n) calls it gets when run alone (same work split, same bits).
+_JOB_LIST_IR = """
+define void @pool_job_list(ptr %table, i32 %c, i32 %total) {
+entry:
+  %count = load i64, ptr %table, align 8
+  %c64 = sext i32 %c to i64
+  br label %scan
+scan:
+  %j = phi i64 [0, %entry], [%j_next, %next]
+  %more = icmp ult i64 %j, %count
+  br i1 %more, label %look, label %out
+look:
+  %base = mul i64 %j, 4
+  %slot = add i64 %base, 1
+  %fnp = getelementptr i64, ptr %table, i64 %slot
+  %argp = getelementptr i64, ptr %fnp, i64 1
+  %firstp = getelementptr i64, ptr %fnp, i64 2
+  %np = getelementptr i64, ptr %fnp, i64 3
+  %first = load i64, ptr %firstp, align 8
+  %n = load i64, ptr %np, align 8
+  %end = add i64 %first, %n
+  %mine = icmp ult i64 %c64, %end
+  br i1 %mine, label %run, label %next
+next:
+  %j_next = add i64 %j, 1
+  br label %scan
+run:
+  %fni = load i64, ptr %fnp, align 8
+  %fn = inttoptr i64 %fni to ptr
+  %argi = load i64, ptr %argp, align 8
+  %args = inttoptr i64 %argi to ptr
+  %sub = sub i64 %c64, %first
+  %sub32 = trunc i64 %sub to i32
+  %n32 = trunc i64 %n to i32
+  call void %fn(ptr %args, i32 %sub32, i32 %n32)
+  br label %out
+out:
+  ret void
+}
+"""
+JOB_LIST_FIELDS = 4  # i64 slots per kernel in a job-list table (after the leading count)
+
+
+def job_list_table(jobs: list[tuple[int, int, int]]) -> np.ndarray:
+    """The `pool_job_list` table of (kernel address, args address, chunks) triples; run it with
+    `ThreadPool.run(job_list_address, table.ctypes.data, sum of the chunks)`."""
+    table = np.zeros(1 + JOB_LIST_FIELDS * len(jobs), np.int64)
+    table[0] = len(jobs)
+    first = 0
+    for j, (fn, args, chunks) in enumerate(jobs):
+        if chunks < 1:
+            raise ValueError(f"job {j} has {chunks} chunks; every kernel needs at least one")
+        table[1 + JOB_LIST_FIELDS * j : 1 + JOB_LIST_FIELDS * (j + 1)] = (fn, args, first, chunks)
+        first += chunks
+    return table
+
+
 def pool_module() -> tuple[str, str]:
     """(cache name, IR) of this machine's pool: the portable one has its own name so that
     switching LOCALCHAT_POOL does not evict the other's cache entry."""
@@ -375,6 +436,7 @@ def pool_ir(target: PoolTarget | None = None) -> str:
 {header}
 {_sleep_ir(target)}
 {claim}
+{_JOB_LIST_IR}
 
 define void @pool_worker(ptr %st, i32 %tid) {{
 entry:

@@ -471,10 +471,8 @@ class TransformerModel:
                 ops.rmsnorm(x, layer.attn_norm, cfg.norm_eps, out=h)
             else:  # OLMo 2: the sub-block reads the residual stream itself
                 h[...] = x
-            ops.linear(layer.attn_q, h, out=q)
-            poll()
-            ops.linear(layer.attn_k, h, out=k)
-            ops.linear(layer.attn_v, h, out=v)
+            # q, k and v read the same h: one call, which the JIT runs as one pool job
+            ops.linear_many((layer.attn_q, layer.attn_k, layer.attn_v), h, (q, k, v))
             for qkv, bias in (
                 (q, layer.attn_q_bias),
                 (k, layer.attn_k_bias),
@@ -539,9 +537,7 @@ class TransformerModel:
             if layer.experts is not None:
                 self._moe_ffn(layer, h, proj, poll)
             else:
-                ops.linear(layer.ffn_gate, h, out=gate)
-                poll()
-                ops.linear(layer.ffn_up, h, out=up)
+                ops.linear_many((layer.ffn_gate, layer.ffn_up), h, (gate, up))
                 self._gated(gate, up)
                 poll()
                 ops.linear(layer.ffn_down, gate, out=proj)
