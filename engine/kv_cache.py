@@ -70,6 +70,8 @@ class KVCache:
         shape = (n_layers, capacity, n_kv_heads, row)
         self.k = np.zeros(shape, dtype=dtype)
         self.v = np.zeros(shape, dtype=dtype)
+        # Per layer (k, v) views, made once: the JIT backend caches addresses per array object.
+        self._layers = [(self.k[i], self.v[i]) for i in range(n_layers)]
         self.n_tokens = 0
         # The token ids whose keys/values are stored, in order (prefix reuse compares against it).
         self.tokens: list[int] = []
@@ -94,8 +96,9 @@ class KVCache:
         return int(self.k.nbytes + self.v.nbytes)
 
     def layer(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(k, v) views of one layer, each (capacity, n_kv, row) in the cache's layout."""
-        return self.k[index], self.v[index]
+        """(k, v) views of one layer, each (capacity, n_kv, row) in the cache's layout; the same
+        two view objects on every call."""
+        return self._layers[index]
 
     def write(self, index: int, p0: int, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
         """Store float32 (n, n_kv, head_dim) keys and values of layer `index` at rows p0.."""

@@ -450,11 +450,18 @@ class TransformerModel:
         # LongRoPE picks its table by each sequence's largest position: one rope call over all
         # rows while every segment uses the same table, else one per segment.
         run_factors = [self._factors_for(run.p0 + run.n) for run in runs]
+        # (q rows, k rows, their positions, factors); the views made once per chunk, like
+        # run.blocks, so the backend's pointer cache hits in every layer
         if all(f is run_factors[0] for f in run_factors):
-            rope_groups = [(slice(0, n), positions, run_factors[0])]
+            rope_groups = [(q_heads, k_heads, positions, run_factors[0])]
         else:
             rope_groups = [
-                (slice(run.r0, run.r0 + run.n), positions[run.r0 : run.r0 + run.n], f)
+                (
+                    q_heads[run.r0 : run.r0 + run.n],
+                    k_heads[run.r0 : run.r0 + run.n],
+                    positions[run.r0 : run.r0 + run.n],
+                    f,
+                )
                 for run, f in zip(runs, run_factors, strict=True)
             ]
         temperature = None
@@ -492,12 +499,12 @@ class TransformerModel:
                 rope_args: dict = dict(theta=la.theta, neox=cfg.rope_neox, freq_scale=la.freq_scale)
                 if cfg.rope_dims:
                     rope_args["n_rot"] = cfg.rope_dims
-                for rows, rows_positions, factors in rope_groups:
+                for q_rows, k_rows, rows_positions, factors in rope_groups:
                     args = rope_args
                     if la.scaled and factors is not None:
                         args = {**rope_args, "freq_factors": factors}
-                    ops.rope(q_heads[rows], rows_positions, **args)
-                    ops.rope(k_heads[rows], rows_positions, **args)
+                    ops.rope(q_rows, rows_positions, **args)
+                    ops.rope(k_rows, rows_positions, **args)
                 if la.q_gain != 1.0:
                     q_heads[..., : cfg.rope_dims] *= np.float32(la.q_gain)
             if temperature is not None:
