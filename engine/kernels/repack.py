@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.kernels.record_memory import record_array
 from engine.qtensor import QTensor
 
 GROUP_ROWS = 16  # rows per record: one 512-bit vector of i32 lanes
@@ -209,7 +210,8 @@ def repack(w: QTensor, release: bool = False, fill: RecordFiller | None = None) 
     nb = w.cols // BLOCK
     src = np.asarray(w.data).reshape(w.rows, nb, SOURCE_BLOCK_BYTES[qname])
     groups = -(-w.rows // GROUP_ROWS)
-    out = np.empty((groups, nb, RECORD_BYTES[qname]), np.uint8)
+    # huge-page memory: decode streams these records once per token (record_memory.py)
+    out = record_array((groups, nb, RECORD_BYTES[qname]))
     group_file_bytes = GROUP_ROWS * nb * SOURCE_BLOCK_BYTES[qname]
     step = max(1, (_PASS_BYTES if fill is None else _FILL_PASS_BYTES) // group_file_bytes)
     step *= GROUP_ROWS
