@@ -15,10 +15,12 @@ not count, so the figure is tokens per CPU-second (with t threads, up to t times
 rate); a side that spins while it waits pays for the spinning. Both clocks are recorded.
 --ours-env NAME=VALUE (repeatable) sets an environment variable in our worker only, e.g.
 LOCALCHAT_REPACK=0 for the row-major kernels; --against-ours NAME=VALUE runs a second "ours"
-worker with that variable instead of llama.cpp (our two paths side by side).
+worker with that variable instead of llama.cpp (our two paths side by side). --against-src DIR
+runs the second "ours" worker on another source tree's engine (e.g. `git archive OLD engine | tar
+-x -C DIR`: before / after a change, side by side in one run).
 
 Usage: python bench/compare_llamacpp.py MODEL [-p 512] [-n 128] [-t 2] [-r 5] [--clock cpu]
-       [--json] [--ours-env K=V] [--against-ours K=V]
+       [--json] [--ours-env K=V] [--against-ours K=V] [--against-src DIR]
 MODEL: a GGUF path, "default" (SmolLM2-135M-Instruct) or "gemma3".
 llama-cpp-python is an optional extra: `pip install llama-cpp-python` (builds llama.cpp).
 """
@@ -87,13 +89,32 @@ class LlamaCppSide:
 SIDES = {"ours": OursSide, "llama": LlamaCppSide}
 
 
-def _worker(conn, kind: str, env: dict[str, str], path: str, n_ctx: int, threads: int, batch: int):
+def _worker(
+    conn,
+    kind: str,
+    env: dict[str, str],
+    path: str,
+    n_ctx: int,
+    threads: int,
+    batch: int,
+    src: str | None = None,
+):
     """One engine in its own process: load, then answer ("pp", prompt) / ("tg", token, n) with
-    (wall seconds, process CPU seconds) until ("quit",)."""
+    (wall seconds, process CPU seconds) until ("quit",). src: the directory whose `engine`
+    package to run (imported first; nothing has imported engine in this fresh process yet)."""
     os.environ.update(env)
+    if src is not None:
+        sys.path.insert(0, src)
     t0 = time.perf_counter()
     side = SIDES[kind](Path(path), n_ctx, threads, batch)
-    conn.send({"load_s": time.perf_counter() - t0, "n_vocab": side.n_vocab})
+    engine = sys.modules.get("engine")
+    conn.send(
+        {
+            "load_s": time.perf_counter() - t0,
+            "n_vocab": side.n_vocab,
+            "engine": str(Path(engine.__file__).parent) if engine and engine.__file__ else "",
+        }
+    )
     while True:
         msg = conn.recv()
         if msg[0] == "quit":
@@ -108,11 +129,13 @@ def _worker(conn, kind: str, env: dict[str, str], path: str, n_ctx: int, threads
 
 
 class Worker:
-    def __init__(self, kind: str, env: dict[str, str], path: Path, n_ctx, threads, batch):
+    def __init__(self, kind: str, env: dict[str, str], path: Path, n_ctx, threads, batch, src=None):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=_worker, args=(child, kind, env, str(path), n_ctx, threads, batch), daemon=True
+            target=_worker,
+            args=(child, kind, env, str(path), n_ctx, threads, batch, src),
+            daemon=True,
         )
         self.proc.start()
         self.info = self.conn.recv()
@@ -149,6 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
     ap.add_argument("--ours-env", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--against-ours", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--against-src", metavar="DIR", help="another source tree's engine")
     args = ap.parse_args(argv)
 
     from engine.__main__ import resolve_model_path
@@ -157,7 +181,13 @@ def main(argv=None) -> int:
     n_ctx = max(args.n_prompt, args.n_gen) + 16
     common = (path, n_ctx, args.threads, max(args.n_prompt, 32))
     ours = Worker("ours", _env_pairs(args.ours_env), *common)
-    if args.against_ours:
+    if args.against_src:
+        src = str(Path(args.against_src).resolve())
+        theirs = Worker("ours", _env_pairs(args.against_ours), *common, src=src)
+        if not theirs.info["engine"].startswith(src):
+            raise SystemExit(f"--against-src: the worker ran {theirs.info['engine']}, not {src}")
+        their_name = f"ours[{args.against_src}]"
+    elif args.against_ours:
         theirs = Worker("ours", _env_pairs(args.against_ours), *common)
         their_name = "ours[" + ",".join(args.against_ours) + "]"
     else:
