@@ -16,7 +16,7 @@ from gguf import quants
 
 from engine.kernels import act_quant, repack, repack_jit
 from engine.kernels.compiler import KernelLibrary
-from engine.kernels.jit_backend import packed_module
+from engine.kernels.jit_backend import REPACK_ENV, JitBackend, packed_module
 from engine.kernels.quant_matmul import QuantMatmulSlots
 from engine.kernels.threads import ThreadPool, pool_module
 from engine.qtensor import QTensor
@@ -141,3 +141,43 @@ def test_the_jit_repack_writes_the_numpy_repacks_bytes(isa, cpu, monkeypatch):
                 )
     finally:
         pool.close()
+
+
+@pytest.fixture(scope="module")
+def backends():
+    mp = pytest.MonkeyPatch()
+    mp.setenv(REPACK_ENV, "0")
+    rowwise = JitBackend(n_threads=2)
+    mp.setenv(REPACK_ENV, "1")
+    packed = JitBackend(n_threads=2)
+    mp.undo()
+    yield rowwise, packed
+    rowwise.close()
+    packed.close()
+
+
+@pytest.mark.parametrize("qtype", LEGACY, ids=lambda q: q.name)
+def test_the_backend_runs_legacy_weights_on_records(backends, qtype):
+    rowwise, packed = backends
+    rng = np.random.default_rng(3)
+    w = make_weight(qtype, 45, 576, rng)
+    x = rng.standard_normal((11, 576)).astype(np.float32)
+    got = packed.linear(w, x)
+    assert packed._weights[id(w)].data is repack.packed_for(w).data
+    np.testing.assert_allclose(got, rowwise.linear(w, x), rtol=1e-5, atol=1e-5 * np.abs(got).max())
+    assert rowwise._weights[id(w)].data is not repack.packed_for(w).data
+    exact = q8_round_trip(x) @ oracle_weight(w).T
+    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
+
+
+def test_a_token_gets_the_same_bits_in_every_tile(backends):
+    _, packed = backends
+    rng = np.random.default_rng(4)
+    for qtype in LEGACY:
+        w = make_weight(qtype, 40, 640, rng)
+        x = rng.standard_normal((15, 640)).astype(np.float32)
+        whole = packed.linear(w, x)  # tiles of 8, 4, 2, 1 tokens
+        for t in range(15):
+            np.testing.assert_array_equal(
+                packed.linear(w, x[t : t + 1])[0], whole[t], err_msg=qtype.name
+            )
