@@ -5,7 +5,8 @@ one repacking; each weight is timed on both, alternating, by process CPU time (r
 shared machine); medians of `--rounds` pairs of 2 calls each. Random K-quant blocks, the 1.5B
 model's shapes, or with `--small` the small models' legacy-quant weights (gemma-3-270m's Q8_0
 output head and Q5_0 projections, SmolLM2-135M's Q8_0 head and Q4_1 projections). The first
-call's time (which includes the repack) is printed too, and each side's GB/s of weight bytes.
+call's time (which includes the repack) is printed too, and each side's rate (GB/s of weight
+bytes for one token, else Gop/s).
 
 Usage: python bench/bench_packed_matmul.py [-t THREADS] [-T TOKENS] [-r ROUNDS] [--small]
 Set LOCALCHAT_CPU=haswell (or x86-64-v2) to time the AVX2 (generic) path.
@@ -66,11 +67,17 @@ def main(argv=None) -> int:
                 backend.linear(w, x)
                 times[key].append((time.process_time() - c0) / 2)
         mo, mn = (float(np.median(times[k])) for k in ("row-major", "repacked"))
-        gb = w.data.nbytes / 1e9
+
+        def rate(seconds: float, w=w, tokens=args.tokens) -> str:
+            """Weight bytes streamed per second for one token, else integer ops per second."""
+            if tokens == 1:
+                return f"{w.data.nbytes / 1e9 / seconds:.1f} GB/s"
+            return f"{2 * w.rows * w.cols * tokens / 1e9 / seconds:.0f} Gop/s"
+
         print(
             f"{qtype.name} {rows}x{cols} T={args.tokens} threads={args.threads}: "
-            f"row-major {mo * 1e3:.2f} ms ({gb / mo:.1f} GB/s), repacked {mn * 1e3:.2f} ms "
-            f"({gb / mn:.1f} GB/s), {mo / mn:.2f}x; "
+            f"row-major {mo * 1e3:.2f} ms ({rate(mo)}), repacked {mn * 1e3:.2f} ms "
+            f"({rate(mn)}), {mo / mn:.2f}x; "
             f"max rel diff {np.abs(new - old).max() / np.abs(old).max():.1e}; "
             f"first call incl. repack {first * 1e3:.0f} ms"
         )
