@@ -4,9 +4,9 @@ All kernel modules are compiled once per process (object code cached on disk, se
 and shared; every backend owns a native thread pool (engine/kernels/threads.py) that runs them.
 The quantized mat-mul path picks the dot-product instruction set from the host CPU at load:
 AVX512-VNNI `vpdpbusd`, else AVX2 `pmaddubsw`, else generic widening multiplies.
-Q4_K and Q6_K weights whose rows are whole super-blocks are repacked on their first use into
-16-row records (repack.py, shared by every backend of the process; written by repack_jit.py's
-kernels on the pool) and run on packed_matmul.py's kernels, for every token count, so a token's
+Q4_K and Q6_K weights whose rows are whole super-blocks, and Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0
+weights, are repacked on their first use into 16-row records (repack.py, shared by every backend of the process; written by repack_jit.py's
+kernels on the pool) and run on packed_matmul.py's / packed_legacy.py's kernels, for every token count, so a token's
 result never depends on the batch; LOCALCHAT_REPACK=0 keeps them on the row-major kernels (for
 side-by-side comparison).
 
@@ -36,6 +36,7 @@ from engine.kernels import (
     attention,
     elementwise,
     float_matmul,
+    packed_legacy,
     packed_matmul,
     quant_matmul,
     repack,
@@ -81,7 +82,7 @@ def select_isa(cpu: HostCPU) -> str:
 LAZY_QUANT_TYPES = frozenset(quant_matmul.UNPACK_IQ)
 
 
-# LOCALCHAT_REPACK=0 keeps Q4_K / Q6_K weights in the file's layout (the row-major kernels), to
+# LOCALCHAT_REPACK=0 keeps the repackable weights in the file's layout (the row-major kernels), to
 # compare the two paths side by side; unset or 1, they are repacked on first use (repack.py).
 REPACK_ENV = "LOCALCHAT_REPACK"
 
@@ -91,8 +92,14 @@ def repack_enabled() -> bool:
 
 
 def packed_module(qname: str, isa: str) -> tuple[str, str]:
-    """The (name, IR) module of the repacked-record mat-mul of one type (packed_matmul.py)."""
+    """The (name, IR) module of the repacked-record mat-mul of one type (packed_matmul.py, or
+    packed_legacy.py for the 32-value block types)."""
+    if qname in packed_legacy.PACKED_TYPES:
+        return f"pmm_{qname}_{isa}", packed_legacy.module_ir(qname, isa)
     return f"pmm_{qname}_{isa}", packed_matmul.module_ir(qname, isa)
+
+
+PACKED_TYPES = packed_matmul.PACKED_TYPES + packed_legacy.PACKED_TYPES
 
 
 def quant_module(qname: str, isa: str) -> tuple[str, str]:
@@ -105,7 +112,7 @@ def kernel_modules(isa: str) -> list[tuple[str, str]]:
     later, from `lazy_quant_kernel`)."""
     modules = [pool_module(), ("quantize_q8", act_quant.module_ir())]
     modules += [quant_module(q, isa) for q in quant_matmul.LAYOUTS if q not in LAZY_QUANT_TYPES]
-    modules += [packed_module(q, isa) for q in packed_matmul.PACKED_TYPES]
+    modules += [packed_module(q, isa) for q in PACKED_TYPES]
     modules += [("repack", repack_jit.module_ir())]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
     modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir(isa))]
@@ -260,9 +267,7 @@ class JitBackend(ReferenceBackend):
             if q not in LAZY_QUANT_TYPES
         }
         self._packed_kernels = (
-            {q: self.library.address(f"pmm_{q}") for q in packed_matmul.PACKED_TYPES}
-            if repack_enabled()
-            else {}
+            {q: self.library.address(f"pmm_{q}") for q in PACKED_TYPES} if repack_enabled() else {}
         )
         self._repack_kernels = {
             q: self.library.address(f"repack_{q.lower()}") for q in repack_jit.REPACK_TYPES
@@ -351,7 +356,7 @@ class JitBackend(ReferenceBackend):
             s = QuantMatmulSlots
             args = np.zeros(s.SIZE, np.int64)
             args[s.W], args[s.ROW_BYTES] = packed.data.ctypes.data, packed.group_bytes
-            args[s.N_ROWS], args[s.N_BLOCKS] = w.rows, w.cols // repack.BLOCK
+            args[s.N_ROWS], args[s.N_BLOCKS] = w.rows, w.cols // repack.block_values(kind)
             args[s.N], args[s.OUT_STRIDE] = w.cols, w.rows
             entry = _WeightCall(w, packed.data, args, self._packed_kernels[kind], True)
         elif kind in quant_matmul.LAYOUTS:

@@ -1,4 +1,5 @@
-"""Q4_K / Q6_K weights repacked once at load into 16-row interleaved records.
+"""Q4_K / Q6_K and Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights repacked once at load into 16-row
+interleaved records.
 
 The GGUF layout keeps each row's blocks together, so a mat-mul kernel unpacks one row at a time
 and reduces every dot product across vector lanes. A record here holds one 256-value super-block
@@ -20,6 +21,20 @@ advances 16 row accumulators by 4 products each and no lane is ever reduced (the
                   4q..4q+3 at bits 0, 2, 4, 6); each value is q + 32 in 0..63
     [3072, 3328)  scale (i8) [16-value group][row]
     [3328, 3392)  d (f32) [row]
+
+The legacy types' records hold one 32-value block of 16 rows (their rows are whole 32-value
+blocks, not always whole 256-value super-blocks: SmolLM2's 576 and gemma-3's 640 columns), the
+same bytes per row as the GGUF block; unit k = values 4k..4k+3 of the block, lane i = row i, and
+the f16 scales are kept as f16 (converted 16 at a time by the kernel, which saves the bandwidth
+f32 scales would cost: a tenth of a Q4_0 record):
+
+  Q4_0 (288 bytes), Q4_1 (320):  [0, 256) 4 vectors: vector p holds unit p in its low nibbles
+                  and unit p + 4 in its high nibbles (lane i = bytes 4p..4p+3 of row i's qs);
+                  then d (f16) [row]; Q4_1: then m (f16) [row]
+  Q5_0 (352 bytes), Q5_1 (384):  the same 4 nibble vectors; [256, 320) the high bits: bit k of
+                  byte e of lane i is the fifth bit of value 4k + e of row i; then d (f16)
+                  [row]; Q5_1: then m (f16) [row]
+  Q8_0 (544 bytes):  [0, 512) 8 vectors: vector k holds unit k as int8; [512, 544) d (f16) [row]
 
 Rows past the last multiple of 16 are zero (their outputs are never stored). Once a tensor is
 repacked its pages of the memory-mapped file are released (madvise DONTNEED), so the process
@@ -53,6 +68,10 @@ GROUP_ROWS = 16  # rows per record: one 512-bit vector of i32 lanes
 BLOCK = 256
 RECORD_BYTES = {"Q4_K": 2432, "Q6_K": 3392}
 SOURCE_BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+# The legacy types: one record per 32-value block of 16 rows (same bytes per row as the file).
+LEGACY_BLOCK = 32
+LEGACY_RECORD_BYTES = {"Q4_0": 288, "Q4_1": 320, "Q5_0": 352, "Q5_1": 384, "Q8_0": 544}
+LEGACY_SOURCE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
 # File bytes repacked per numpy pass: bounds the temporaries (~3x the pass) on a 150k-row output
 # matrix and keeps them in cache; passes run on up to _REPACK_THREADS threads.
 _PASS_BYTES = 1 << 20
@@ -73,8 +92,23 @@ class PackedWeight:
         return int(self.data.shape[1] * self.data.shape[2])
 
 
+def block_values(qname: str) -> int:
+    """Values of one row in one record: a K-quant super-block or a legacy 32-value block."""
+    return BLOCK if qname in RECORD_BYTES else LEGACY_BLOCK
+
+
+def record_bytes(qname: str) -> int:
+    return RECORD_BYTES.get(qname) or LEGACY_RECORD_BYTES[qname]
+
+
+def source_block_bytes(qname: str) -> int:
+    return SOURCE_BLOCK_BYTES.get(qname) or LEGACY_SOURCE_BLOCK_BYTES[qname]
+
+
 def packable(w: QTensor) -> bool:
-    return w.qtype.name in RECORD_BYTES and len(w.shape) == 2 and w.cols % BLOCK == 0
+    qname = w.qtype.name
+    known = qname in RECORD_BYTES or qname in LEGACY_RECORD_BYTES
+    return known and len(w.shape) == 2 and w.cols % block_values(qname) == 0
 
 
 # --- unpacking the GGUF blocks to small integers --------------------------------------------
@@ -190,7 +224,66 @@ def _records_q6_k(blocks: np.ndarray) -> np.ndarray:
     return rec
 
 
-_RECORDS = {"Q4_K": _records_q4_k, "Q6_K": _records_q6_k}
+# --- the legacy types: one record per 32-value block --------------------------------------
+
+
+def _rows_to_lanes(a: np.ndarray, g: int) -> np.ndarray:
+    """[g*16, nb, width] (any dtype) -> [g, nb, width, 16]: element [.., w, i] from row i."""
+    nb, width = a.shape[1], a.shape[2]
+    return a.reshape(g, GROUP_ROWS, nb, width).transpose(0, 2, 3, 1)
+
+
+def _legacy_high_bits(qh: np.ndarray) -> np.ndarray:
+    """u32 [..] of Q5_x fifth bits (bit v = value v) -> u32 [..] whose byte e holds at bit k
+    the fifth bit of value 4k + e (unit k, element e: what the kernel shifts into place)."""
+    out = np.zeros(qh.shape, np.uint32)
+    for k in range(8):
+        for e in range(4):
+            out |= ((qh >> np.uint32(4 * k + e)) & np.uint32(1)) << np.uint32(8 * e + k)
+    return out
+
+
+def _legacy_records(qname: str):
+    """uint8 [g*16, nb, block bytes] -> records uint8 [g, nb, record bytes] for one legacy type."""
+    has_min = qname in ("Q4_1", "Q5_1")
+    has_high = qname in ("Q5_0", "Q5_1")
+    scales = 4 if has_min else 2  # f16 bytes before qh / qs
+    qs_at = scales + (4 if has_high else 0)
+    units = 8 if qname == "Q8_0" else 4  # u32 words of qs per row
+
+    def build(blocks: np.ndarray) -> np.ndarray:
+        g, nb = blocks.shape[0] // GROUP_ROWS, blocks.shape[1]
+        rec = np.empty((g, nb, LEGACY_RECORD_BYTES[qname]), np.uint8)
+        qs = _u32(blocks[..., qs_at : qs_at + 4 * units])  # [r, nb, units]
+        at = 64 * units
+        rec[..., :at] = (
+            np.ascontiguousarray(_rows_to_lanes(qs, g)).reshape(g, nb, -1).view(np.uint8)
+        )
+        if has_high:
+            high = _legacy_high_bits(_u32(blocks[..., scales : scales + 4])[..., 0])
+            rec[..., at : at + 64] = (
+                np.ascontiguousarray(_rows_to_lanes(high[..., None], g))
+                .reshape(g, nb, -1)
+                .view(np.uint8)
+            )
+            at += 64
+        for f in range(scales // 2):  # d, then m
+            half = np.ascontiguousarray(blocks[..., 2 * f : 2 * f + 2]).view(np.uint16)
+            rec[..., at : at + 32] = (
+                np.ascontiguousarray(_rows_to_lanes(half, g)).reshape(g, nb, -1).view(np.uint8)
+            )
+            at += 32
+        assert at == LEGACY_RECORD_BYTES[qname]
+        return rec
+
+    return build
+
+
+_RECORDS = {
+    "Q4_K": _records_q4_k,
+    "Q6_K": _records_q6_k,
+    **{q: _legacy_records(q) for q in LEGACY_RECORD_BYTES},
+}
 
 
 # A compiled repack (repack_jit.py through a backend's pool): fill(qname, src, rows, n_blocks,
@@ -201,18 +294,18 @@ _FILL_PASS_BYTES = 1 << 23
 
 
 def repack(w: QTensor, release: bool = False, fill: RecordFiller | None = None) -> PackedWeight:
-    """The records of a Q4_K or Q6_K weight (`packable(w)`), built in passes of about
+    """The records of a packable weight (`packable(w)`), built in passes of about
     _PASS_BYTES of the file on up to _REPACK_THREADS threads (numpy releases the GIL), or by
     `fill` in passes of _FILL_PASS_BYTES; with `release`, each pass's pages of the file mapping
     are released as soon as it is done, so the original and the repacked bytes of a big tensor
     are never both resident."""
     qname = w.qtype.name
-    nb = w.cols // BLOCK
-    src = np.asarray(w.data).reshape(w.rows, nb, SOURCE_BLOCK_BYTES[qname])
+    nb = w.cols // block_values(qname)
+    src = np.asarray(w.data).reshape(w.rows, nb, source_block_bytes(qname))
     groups = -(-w.rows // GROUP_ROWS)
     # huge-page memory: decode streams these records once per token (record_memory.py)
-    out = record_array((groups, nb, RECORD_BYTES[qname]))
-    group_file_bytes = GROUP_ROWS * nb * SOURCE_BLOCK_BYTES[qname]
+    out = record_array((groups, nb, record_bytes(qname)))
+    group_file_bytes = GROUP_ROWS * nb * source_block_bytes(qname)
     step = max(1, (_PASS_BYTES if fill is None else _FILL_PASS_BYTES) // group_file_bytes)
     step *= GROUP_ROWS
 
@@ -240,10 +333,44 @@ def repack(w: QTensor, release: bool = False, fill: RecordFiller | None = None) 
 # --- dequantizing records (the tests' round trip and the reference for them) ----------------
 
 
+def _dequantize_legacy(p: PackedWeight) -> np.ndarray:
+    """[g, nb, k, i, e] float32 values of a legacy type's records (unit k, row i, element e),
+    computed as gguf-py does (d * q, then + m: two roundings, no fma)."""
+    g, nb = p.data.shape[:2]
+    rec = p.data
+    q: np.ndarray
+    if p.qname == "Q8_0":
+        q = rec[..., :512].view(np.int8).reshape(g, nb, 8, GROUP_ROWS, 4).astype(np.float32)
+        at = 512
+    else:
+        nib = rec[..., :256].reshape(g, nb, 4, GROUP_ROWS, 4)
+        u = np.concatenate([nib & 15, nib >> 4], axis=2)  # [g, nb, k, i, e]
+        at = 256
+        if p.qname in ("Q5_0", "Q5_1"):
+            high = rec[..., 256:320].reshape(g, nb, 1, GROUP_ROWS, 4)
+            u = u | (((high >> np.arange(8, dtype=np.uint8).reshape(8, 1, 1)) & 1) << 4)
+            at = 320
+        q = u.astype(np.float32)
+        if p.qname in ("Q4_0", "Q5_0"):
+            q -= 8.0 if p.qname == "Q4_0" else 16.0
+
+    def f16_row(offset: int) -> np.ndarray:
+        raw = np.ascontiguousarray(rec[..., offset : offset + 32]).view(np.float16)
+        return raw.astype(np.float32).reshape(g, nb, 1, GROUP_ROWS, 1)
+
+    vals = f16_row(at) * q
+    if p.qname in ("Q4_1", "Q5_1"):
+        vals = vals + f16_row(at + 32)
+    return vals
+
+
 def dequantize_records(p: PackedWeight) -> np.ndarray:
     """float32 [rows, cols] from the records alone, by the layout in the module docstring."""
     g, nb = p.data.shape[:2]
     rec = p.data
+    if p.qname in LEGACY_RECORD_BYTES:
+        vals = _dequantize_legacy(p)  # [g, nb, k, i, e] -> [g, i, nb, k, e] -> rows
+        return vals.transpose(0, 3, 1, 2, 4).reshape(g * GROUP_ROWS, nb * LEGACY_BLOCK)[: p.rows]
     if p.qname == "Q4_K":
         packed = rec[..., :2048].reshape(g, nb, 8, 4, GROUP_ROWS, 4)
         units = np.concatenate([packed & 15, packed >> 4], axis=3)  # [g,nb,c,k,i,e]

@@ -1,4 +1,4 @@
-"""IR for repacking Q4_K / Q6_K rows into repack.py's 16-row records (the layout is documented
+"""IR for repacking Q4_K / Q6_K and the legacy types' rows into repack.py's 16-row records (the layout is documented
 in repack.py's docstring; repack.py's numpy code is the reference these must match byte for byte).
 
 `repack_<type>(args, tid, n_threads)` writes records [0, groups * n_blocks) of a row range, split
@@ -13,9 +13,15 @@ temporaries, whose page faults were most of its time. Argument slots: `RepackSlo
 from __future__ import annotations
 
 from engine.kernels.ir import Fn, mask, splat, thread_range
-from engine.kernels.repack import GROUP_ROWS, RECORD_BYTES, SOURCE_BLOCK_BYTES
+from engine.kernels.repack import (
+    GROUP_ROWS,
+    LEGACY_RECORD_BYTES,
+    RECORD_BYTES,
+    record_bytes,
+    source_block_bytes,
+)
 
-REPACK_TYPES = ("Q4_K", "Q6_K")
+REPACK_TYPES = (*RECORD_BYTES, *LEGACY_RECORD_BYTES)
 _LOW4, _LOW2, _LOW6 = 0x0F0F0F0F, 0x03030303, 0x3F3F3F3F
 _ZERO_BLOCK = "@repack_zero_block"
 
@@ -142,7 +148,46 @@ def _row_q6_k(f: Fn, blk: str, rec: str, i: str) -> None:
     f(f"store float {d}, ptr {f.gep(lane, 3328)}, align 1")
 
 
-_ROW = {"Q4_K": _row_q4_k, "Q6_K": _row_q6_k}
+def _legacy_row(qname: str):
+    """The row writer of one legacy type: qs words to the row's lane of the unit vectors, the
+    Q5_x fifth bits regrouped by unit (repack._legacy_high_bits), the f16 scales to the row's
+    2-byte column."""
+    has_min = qname in ("Q4_1", "Q5_1")
+    has_high = qname in ("Q5_0", "Q5_1")
+    scales = 4 if has_min else 2
+    qs_at = scales + (4 if has_high else 0)
+    units = 8 if qname == "Q8_0" else 4
+
+    def row(f: Fn, blk: str, rec: str, i: str) -> None:
+        lane = f.gep(rec, f.op(f"shl i64 {i}, 2"))
+        qs = f.load(_vec(units), f.gep(blk, qs_at))
+        _store_lanes(f, units, qs, lane, [64 * w for w in range(units)])
+        at = 64 * units
+        if has_high:
+            qh = f.load("i32", f.gep(blk, scales), 1)
+            qhv = f.op(f"insertelement {_vec(32)} poison, i32 {qh}, i32 0")
+            qhv = f.op(f"shufflevector {_vec(32)} {qhv}, {_vec(32)} poison, {mask([0] * 32)}")
+            order = [(k, e) for k in range(8) for e in range(4)]
+            down = "<" + ", ".join(f"i32 {4 * k + e}" for k, e in order) + ">"
+            up = "<" + ", ".join(f"i32 {8 * e + k}" for k, e in order) + ">"
+            bit = _and(f, 32, f.op(f"lshr {_vec(32)} {qhv}, {down}"), 1)
+            placed = f.op(f"shl {_vec(32)} {bit}, {up}")
+            high = f.op(f"call i32 @llvm.vector.reduce.or.v32i32({_vec(32)} {placed})")
+            f(f"store i32 {high}, ptr {f.gep(lane, at)}, align 1")
+            at += 64
+        col = f.gep(rec, f.op(f"shl i64 {i}, 1"))
+        for k in range(scales // 2):
+            h = f.load("i16", f.gep(blk, 2 * k), 1)
+            f(f"store i16 {h}, ptr {f.gep(col, at + 32 * k)}, align 1")
+
+    return row
+
+
+_ROW = {
+    "Q4_K": _row_q4_k,
+    "Q6_K": _row_q6_k,
+    **{q: _legacy_row(q) for q in LEGACY_RECORD_BYTES},
+}
 
 
 def kernel_function(qname: str) -> str:
@@ -164,7 +209,7 @@ def kernel_function(qname: str) -> str:
     f.put_label("rbody")
     g = f.op(f"udiv i64 %r, {nb}", "g")
     b = f.op(f"urem i64 %r, {nb}", "b")
-    rec = f.gep(dst, f.op(f"mul i64 %r, {RECORD_BYTES[qname]}"), "rec")
+    rec = f.gep(dst, f.op(f"mul i64 %r, {record_bytes(qname)}"), "rec")
     row0 = f.op(f"shl i64 {g}, 4", "row0")
     f("br label %ih")
     f.put_label("ih")
@@ -172,7 +217,7 @@ def kernel_function(qname: str) -> str:
     row = f.op(f"add i64 {row0}, %i")
     inside = f.op(f"icmp ult i64 {row}, {rows}")
     at = f.op(f"add i64 {f.op(f'mul i64 {row}, {nb}')}, {b}")
-    at = f.op(f"mul i64 {at}, {SOURCE_BLOCK_BYTES[qname]}")
+    at = f.op(f"mul i64 {at}, {source_block_bytes(qname)}")
     blk = f.op(f"select i1 {inside}, ptr {f.gep(src, at)}, ptr {_ZERO_BLOCK}", "blk")
     _ROW[qname](f, blk, rec, "%i")
     f("%i_next = add i64 %i, 1")
@@ -188,7 +233,8 @@ def kernel_function(qname: str) -> str:
 
 
 def module_ir() -> str:
-    """Both types' repack kernels in one module (no ISA-specific instructions: the vector
+    """Every type's repack kernel in one module (no ISA-specific instructions: the vector
     shuffles lower on every target)."""
     zero = f"{_ZERO_BLOCK} = private unnamed_addr constant [256 x i8] zeroinitializer, align 64"
-    return "\n".join([zero, *(kernel_function(q) for q in REPACK_TYPES)])
+    reduce_or = f"declare i32 @llvm.vector.reduce.or.v32i32({_vec(32)})"
+    return "\n".join([zero, reduce_or, *(kernel_function(q) for q in REPACK_TYPES)])
