@@ -163,6 +163,21 @@ def _rows_at(f: Fn, base: str, j0: str, jj: str, last: str, pos_stride: str) -> 
     return rows
 
 
+def _prefetch_rows(f: Fn, base: str, j: str, jj: str, rowb: str, pos_stride: str) -> None:
+    """Prefetch every cache line of the rows of keys j+jj .. j+jj+KEYS_AT_ONCE-1 (one tile
+    ahead of the ones being read). Rows past the cache's end are harmless: a prefetch never
+    faults, and the address is formed without `inbounds`."""
+    for u in range(KEYS_AT_ONCE):
+        key = f.op(f"add i64 {f.op(f'add i64 {j}, {jj}')}, {u}")
+        row = f.op(f"getelementptr i8, ptr {base}, i64 {f.op(f'mul i64 {key}, {pos_stride}')}")
+        lines = _Loop(f, f.label("pf"), "0", rowb, 64)
+        line = f.op(f"getelementptr i8, ptr {row}, i64 {lines.iv}")
+        f(f"call void @llvm.prefetch.p0(ptr {line}, i32 0, i32 2, i32 1)")
+        lines.end()
+        tail = f.op(f"getelementptr i8, ptr {row}, i64 {f.op(f'sub i64 {rowb}, 1')}")
+        f(f"call void @llvm.prefetch.p0(ptr {tail}, i32 0, i32 2, i32 1)")
+
+
 def _fptr(f: Fn, base: str, index: str) -> str:
     return f.op(f"getelementptr inbounds float, ptr {base}, i64 {index}")
 
@@ -253,6 +268,7 @@ def attention_ir(
     keys = _Loop(f, "key", "0", n, KEYS_AT_ONCE)
     jj = keys.iv
     krows = _rows_at(f, kbase, j0, jj, last, pos_stride)
+    _prefetch_rows(f, kbase, j1, jj, rowb, pos_stride)
     for tag, h_lo, h_hi, width in head_runs:
         heads = _Loop(f, f"sh{tag}", h_lo, h_hi, width)
         rs = [f.op(f"add i64 {heads.iv}, {h}") for h in range(width)]
@@ -336,6 +352,7 @@ def attention_ir(
     vals = _Loop(f, "val", "0", n, KEYS_AT_ONCE)
     jj = vals.iv
     vrows = _rows_at(f, vbase, j0, jj, last, pos_stride)
+    _prefetch_rows(f, vbase, j1, jj, rowb, pos_stride)
     for tag, h_lo, h_hi, width in head_runs:
         vheads = _Loop(f, f"vh{tag}", h_lo, h_hi, width)
         weights = {}
@@ -396,6 +413,7 @@ def module_ir(isa: str) -> str:
             "declare float @llvm.maxnum.f32(float, float)",
             "declare float @llvm.tanh.f32(float)",
             "declare float @llvm.exp.f32(float)",
+            "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
             attention_ir(KERNELS["f16"], _load16_f16, _f16_row_bytes, heads),
             attention_ir(KERNELS["q8_0"], _load16_q8_0, _q8_0_row_bytes, heads),
         ]
