@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.kernels.ir import Fn
+from engine.kernels.ir import Fn, mask
 from engine.kernels.vec16 import (
     MASKED_F32_DECLS,
     V16F,
@@ -42,7 +42,9 @@ from engine.kernels.vmath import VEXP16
 
 V16H = "<16 x half>"
 V16B = "<16 x i8>"
+V4F = "<4 x float>"
 NEG_INF = "0xFFF0000000000000"
+NEG_INF16 = "<" + ", ".join(["float 0xFFF0000000000000"] * 16) + ">"
 
 # Keys per tile: the online-softmax rescale (head_dim multiplies per head) is paid once per
 # TILE keys, against 2 * head_dim multiply-adds per key and head.
@@ -178,6 +180,32 @@ def _prefetch_rows(f: Fn, base: str, j: str, jj: str, rowb: str, pos_stride: str
         f(f"call void @llvm.prefetch.p0(ptr {tail}, i32 0, i32 2, i32 1)")
 
 
+def _splat4(f: Fn, x: str) -> str:
+    v = f.op(f"insertelement {V4F} poison, float {x}, i32 0")
+    return f.op(f"shufflevector {V4F} {v}, {V4F} poison, <4 x i32> zeroinitializer")
+
+
+def _sum4(f: Fn, accs: list[str]) -> str:
+    """<4 x float> of the lane sums of four <16 x float>: halves, then quarters, pairwise."""
+    a, b, c, d = accs
+
+    def fold(x: str, y: str, keep_lo: list[int], keep_hi: list[int], ty: str) -> str:
+        lo = f.op(f"shufflevector {ty} {x}, {ty} {y}, {mask(keep_lo)}")
+        hi = f.op(f"shufflevector {ty} {x}, {ty} {y}, {mask(keep_hi)}")
+        width = len(keep_lo)
+        return f.op(f"fadd <{width} x float> {lo}, {hi}")
+
+    # lanes 0-7 = a's halves summed, 8-15 = b's (and c, d)
+    ab = fold(a, b, [*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)], V16F)
+    cd = fold(c, d, [*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)], V16F)
+    # 4 lanes each of a, b, c, d
+    quarter_lo = [i + q * 8 for q in range(4) for i in range(4)]
+    abcd = fold(ab, cd, quarter_lo, [i + 4 for i in quarter_lo], V16F)
+    # 2 lanes each, then 1
+    pairs = fold(abcd, abcd, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15], V16F)
+    return fold(pairs, pairs, [0, 2, 4, 6], [1, 3, 5, 7], "<8 x float>")
+
+
 def _fptr(f: Fn, base: str, index: str) -> str:
     return f.op(f"getelementptr inbounds float, ptr {base}, i64 {index}")
 
@@ -197,6 +225,7 @@ def attention_ir(
     sstride = f.arg("%args", s.SCRATCH_STRIDE)
     sinks = f.arg("%args", s.SINKS, "ptr")
     hpi = f.arg("%args", s.HEADS_PER_ITEM)
+    scale4, cap4 = _splat4(f, scale), _splat4(f, softcap)
     has_sinks = f.op(f"icmp ne ptr {sinks}, null")
     has_cap = f.op(f"fcmp ogt float {softcap}, 0.0")
     has_w = f.op(f"icmp ne i64 {window}, 0")
@@ -282,38 +311,44 @@ def attention_ir(
             for (h, u), acc in zip(pairs, dots.values, strict=True)
         ]
         accs = dots.end(accs)
+        # Each head's KEYS_AT_ONCE dot products summed across lanes together (one shuffle tree
+        # for all of them, not a full reduction each), scaled: one <4 x float> per head.
         scores = [
             f.op(
-                f"fmul float {f.op(f'call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V16F} {acc})')}, {scale}"
+                f"fmul {V4F} {_sum4(f, accs[h * KEYS_AT_ONCE : (h + 1) * KEYS_AT_ONCE])}, {scale4}"
             )
-            for acc in accs
+            for h in range(width)
         ]
         f(f"br i1 {has_cap}, label %cap{tag}_b, label %cap{tag}_x")
         f.put_label(f"cap{tag}_b")  # soft-cap only when asked: tanh is a libm call per key
         capped = []
         for x in scores:
-            ratio = f.op(f"fdiv float {x}, {softcap}")
-            tanh = f.op(f"call float @llvm.tanh.f32(float {ratio})")
-            capped.append(f.op(f"fmul float {softcap}, {tanh}"))
+            ratio = f.op(f"fdiv {V4F} {x}, {cap4}")
+            tanh = f.op(f"call {V4F} @llvm.tanh.v4f32({V4F} {ratio})")
+            capped.append(f.op(f"fmul {V4F} {cap4}, {tanh}"))
         f(f"br label %cap{tag}_x")
         f.put_label(f"cap{tag}_x")
         final = [
-            f.op(f"phi float [{x}, %sd{tag}_x], [{c}, %cap{tag}_b]")
+            f.op(f"phi {V4F} [{x}, %sd{tag}_x], [{c}, %cap{tag}_b]")
             for x, c in zip(scores, capped, strict=True)
         ]
-        for (h, u), score in zip(pairs, final, strict=True):
-            slot = f.op(f"add i64 {f.op(f'mul i64 {rs[h]}, {TILE}')}, {f.op(f'add i64 {jj}, {u}')}")
-            f(f"store float {score}, ptr {_fptr(f, sc, slot)}, align 4")
+        for h, score in enumerate(final):
+            slot = f.op(f"add i64 {f.op(f'mul i64 {rs[h]}, {TILE}')}, {jj}")
+            f(f"store {V4F} {score}, ptr {_fptr(f, sc, slot)}, align 4")
         heads.end()
     keys.end()
     # 2. online softmax per head: new max, rescale sum and output row, p = exp(s - max)
     soft = _Loop(f, "sm", "0", hpi, 1)
     r = soft.iv
     srow = _fptr(f, sc, f.op(f"mul i64 {r}, {TILE}"))
-    tmax_loop = _Loop(f, "tm", "0", n, 1, carried=[("float", NEG_INF)])
+    tmax_loop = _Loop(f, "tm", "0", n, 16, carried=[(V16F, NEG_INF16)])
     (tmax,) = tmax_loop.values
-    sv = f.load("float", _fptr(f, srow, tmax_loop.iv), 4)
-    (tmax,) = tmax_loop.end([f.op(f"call float @llvm.maxnum.f32(float {tmax}, float {sv})")])
+    tm_lanes = mask16(f, tmax_loop.iv, n)
+    sv = f.op(
+        f"select <16 x i1> {tm_lanes}, {V16F} {masked_load16(f, srow, tmax_loop.iv, tm_lanes)}, {V16F} {NEG_INF16}"
+    )
+    (tmax,) = tmax_loop.end([f.op(f"call {V16F} @llvm.maxnum.v16f32({V16F} {tmax}, {V16F} {sv})")])
+    tmax = f.op(f"call float @llvm.vector.reduce.fmax.v16f32({V16F} {tmax})")
     m_at = _fptr(f, st_max, r)
     l_at = _fptr(f, st_sum, r)
     m_old = f.load("float", m_at, 4)
@@ -411,7 +446,8 @@ def module_ir(isa: str) -> str:
             VEXP16,
             MASKED_F32_DECLS,
             "declare float @llvm.maxnum.f32(float, float)",
-            "declare float @llvm.tanh.f32(float)",
+            f"declare float @llvm.vector.reduce.fmax.v16f32({V16F})",
+            f"declare {V4F} @llvm.tanh.v4f32({V4F})",
             "declare float @llvm.exp.f32(float)",
             "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
             attention_ir(KERNELS["f16"], _load16_f16, _f16_row_bytes, heads),
