@@ -60,13 +60,16 @@ HEADS_AT_ONCE = {"vnni": 2, "avx2": 1, "generic": 1}
 
 # Kernel name per KV element layout (the cache's `cache_type`).
 KERNELS = {"f16": "attention_f16", "q8_0": "attention_q8_0"}
+# Combines the key splits' partial rows (split-K decode, see merge_ir).
+MERGE_KERNEL = "attention_merge"
 
 
 class AttentionSlots:
     """q (T, H, hd) f32, k cache, v cache, out (T, H*hd) f32, T, H, n_kv, hd (multiple of 16;
     of 32 for q8_0), p0, window (0 = none), scale (f32 bits), softcap (f32 bits, 0 = none),
     scratch (f32), scratch floats per thread, sinks (f32 [H], 0 = none), heads per item
-    (divides H / n_kv); SIZE: block length."""
+    (divides H / n_kv), key splits per (token, head run) (1 = none), partial results (f32,
+    `partial_floats`; read only with splits > 1); SIZE: block length."""
 
     (
         Q,
@@ -85,13 +88,21 @@ class AttentionSlots:
         SCRATCH_STRIDE,
         SINKS,
         HEADS_PER_ITEM,
+        N_SPLITS,
+        PARTIAL,
         SIZE,
-    ) = range(17)
+    ) = range(19)
 
 
 def scratch_floats_per_thread(heads_per_item: int) -> int:
     """Scores of one tile per head, then each head's running max and sum."""
     return heads_per_item * (TILE + 2)
+
+
+def partial_floats(n_splits: int, tokens: int, n_head: int, head_dim: int) -> int:
+    """Split-K partials: per split and (token, head) the unnormalised output row, then (after
+    all of them) its running max and sum."""
+    return n_splits * tokens * n_head * (head_dim + 2)
 
 
 def row_bytes(cache_type: str, head_dim: int) -> int:
@@ -225,13 +236,18 @@ def attention_ir(
     sstride = f.arg("%args", s.SCRATCH_STRIDE)
     sinks = f.arg("%args", s.SINKS, "ptr")
     hpi = f.arg("%args", s.HEADS_PER_ITEM)
+    nsplit = f.arg("%args", s.N_SPLITS)
+    partial = f.arg("%args", s.PARTIAL, "ptr")
+    is_split = f.op(f"icmp ugt i64 {nsplit}, 1")
     scale4, cap4 = _splat4(f, scale), _splat4(f, softcap)
     has_sinks = f.op(f"icmp ne ptr {sinks}, null")
     has_cap = f.op(f"fcmp ogt float {softcap}, 0.0")
     has_w = f.op(f"icmp ne i64 {window}, 0")
     group = f.op(f"udiv i64 {nh}, {nkv}")
     slots_per_token = f.op(f"udiv i64 {nh}, {hpi}")
-    items = f.op(f"mul i64 {ntok}, {slots_per_token}")
+    items = f.op(f"mul i64 {f.op(f'mul i64 {ntok}, {slots_per_token}')}, {nsplit}")
+    part_rows = f.op(f"mul i64 {ntok}, {nh}")  # (token, head) rows of one split's partials
+    part_ml = _fptr(f, partial, f.op(f"mul i64 {f.op(f'mul i64 {part_rows}, {nsplit}')}, {hd}"))
     rowb = elem_bytes_of_row(f, hd)  # bytes of one (position, kv head) row
     pos_stride = f.op(f"mul i64 {nkv}, {rowb}")  # bytes from one position to the next
     qh_stride = hd  # floats from one head's q / out row to the next
@@ -245,17 +261,37 @@ def attention_ir(
     # with its position, so contiguous ranges would leave the last chunk with the most keys.
     items_loop = _Loop(f, "item", tid64, items, step)
     it = items_loop.iv
-    t = f.op(f"udiv i64 {it}, {slots_per_token}")
-    h0 = f.op(f"mul i64 {f.op(f'urem i64 {it}, {slots_per_token}')}, {hpi}")
+    # Item = (token, head run, key split), the split fastest: a split's items land on
+    # different chunks, so the pool's chunks share one (token, head run)'s keys.
+    split = f.op(f"urem i64 {it}, {nsplit}")
+    slot_it = f.op(f"udiv i64 {it}, {nsplit}")
+    t = f.op(f"udiv i64 {slot_it}, {slots_per_token}")
+    h0 = f.op(f"mul i64 {f.op(f'urem i64 {slot_it}, {slots_per_token}')}, {hpi}")
     kvh = f.op(f"udiv i64 {h0}, {group}")
     pos = f.op(f"add i64 {p0}, {t}")
     hi = f.op(f"add i64 {pos}, 1")
     wlo = f.op(f"sub i64 {hi}, {window}")  # first allowed key when windowed (may be "negative")
     use_w = f.op(f"and i1 {f.op(f'icmp sgt i64 {wlo}, 0')}, {has_w}")
-    lo = f.op(f"select i1 {use_w}, i64 {wlo}, i64 0")
+    lo_all = f.op(f"select i1 {use_w}, i64 {wlo}, i64 0")
+    # This split's keys: whole tiles of ceil(keys / splits), the last split taking the rest
+    # (a split past the end is empty: max -inf, sum 0, a zero row, which the merge ignores).
+    n_keys = f.op(f"sub i64 {hi}, {lo_all}")
+    per = f.op(f"udiv i64 {f.op(f'add i64 {n_keys}, {nsplit}')}, {nsplit}")  # >= ceil
+    per = f.op(f"and i64 {f.op(f'add i64 {per}, {TILE - 1}')}, {-TILE}")
+    lo = f.op(f"add i64 {lo_all}, {f.op(f'mul i64 {split}, {per}')}")
+    lo = f.op(f"select i1 {f.op(f'icmp ult i64 {lo}, {hi}')}, i64 {lo}, i64 {hi}")
+    split_hi = f.op(f"add i64 {lo}, {per}")
+    hi = f.op(f"select i1 {f.op(f'icmp ult i64 {split_hi}, {hi}')}, i64 {split_hi}, i64 {hi}")
     row0 = f.op(f"add i64 {f.op(f'mul i64 {t}, {nh}')}, {h0}")  # first (token, head) row
     qrow0 = _fptr(f, q, f.op(f"mul i64 {row0}, {hd}"))
-    orow0 = _fptr(f, out, f.op(f"mul i64 {row0}, {hd}"))
+    # Split items accumulate into their split's partial rows, whole items into `out`.
+    prow = f.op(f"add i64 {f.op(f'mul i64 {split}, {part_rows}')}, {row0}")
+    orow0 = f.op(
+        f"select i1 {is_split}, ptr {_fptr(f, partial, f.op(f'mul i64 {prow}, {hd}'))}, "
+        f"ptr {_fptr(f, out, f.op(f'mul i64 {row0}, {hd}'))}"
+    )
+    # The sink joins the softmax once: in split 0's sum.
+    sink_here = f.op(f"and i1 {has_sinks}, {f.op(f'icmp eq i64 {split}, 0')}")
     kv_off = f.op(f"mul i64 {kvh}, {rowb}")
     kbase = f.gep(kc, kv_off)
     vbase = f.gep(vc, kv_off)
@@ -264,7 +300,7 @@ def attention_ir(
     # --- per-head state: max = sink logit (or -inf), sum = 1 with a sink (its own share) ---
     init = _Loop(f, "init", "0", hpi, 1)
     r = init.iv
-    f(f"br i1 {has_sinks}, label %init_sink, label %init_set")
+    f(f"br i1 {sink_here}, label %init_sink, label %init_set")
     f.put_label("init_sink")
     sink_loaded = f.load("float", _fptr(f, sinks, f.op(f"add i64 {h0}, {r}")), 4)
     f("br label %init_set")
@@ -418,6 +454,13 @@ def attention_ir(
     # --- out = accumulated / running sum ---
     fin = _Loop(f, "fin", "0", hpi, 1)
     r = fin.iv
+    f(f"br i1 {is_split}, label %fin_part, label %fin_norm")
+    f.put_label("fin_part")  # a split's row stays unnormalised; its max and sum go beside it
+    ml_at = _fptr(f, part_ml, f.op(f"shl i64 {f.op(f'add i64 {prow}, {r}')}, 1"))
+    f(f"store float {f.load('float', _fptr(f, st_max, r), 4)}, ptr {ml_at}, align 4")
+    f(f"store float {f.load('float', _fptr(f, st_sum, r), 4)}, ptr {_fptr(f, ml_at, '1')}, align 4")
+    f("br label %fin_next")
+    f.put_label("fin_norm")
     inv = f.op(f"fdiv float 1.0, {f.load('float', _fptr(f, st_sum, r), 4)}")
     inv_v = splat16(f, inv)
     orow = _fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}"))
@@ -425,8 +468,66 @@ def attention_ir(
     op = _fptr(f, orow, fd.iv)
     f(f"store {V16F} {f.op(f'fmul {V16F} {f.load(V16F, op, 4)}, {inv_v}')}, ptr {op}, align 4")
     fd.end()
+    f("br label %fin_next")
+    f.put_label("fin_next")
     fin.end()
     items_loop.end()
+    f("ret void")
+    return f"define void @{name}(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+
+
+def merge_ir(name: str) -> str:
+    """Split-K merge: out[row] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M = max_s m_s,
+    for every (token, head) row (rows dealt round-robin to the chunks)."""
+    f = Fn()
+    s = AttentionSlots
+    out, partial = f.arg("%args", s.OUT, "ptr"), f.arg("%args", s.PARTIAL, "ptr")
+    ntok, nh, hd, nsplit = (
+        f.arg("%args", i) for i in (s.N_TOKENS, s.N_HEAD, s.HEAD_DIM, s.N_SPLITS)
+    )
+    rows = f.op(f"mul i64 {ntok}, {nh}")
+    ml = _fptr(f, partial, f.op(f"mul i64 {f.op(f'mul i64 {rows}, {nsplit}')}, {hd}"))
+    tid64 = f.op("sext i32 %tid to i64")
+    step = f.op("sext i32 %nth to i64")
+    row_loop = _Loop(f, "mrow", tid64, rows, step)
+    row = row_loop.iv
+    orow = _fptr(f, out, f.op(f"mul i64 {row}, {hd}"))
+    peak_loop = _Loop(f, "mpk", "0", nsplit, 1, carried=[("float", NEG_INF)])
+    (peak,) = peak_loop.values
+    at = f.op(f"add i64 {f.op(f'mul i64 {peak_loop.iv}, {rows}')}, {row}")
+    m_s = f.load("float", _fptr(f, ml, f.op(f"shl i64 {at}, 1")), 4)
+    (peak,) = peak_loop.end([f.op(f"call float @llvm.maxnum.f32(float {peak}, float {m_s})")])
+    zero = _Loop(f, "mz", "0", hd, 16)
+    f(f"store {V16F} zeroinitializer, ptr {_fptr(f, orow, zero.iv)}, align 4")
+    zero.end()
+    acc_loop = _Loop(f, "mac", "0", nsplit, 1, carried=[("float", "0.0")])
+    (total,) = acc_loop.values
+    at = f.op(f"add i64 {f.op(f'mul i64 {acc_loop.iv}, {rows}')}, {row}")
+    ml_at = _fptr(f, ml, f.op(f"shl i64 {at}, 1"))
+    m_s = f.load("float", ml_at, 4)
+    l_s = f.load("float", _fptr(f, ml_at, "1"), 4)
+    # An empty split (max -inf) weighs exp(-inf) = 0; M is finite (split 0 holds the query's
+    # own key, and any sink).
+    w = f.op(f"call float @llvm.exp.f32(float {f.op(f'fsub float {m_s}, {peak}')})")
+    w_v = splat16(f, w)
+    prow = _fptr(f, partial, f.op(f"mul i64 {at}, {hd}"))
+    dl = _Loop(f, "mad", "0", hd, 16)
+    op = _fptr(f, orow, dl.iv)
+    pv = f.load(V16F, _fptr(f, prow, dl.iv), 4)
+    o = f.op(
+        f"call {V16F} @llvm.fma.v16f32({V16F} {pv}, {V16F} {w_v}, {V16F} {f.load(V16F, op, 4)})"
+    )
+    f(f"store {V16F} {o}, ptr {op}, align 4")
+    dl.end()
+    (total,) = acc_loop.end(
+        [f.op(f"call float @llvm.fma.f32(float {l_s}, float {w}, float {total})")]
+    )
+    inv_v = splat16(f, f.op(f"fdiv float 1.0, {total}"))
+    fd = _Loop(f, "mfd", "0", hd, 16)
+    op = _fptr(f, orow, fd.iv)
+    f(f"store {V16F} {f.op(f'fmul {V16F} {f.load(V16F, op, 4)}, {inv_v}')}, ptr {op}, align 4")
+    fd.end()
+    row_loop.end()
     f("ret void")
     return f"define void @{name}(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
 
@@ -449,8 +550,10 @@ def module_ir(isa: str) -> str:
             f"declare float @llvm.vector.reduce.fmax.v16f32({V16F})",
             f"declare {V4F} @llvm.tanh.v4f32({V4F})",
             "declare float @llvm.exp.f32(float)",
+            "declare float @llvm.fma.f32(float, float, float)",
             "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
             attention_ir(KERNELS["f16"], _load16_f16, _f16_row_bytes, heads),
             attention_ir(KERNELS["q8_0"], _load16_q8_0, _q8_0_row_bytes, heads),
+            merge_ir(MERGE_KERNEL),
         ]
     )
