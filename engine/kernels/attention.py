@@ -42,6 +42,7 @@ from engine.kernels.vmath import VEXP16
 
 V16H = "<16 x half>"
 V16B = "<16 x i8>"
+V32B = "<32 x i8>"
 V4F = "<4 x float>"
 NEG_INF = "0xFFF0000000000000"
 NEG_INF16 = "<" + ", ".join(["float 0xFFF0000000000000"] * 16) + ">"
@@ -150,20 +151,28 @@ class _Loop:
         return self.values
 
 
-def _load16_f16(f: Fn, row: str, d: str) -> str:
+def _load_f16(f: Fn, row: str, d: str) -> list[str]:
     """Values d .. d+15 of a float16 row, as float32."""
     p = f.op(f"getelementptr inbounds half, ptr {row}, i64 {d}")
-    return f.op(f"fpext {V16H} {f.load(V16H, p, 2)} to {V16F}")
+    return [f.op(f"fpext {V16H} {f.load(V16H, p, 2)} to {V16F}")]
 
 
-def _load16_q8_0(f: Fn, row: str, d: str) -> str:
-    """Values d .. d+15 (d a multiple of 16) of a q8_0 row, as float32: d_block * q."""
-    block = f.op(f"lshr i64 {d}, 5")
-    base = f.op(f"getelementptr inbounds i8, ptr {row}, i64 {f.op(f'mul i64 {block}, 34')}")
-    scale = f.half_to_float(base)
-    at = f.op(f"add i64 {f.op(f'and i64 {d}, 31')}, 2")
-    ints = f.load(V16B, f.gep(base, at), 1)
-    return f.op(f"fmul {V16F} {f.op(f'sitofp {V16B} {ints} to {V16F}')}, {splat16(f, scale)}")
+def _load_q8_0(f: Fn, row: str, d: str) -> list[str]:
+    """Values d .. d+31 (d a multiple of 32: one block) of a q8_0 row, as two float32 vectors
+    d_block * q: the block's scale is read and broadcast once for its 32 values."""
+    base = f.gep(row, f.op(f"mul i64 {f.op(f'lshr i64 {d}, 5')}, {Q8_BLOCK_BYTES}"))
+    scale = splat16(f, f.half_to_float(base))
+    ints = f.load(V32B, f.gep(base, "2"), 1)
+    halves = []
+    for lanes in (range(16), range(16, 32)):
+        part = f.op(f"shufflevector {V32B} {ints}, {V32B} poison, {mask(lanes)}")
+        halves.append(f.op(f"fmul {V16F} {f.op(f'sitofp {V16B} {part} to {V16F}')}, {scale}"))
+    return halves
+
+
+# Row element formats: (values per load step, the loader).
+Loader = Callable[[Fn, str, str], list[str]]
+ROW_FORMATS: dict[str, tuple[int, Loader]] = {"f16": (16, _load_f16), "q8_0": (32, _load_q8_0)}
 
 
 def _rows_at(f: Fn, base: str, j0: str, jj: str, last: str, pos_stride: str) -> list[str]:
@@ -222,10 +231,11 @@ def _fptr(f: Fn, base: str, index: str) -> str:
 
 
 def attention_ir(
-    name: str, load16: Callable[[Fn, str, str], str], elem_bytes_of_row, heads_at_once: int
+    name: str, row_format: tuple[int, Loader], elem_bytes_of_row, heads_at_once: int
 ) -> str:
     f = Fn()
     s = AttentionSlots
+    load_step, load = row_format
     q, kc, vc, out = (f.arg("%args", i, "ptr") for i in (s.Q, s.K_CACHE, s.V_CACHE, s.OUT))
     ntok, nh, nkv, hd, p0, window = (
         f.arg("%args", i) for i in (s.N_TOKENS, s.N_HEAD, s.N_KV, s.HEAD_DIM, s.P0, s.WINDOW)
@@ -339,13 +349,20 @@ def attention_ir(
         rs = [f.op(f"add i64 {heads.iv}, {h}") for h in range(width)]
         qrows = [_fptr(f, qrow0, f.op(f"mul i64 {r}, {qh_stride}")) for r in rs]
         pairs = [(h, u) for h in range(width) for u in range(KEYS_AT_ONCE)]
-        dots = _Loop(f, f"sd{tag}", "0", hd, 16, carried=[(V16F, "zeroinitializer")] * len(pairs))
-        qvs = [f.load(V16F, _fptr(f, qrow, dots.iv), 4) for qrow in qrows]
-        kvs = [load16(f, krow, dots.iv) for krow in krows]
-        accs = [
-            f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {kvs[u]}, {V16F} {qvs[h]}, {V16F} {acc})")
-            for (h, u), acc in zip(pairs, dots.values, strict=True)
-        ]
+        dots = _Loop(
+            f, f"sd{tag}", "0", hd, load_step, carried=[(V16F, "zeroinitializer")] * len(pairs)
+        )
+        kvs = [load(f, krow, dots.iv) for krow in krows]
+        accs = list(dots.values)
+        for part in range(load_step // 16):
+            at = f.op(f"add i64 {dots.iv}, {16 * part}")
+            qvs = [f.load(V16F, _fptr(f, qrow, at), 4) for qrow in qrows]
+            accs = [
+                f.op(
+                    f"call {V16F} @llvm.fma.v16f32({V16F} {kvs[u][part]}, {V16F} {qvs[h]}, {V16F} {acc})"
+                )
+                for (h, u), acc in zip(pairs, accs, strict=True)
+            ]
         accs = dots.end(accs)
         # Each head's KEYS_AT_ONCE dot products summed across lanes together (one shuffle tree
         # for all of them, not a full reduction each), scaled: one <4 x float> per head.
@@ -436,16 +453,18 @@ def attention_ir(
                 inside = f.op(f"icmp ult i64 {f.op(f'add i64 {jj}, {u}')}, {n}")
                 weights[h, u] = splat16(f, f.op(f"select i1 {inside}, float {pu}, float 0.0"))
             orows.append(_fptr(f, orow0, f.op(f"mul i64 {r}, {qh_stride}")))
-        vd = _Loop(f, f"vd{tag}", "0", hd, 16)
-        vvs = [load16(f, vrow, vd.iv) for vrow in vrows]
-        for h, orow in enumerate(orows):
-            op = _fptr(f, orow, vd.iv)
-            o = f.load(V16F, op, 4)
-            for u in range(KEYS_AT_ONCE):
-                o = f.op(
-                    f"call {V16F} @llvm.fma.v16f32({V16F} {vvs[u]}, {V16F} {weights[h, u]}, {V16F} {o})"
-                )
-            f(f"store {V16F} {o}, ptr {op}, align 4")
+        vd = _Loop(f, f"vd{tag}", "0", hd, load_step)
+        vvs = [load(f, vrow, vd.iv) for vrow in vrows]
+        for part in range(load_step // 16):
+            at = f.op(f"add i64 {vd.iv}, {16 * part}")
+            for h, orow in enumerate(orows):
+                op = _fptr(f, orow, at)
+                o = f.load(V16F, op, 4)
+                for u in range(KEYS_AT_ONCE):
+                    o = f.op(
+                        f"call {V16F} @llvm.fma.v16f32({V16F} {vvs[u][part]}, {V16F} {weights[h, u]}, {V16F} {o})"
+                    )
+                f(f"store {V16F} {o}, ptr {op}, align 4")
         vd.end()
         vheads.end()
     vals.end()
@@ -552,8 +571,8 @@ def module_ir(isa: str) -> str:
             "declare float @llvm.exp.f32(float)",
             "declare float @llvm.fma.f32(float, float, float)",
             "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
-            attention_ir(KERNELS["f16"], _load16_f16, _f16_row_bytes, heads),
-            attention_ir(KERNELS["q8_0"], _load16_q8_0, _q8_0_row_bytes, heads),
+            attention_ir(KERNELS["f16"], ROW_FORMATS["f16"], _f16_row_bytes, heads),
+            attention_ir(KERNELS["q8_0"], ROW_FORMATS["q8_0"], _q8_0_row_bytes, heads),
             merge_ir(MERGE_KERNEL),
         ]
     )
