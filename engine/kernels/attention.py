@@ -55,9 +55,11 @@ Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34
 # instead of one chain per key, whose latency bounded the one-key loop.
 KEYS_AT_ONCE = 4
 # Query heads of an item whose dot products (and value sums) share each K (V) row load, per
-# ISA path: 2 x KEYS_AT_ONCE accumulators fit AVX-512's 32 registers; with 16 (AVX2, SSE) they
-# spill, and measured no faster than one head at a time.
-HEADS_AT_ONCE = {"vnni": 2, "avx2": 1, "generic": 1}
+# ISA path, widest first (an item's heads go in runs of the first width while they last, then
+# the next): 3 x KEYS_AT_ONCE accumulators fit AVX-512's 32 registers (Qwen2.5's groups of 6
+# are two runs of 3, SmolLM2's of 3 one run: each K/V row widened once per 3 heads, not per
+# 2); with 16 registers (AVX2, SSE) 2 heads spill, and measured no faster than one at a time.
+HEADS_AT_ONCE = {"vnni": (3, 2, 1), "avx2": (1,), "generic": (1,)}
 
 # Kernel name per KV element layout (the cache's `cache_type`).
 KERNELS = {"f16": "attention_f16", "q8_0": "attention_q8_0"}
@@ -231,7 +233,7 @@ def _fptr(f: Fn, base: str, index: str) -> str:
 
 
 def attention_ir(
-    name: str, row_format: tuple[int, Loader], elem_bytes_of_row, heads_at_once: int
+    name: str, row_format: tuple[int, Loader], elem_bytes_of_row, head_widths: tuple[int, ...]
 ) -> str:
     f = Fn()
     s = AttentionSlots
@@ -330,16 +332,20 @@ def attention_ir(
     j1 = f.op(f"add i64 {j0}, {TILE}")
     j1 = f.op(f"select i1 {f.op(f'icmp ult i64 {j1}, {hi}')}, i64 {j1}, i64 {hi}")
     n = f.op(f"sub i64 {j1}, {j0}")
-    # 1. scores, KEYS_AT_ONCE keys x heads_at_once heads at a time: independent multiply-add
+    # 1. scores, KEYS_AT_ONCE keys x a run of heads at a time: independent multiply-add
     # chains, each key row load (and its widening) shared by the heads, each q load by the
     # keys. A key group past the tile's end re-reads its last key (valid memory); those scores
-    # land in slots >= n, which the softmax never reads. Heads go in groups of heads_at_once,
-    # then one at a time for the rest (no padding head is computed).
+    # land in slots >= n, which the softmax never reads. Heads go in runs of head_widths[0]
+    # while whole runs last, then of the next width (no padding head is computed).
     last = f.op(f"sub i64 {n}, 1")
-    grouped = f.op(f"and i64 {hpi}, {-heads_at_once}")  # heads covered by whole groups
-    head_runs = [("g", "0", grouped, heads_at_once)]
-    if heads_at_once > 1:
-        head_runs.append(("t", grouped, hpi, 1))
+    head_runs = []
+    run_lo = "0"
+    for width in head_widths:
+        left = f.op(f"sub i64 {hpi}, {run_lo}")
+        whole = f.op(f"mul i64 {f.op(f'udiv i64 {left}, {width}')}, {width}")
+        run_hi = f.op(f"add i64 {run_lo}, {whole}")
+        head_runs.append((f"w{width}", run_lo, run_hi, width))
+        run_lo = run_hi
     keys = _Loop(f, "key", "0", n, KEYS_AT_ONCE)
     jj = keys.iv
     krows = _rows_at(f, kbase, j0, jj, last, pos_stride)
@@ -434,7 +440,7 @@ def attention_ir(
     l_cur = f.load("float", l_at, 4)
     f(f"store float {f.op(f'fadd float {l_cur}, {psum}')}, ptr {l_at}, align 4")
     soft.end()
-    # 3. values, KEYS_AT_ONCE rows x heads_at_once heads at a time (one load and store of each
+    # 3. values, KEYS_AT_ONCE rows x a run of heads at a time (one load and store of each
     # output per KEYS_AT_ONCE keys, each value row load shared by the heads), the same head
     # groups as the scores; keys past the tile's end weigh 0.
     vals = _Loop(f, "val", "0", n, KEYS_AT_ONCE)
@@ -560,7 +566,7 @@ def _q8_0_row_bytes(f: Fn, hd: str) -> str:
 
 
 def module_ir(isa: str) -> str:
-    heads = HEADS_AT_ONCE[isa]
+    heads = HEADS_AT_ONCE[isa]  # head run widths
     return "\n".join(
         [
             VEXP16,
