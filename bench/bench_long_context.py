@@ -17,12 +17,14 @@ llama.cpp's own f16 vs q8_0 KV error on the same tokens' text (flash attention o
 cache requires); prints max |dlogit|, the KL divergence
 KL(p_f16 || p_q8) per position (mean / max), the top-1 agreement, and both caches' bytes.
 
-`--kernel` times the attention op alone on Qwen2.5-1.5B's shapes (12 query heads, 2 KV heads,
-head_dim 128): one decode query at DEPTH and one 32-query prefill block ending at DEPTH, per
-cache type, 1 thread, process CPU time, median of 20 calls (MODEL is not loaded).
+`--kernel` times the attention op alone on one model's shapes (`--shape`: Qwen2.5-1.5B's 12 query
+heads, 2 KV heads, head_dim 128, or SmolLM2-135M's 9 / 3 / 64): one decode query at DEPTH and one
+32-query prefill block ending at DEPTH, per cache type, -t threads, wall and process CPU time,
+median of 20 calls per layer; `--layers 30` cycles through 30 distinct caches, so that like a
+real decode step each call streams its rows from memory, not L3 (MODEL is not loaded).
 
 Usage: python bench/bench_long_context.py MODEL [--depth 4096] [-n 32] [-t 2] [-r 3]
-       python bench/bench_long_context.py - --kernel [--depth 4096]
+       python bench/bench_long_context.py - --kernel [--depth 4096] [--shape smollm2] [-t 1]
        python bench/bench_long_context.py MODEL --logit-error [--depth 4096]
 MODEL: a GGUF path, "default" (SmolLM2-135M-Instruct) or "gemma3".
 """
@@ -48,6 +50,8 @@ from engine.loader import load_model
 from engine.types import KvCacheType
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+# --kernel shapes: (query heads, KV heads, head_dim)
+KERNEL_SHAPES = {"qwen1.5b": (12, 2, 128), "smollm2": (9, 3, 64)}
 
 
 class LlamaCppSide:
@@ -285,31 +289,40 @@ def logit_error(args) -> int:
 def kernel(args) -> int:
     from engine.kernels.jit_backend import JitBackend
 
-    backend = JitBackend(n_threads=1)
+    backend = JitBackend(n_threads=args.threads)
     rng = np.random.default_rng(0)
-    n_head, n_kv, head_dim, depth = 12, 2, 128, args.depth
-    k = rng.standard_normal((depth + 1, n_kv, head_dim)).astype(np.float32)
-    v = rng.standard_normal((depth + 1, n_kv, head_dim)).astype(np.float32)
-    caches = {
-        "f16": (k.astype(np.float16), v.astype(np.float16)),
-        "q8_0": (quantize_q8_0(k), quantize_q8_0(v)),
-    }
+    n_head, n_kv, head_dim = KERNEL_SHAPES[args.shape]
+    depth = args.depth
+    # One cache per layer, cycled through: a whole model's KV at depth is far larger than L3,
+    # so each call streams its rows from memory as a decode step does.
+    caches: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"f16": [], "q8_0": []}
+    for _ in range(args.layers):
+        k = rng.standard_normal((depth + 1, n_kv, head_dim)).astype(np.float32)
+        v = rng.standard_normal((depth + 1, n_kv, head_dim)).astype(np.float32)
+        caches["f16"].append((k.astype(np.float16), v.astype(np.float16)))
+        caches["q8_0"].append((quantize_q8_0(k), quantize_q8_0(v)))
     result = {}
-    for cache_type, (kc, vc) in caches.items():
+    for cache_type, layers in caches.items():
         for label, tokens in (("decode", 1), ("prefill32", 32)):
             q = rng.standard_normal((tokens, n_head, head_dim)).astype(np.float32)
             out = np.empty((tokens, n_head * head_dim), np.float32)
             kw = dict(p0=depth + 1 - tokens, scale=head_dim**-0.5, out=out)
-            backend.attention(q, kc, vc, **kw)
-            times = []
-            for _ in range(20):
-                t0 = time.process_time()
-                backend.attention(q, kc, vc, **kw)
-                times.append(time.process_time() - t0)
-            result[f"{label}_{cache_type}_ms"] = statistics.median(times) * 1e3
+            backend.attention(q, *layers[0], **kw)
+            cpu, wall = [], []
+            for i in range(20 * args.layers):
+                t0, w0 = time.process_time(), time.perf_counter()
+                backend.attention(q, *layers[i % args.layers], **kw)
+                cpu.append(time.process_time() - t0)
+                wall.append(time.perf_counter() - w0)
+            result[f"{label}_{cache_type}_cpu_ms"] = statistics.median(cpu) * 1e3
+            result[f"{label}_{cache_type}_wall_ms"] = statistics.median(wall) * 1e3
     backend.close()
+    print(
+        f"{args.shape} ({n_head} heads, {n_kv} kv, head_dim {head_dim}), depth {depth}, "
+        f"{args.threads} thread(s):"
+    )
     print(" ".join(f"{k}={v:.3f}" for k, v in result.items()), dict(backend.fallbacks))
-    print(json.dumps({"depth": depth, **result}))
+    print(json.dumps({"depth": depth, "shape": args.shape, "threads": args.threads, **result}))
     return 0
 
 
@@ -324,6 +337,10 @@ def main(argv=None) -> int:
     ap.add_argument("--logit-error", action="store_true", help="q8_0 vs f16 logits instead")
     ap.add_argument("--logit-stride", type=int, default=16, help="compare every Nth position")
     ap.add_argument("--kernel", action="store_true", help="time the attention op alone")
+    ap.add_argument("--shape", choices=sorted(KERNEL_SHAPES), default="qwen1.5b")
+    ap.add_argument(
+        "--layers", type=int, default=1, help="--kernel: distinct caches cycled (30: from DRAM)"
+    )
     ap.add_argument(
         "--peer", action="store_true", help="with --logit-error: llama.cpp's own q8_0 KV error"
     )

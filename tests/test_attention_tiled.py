@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from engine.kernels.attention import TILE
-from engine.kernels.jit_backend import JitBackend
+from engine.kernels.jit_backend import JitBackend, _attention_plan
 from engine.kernels.reference import ReferenceBackend
 from engine.kv_quant import dequantize_q8_0, element_layout, quantize_q8_0
 
@@ -81,6 +81,57 @@ def test_tiled_attention_with_sinks(jit, cache_type, tokens, p0, n_head, n_kv, h
     np.testing.assert_allclose(
         jit.attention(q, k, v, **kw), REF.attention(q, k, v, **kw), rtol=1e-4, atol=2e-5
     )
+
+
+SPLIT_CASES = [
+    # p0, n_head, n_kv, hd, window, softcap, with sinks: decode whose n_kv items are fewer than
+    # the fixture's chunks (4 per thread), so the keys are split and merged (split-K)
+    (4095, 9, 3, 64, 0, 0.0, False),  # SmolLM2's shape at depth 4096
+    (2 * 4 * TILE + 37, 9, 3, 64, 0, 0.0, False),  # 2 splits, the second ending mid-tile
+    (4095, 12, 2, 128, 0, 0.0, False),  # Qwen2.5-1.5B's shape
+    (3000, 9, 3, 64, 1000, 0.0, False),  # sliding window: both splits inside the window
+    (1500, 6, 3, 64, 0, 30.0, False),  # soft-capped scores
+    (1500, 6, 3, 64, 0, 0.0, True),  # sinks: counted once, in split 0's sum
+    (900, 4, 1, 256, 512, 0.0, True),  # gemma3-like: one kv head, window, sinks
+]
+
+
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("p0,n_head,n_kv,hd,window,softcap,with_sinks", SPLIT_CASES)
+def test_split_key_decode_matches_the_reference(
+    jit, cache_type, p0, n_head, n_kv, hd, window, softcap, with_sinks
+):
+    heads, splits = _attention_plan(1, n_head, n_kv, p0 + 1, jit.pool.default_chunks)
+    assert heads == n_head // n_kv and splits > 1  # whole GQA groups, keys split
+    rng = np.random.default_rng(p0 + n_head)
+    k = (rng.standard_normal((p0 + 1, n_kv, hd)) * 2).astype(np.float32)
+    v = rng.standard_normal((p0 + 1, n_kv, hd)).astype(np.float32)
+    # Early keys that score far above the rest: the split holding them has a much larger
+    # max than the others, so a merge that does not rescale by exp(m_s - M) is far off.
+    k[:40] *= 4
+    if cache_type == "q8_0":
+        k, v = quantize_q8_0(k), quantize_q8_0(v)
+    else:
+        k, v = k.astype(np.float16), v.astype(np.float16)
+    q = (rng.standard_normal((1, n_head, hd)) * 2).astype(np.float32)
+    sinks = None
+    if with_sinks:
+        sinks = rng.standard_normal(n_head).astype(np.float32)
+        sinks[0] = 40.0  # takes nearly all of head 0's mass
+    kw = dict(p0=p0, scale=hd**-0.5, window=window, softcap=softcap, sinks=sinks)
+    before = dict(jit.fallbacks)
+    got = jit.attention(q, k, v, **kw)
+    assert jit.fallbacks == before
+    np.testing.assert_allclose(got, REF.attention(q, k, v, **kw), rtol=1e-4, atol=2e-5)
+
+
+def test_split_plan():
+    assert _attention_plan(1, 9, 3, 4096, 8) == (3, 8)  # 24 items: 3 per chunk
+    assert _attention_plan(1, 12, 2, 4096, 8) == (6, 4)  # 8 items: 1 per chunk
+    assert _attention_plan(1, 9, 3, 600, 8) == (3, 2)  # fewer keys: fewer splits
+    assert _attention_plan(1, 9, 3, 100, 8) == (1, 1)  # too few keys: split the heads instead
+    assert _attention_plan(1, 9, 3, 4096, 1) == (3, 1)  # one chunk: nothing to balance
+    assert _attention_plan(32, 9, 3, 4096, 8) == (3, 1)  # prefill: items aplenty
 
 
 def test_tiled_attention_against_float64_softmax_by_hand(jit):

@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import functools
 import logging
+import math
 import os
 import threading
 import weakref
@@ -178,6 +179,35 @@ def _heads_per_item(tokens: int, n_head: int, n_kv: int, chunks: int) -> int:
     return 1
 
 
+# Split-K decode: each split of a (token, head run)'s keys costs a partial row and a merge, so
+# keys are split only when every split has at least this many.
+_MIN_KEYS_PER_SPLIT = 4 * attention.TILE
+
+
+@functools.lru_cache(maxsize=256)
+def _attention_plan(
+    tokens: int, n_head: int, n_kv: int, n_keys: int, chunks: int
+) -> tuple[int, int]:
+    """(query heads per work item, key splits per item) for one attention call.
+
+    A whole GQA group per item loads each K/V row once for all its heads. Decode has only
+    n_kv such items (SmolLM2 3, Qwen2.5-1.5B 2), which 2 chunks share unevenly or not at all,
+    so a long context splits each item's keys (flash-decoding: each split's partial max, sum
+    and row, merged after) until every chunk (the pool makes several per thread) has the same
+    number of items; a short one splits the group's heads instead (_heads_per_item)."""
+    group = n_head // n_kv
+    items = tokens * n_kv
+    if 1 < items < chunks or (items == 1 and chunks > 1):
+        # Enough splits that every chunk gets the same number of items, halved while a split
+        # would have fewer than _MIN_KEYS_PER_SPLIT keys.
+        splits = chunks // math.gcd(items, chunks)
+        while splits > 1 and n_keys < splits * _MIN_KEYS_PER_SPLIT:
+            splits //= 2
+        if splits > 1:
+            return group, splits
+    return _heads_per_item(tokens, n_head, n_kv, chunks), 1
+
+
 def _f32_bits(x: float) -> int:
     return int(np.float32(x).view(np.int32))
 
@@ -281,6 +311,7 @@ class JitBackend(ReferenceBackend):
         self._attention = {
             cache_type: self.library.address(name) for cache_type, name in attention.KERNELS.items()
         }
+        self._attention_merge = self.library.address(attention.MERGE_KERNEL)
         self._op_args = {
             name: np.zeros(slots.SIZE, np.int64)
             for name, slots in (
@@ -296,6 +327,7 @@ class JitBackend(ReferenceBackend):
         self._positions = np.zeros(256, np.int64)
         self._inv_freq: dict[tuple[float, int, float, int], tuple[object, np.ndarray]] = {}
         self._scratch = np.zeros(0, np.float32)
+        self._attention_partial = np.zeros(0, np.float32)  # split-K partial rows, max, sum
         self._acts: dict[int, _ActivationBuffers] = {}
         self._weights: dict[int, _WeightCall] = {}  # by id(weight); the entry keeps it alive
         self._job_lists: dict[tuple[int, ...], _JobList] = {}  # by the weights' ids, likewise
@@ -681,9 +713,10 @@ class JitBackend(ReferenceBackend):
                 sinks=sinks,
                 out=target,
             )
-        heads_per_item = _heads_per_item(tokens, n_head, n_kv, self.pool.default_chunks)
+        chunks = self.pool.default_chunks
+        heads_per_item, splits = _attention_plan(tokens, n_head, n_kv, p0 + tokens, chunks)
         stride = attention.scratch_floats_per_thread(heads_per_item)
-        need = stride * self.pool.default_chunks  # one scratch block per chunk
+        need = stride * chunks  # one scratch block per chunk
         if self._scratch.size < need:
             self._scratch = np.zeros(max(need, 2 * self._scratch.size), np.float32)
         a, s = self._op_args["attention"], AttentionSlots
@@ -700,7 +733,16 @@ class JitBackend(ReferenceBackend):
         a[s.SCRATCH_STRIDE] = stride
         a[s.SINKS] = 0 if sinks is None else self._ptr(sinks)
         a[s.HEADS_PER_ITEM] = heads_per_item
+        a[s.N_SPLITS] = splits
+        a[s.PARTIAL] = 0
+        if splits > 1:
+            need = attention.partial_floats(splits, tokens, n_head, head_dim)
+            if self._attention_partial.size < need:
+                self._attention_partial = np.zeros(need, np.float32)
+            a[s.PARTIAL] = self._ptr(self._attention_partial)
         self.pool.run(self._attention[cache_type], self._op_args_ptr["attention"])
+        if splits > 1:
+            self.pool.run(self._attention_merge, self._op_args_ptr["attention"])
         if target is not None and target is not out:
             target[...] = out
             return target
