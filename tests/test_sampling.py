@@ -232,8 +232,9 @@ def _reference_distribution(logits, temperature, top_k, top_p, min_p):
     x = logits.astype(np.float64) / temperature
     p = np.exp(x - x.max())
     order = np.lexsort((np.arange(len(p)), -p))
+    order = order[logits[order] > -np.inf]  # a masked token has probability 0: never a candidate
     ids, probs = order, p[order]
-    if 0 < top_k < len(p):
+    if 0 < top_k < len(ids):
         keep = probs >= probs[top_k - 1]
         ids, probs = ids[keep], probs[keep]
         probs = probs / probs.sum()
@@ -259,6 +260,11 @@ def test_every_truncation_combination_matches_a_reference(case):
     if case % 3 == 0:  # integer logits: ties everywhere
         logits = np.round(logits * 2).astype(np.float32)
     logits += np.float32(rng.choice([0.0, -50.0, 400.0]))  # shift invariance, no overflow
+    if case % 4 == 1:  # a grammar's mask (JSON mode, tool calls): often fewer left than top_k
+        allowed = rng.choice(vocab, int(rng.integers(1, vocab + 1)), replace=False)
+        masked = np.full(vocab, -np.inf, np.float32)
+        masked[allowed] = logits[allowed]
+        logits = masked
     temperature = float(rng.choice([0.3, 0.7, 1.0, 1.5, 2.5]))
     top_k = int(rng.choice([0, 1, 2, 3, vocab - 1, vocab, vocab + 5]))
     top_p = float(rng.choice([1.0, 0.35, 0.62, 0.9, 0.995]))
@@ -270,14 +276,34 @@ def test_every_truncation_combination_matches_a_reference(case):
     if truncated:
         assert ids.tolist() == want_ids.tolist(), (temperature, top_k, top_p, min_p)
         np.testing.assert_allclose(probs, want_probs, rtol=1e-4, atol=1e-7)
-    else:  # no truncation: the whole vocabulary in id order
+    else:  # no truncation: the whole vocabulary in id order, masked tokens at probability 0
         assert ids.tolist() == list(range(vocab))
-        np.testing.assert_allclose(
-            probs,
-            _reference_distribution(logits, temperature, 0, 1, 0)[1][np.argsort(want_ids)],
-            rtol=1e-4,
-            atol=1e-7,
-        )
+        want = np.zeros(vocab)
+        want[want_ids] = want_probs
+        np.testing.assert_allclose(probs, want, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("top_k, top_p", [(20, 1.0), (0, 0.9), (20, 0.9)])
+def test_a_mask_leaving_fewer_tokens_than_top_k_keeps_exactly_the_allowed_ones(top_k, top_p):
+    """JSON mode at gemma3's 262k vocabulary: the grammar allows 3 tokens and top-k asks for 20.
+    The candidates are the 3 (by probability), never a masked one (probability 0); the top
+    alternatives shown for the token are the 3, then -inf ties by ascending id, as a full sort
+    gives them."""
+    from engine.sampling import top_ids
+
+    logits = np.full(262_144, -np.inf, np.float32)
+    allowed = [70_000, 12, 262_143]
+    logits[allowed] = [1.5, 3.0, 2.0]
+    ids, probs = sampling_distribution(cfg(top_k=top_k, top_p=top_p, temperature=0.5), logits)
+    x = np.array([3.0, 2.0, 1.5]) / 0.5
+    want = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    if top_p < 1.0:  # the nucleus: the first two hold 0.96 >= 0.9 of the mass
+        want = want[:2] / want[:2].sum()
+    assert ids.tolist() == [12, 262_143, 70_000][: len(want)]
+    np.testing.assert_allclose(probs, want, rtol=1e-6)
+    assert top_ids(logits, 5).tolist() == [12, 262_143, 70_000, 0, 1]
+    sampler = make_sampler(cfg(top_k=top_k, top_p=top_p, temperature=0.5, seed=3))
+    assert {sampler(logits) for _ in range(200)} == set(ids.tolist())
 
 
 def test_a_single_candidate_is_drawn_and_the_rng_stays_aligned():
