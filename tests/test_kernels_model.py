@@ -115,7 +115,10 @@ def test_tiny_hf_model_on_jit_ops_matches_reference(jit, monkeypatch, name):
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=int8_noise * scale, rtol=0)
     reference_linear = ReferenceBackend().linear
+    reference_linear_many = ReferenceBackend().linear_many
     monkeypatch.setattr(jit, "linear", lambda w, x, out=None: reference_linear(w, x, out=out))
+    # the projections sharing an input (q/k/v, gate/up) go through linear_many, not linear
+    monkeypatch.setattr(jit, "linear_many", reference_linear_many)
     ops_only = build_model(gguf_file, backend=jit)
     oc = ops_only.new_cache(40)
     got = [ops_only.forward(tokens[:12], oc)] + [ops_only.forward([t], oc) for t in tokens[12:]]
@@ -163,7 +166,10 @@ def test_gpt_oss_runs_sinks_and_clamped_swiglu_in_jit_kernels(jit, monkeypatch, 
     sc = slow.new_cache(32)
     want = [slow.forward(tokens[:10], sc)] + [slow.forward([t], sc) for t in tokens[10:]]
     reference_linear = ReferenceBackend().linear
+    reference_linear_many = ReferenceBackend().linear_many
     monkeypatch.setattr(jit, "linear", lambda w, x, out=None: reference_linear(w, x, out=out))
+    # the projections sharing an input (q/k/v, gate/up) go through linear_many, not linear
+    monkeypatch.setattr(jit, "linear_many", reference_linear_many)
     monkeypatch.setattr(jit, "fallbacks", {})
     fast = build_model(gguf_file, backend=jit)
     fc = fast.new_cache(32)
