@@ -11,6 +11,7 @@ import pytest
 from engine.errors import ConfigValidationError
 from engine.events import ToolCallFinished, ToolCallMalformed, ToolCallStarted
 from engine.generate import generate
+from engine.prefix_cache import PrefixCache
 from engine.types import FinishReason, GenerationRequest
 from tests.tool_call_helpers import TOOLS
 
@@ -87,13 +88,22 @@ def test_tool_choice_none_offers_nothing_and_parses_nothing(smollm2):
     assert done.tool_calls == () and done.finish_reason != FinishReason.TOOL_CALLS
 
 
+@pytest.fixture(scope="module")
+def booking_prompt_cache():
+    """The seeds below share one 337-token prompt: it is prefilled once, as the app's prefix
+    cache does for a regenerated reply (reuse == no reuse is test_prefix_cache.py's concern;
+    these seeds are about the call grammar, which starts after the prompt)."""
+    return PrefixCache()
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_required_calls_always_validate(smollm2, seed):
+def test_required_calls_always_validate(smollm2, booking_prompt_cache, seed):
     events = events_of(
         smollm2,
         messages=[{"role": "user", "content": "Book a table for four at Chez Paul at 19:30."}],
         tools=ALL_TOOLS,
         tool_choice="required",
+        prefix_cache=booking_prompt_cache,
         overrides={"do_sample": True, "temperature": 1.0, "seed": seed, "max_new_tokens": 160},
     )
     done = events[-1]
