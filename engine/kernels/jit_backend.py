@@ -186,7 +186,7 @@ _MIN_KEYS_PER_SPLIT = 4 * attention.TILE
 
 @functools.lru_cache(maxsize=256)
 def _attention_plan(
-    tokens: int, n_head: int, n_kv: int, n_keys: int, chunks: int
+    tokens: int, n_head: int, n_kv: int, n_keys: int, chunks: int, split_keys: bool = False
 ) -> tuple[int, int]:
     """(query heads per work item, key splits per item) for one attention call.
 
@@ -194,10 +194,16 @@ def _attention_plan(
     n_kv such items (SmolLM2 3, Qwen2.5-1.5B 2), which 2 chunks share unevenly or not at all,
     so a long context splits each item's keys (flash-decoding: each split's partial max, sum
     and row, merged after) until every chunk (the pool makes several per thread) has the same
-    number of items; a short one splits the group's heads instead (_heads_per_item)."""
+    number of items; a short one splits the group's heads instead (_heads_per_item).
+
+    Key splits are off unless `split_keys` (JitBackend.split_keys): a split sums a query's
+    softmax in another order than the unsplit pass, and whether a query is split depends on how
+    many tokens share its forward pass and on the thread count, so with them on a token's logits
+    differ between a decode step and a prefill (prefix reuse stops being exact, which
+    test_prefix_cache's gemma3 case caught). Splitting heads keeps every (query, head) whole."""
     group = n_head // n_kv
     items = tokens * n_kv
-    if 1 < items < chunks or (items == 1 and chunks > 1):
+    if split_keys and (1 < items < chunks or (items == 1 and chunks > 1)):
         # Enough splits that every chunk gets the same number of items, halved while a split
         # would have fewer than _MIN_KEYS_PER_SPLIT keys.
         splits = chunks // math.gcd(items, chunks)
@@ -335,6 +341,9 @@ class JitBackend(ReferenceBackend):
         self._ptrs: dict[int, tuple[weakref.ref[np.ndarray], int]] = {}
         # "op: reason" -> calls the numpy reference ran instead of a kernel (see _fell_back).
         self.fallbacks: dict[str, int] = {}
+        # Flash-decoding key splits at long contexts: faster at 2 threads, not bit-exact
+        # across batch shapes (see _attention_plan), so off by default.
+        self.split_keys = False
 
     def _fell_back(self, op: str, why: str) -> None:
         """Count a call that the numpy reference runs instead of a kernel; say so once per
@@ -714,7 +723,9 @@ class JitBackend(ReferenceBackend):
                 out=target,
             )
         chunks = self.pool.default_chunks
-        heads_per_item, splits = _attention_plan(tokens, n_head, n_kv, p0 + tokens, chunks)
+        heads_per_item, splits = _attention_plan(
+            tokens, n_head, n_kv, p0 + tokens, chunks, self.split_keys
+        )
         stride = attention.scratch_floats_per_thread(heads_per_item)
         need = stride * chunks  # one scratch block per chunk
         if self._scratch.size < need:
