@@ -6,7 +6,8 @@ Oracle: gguf-py's dequantizer of the original GGUF rows (not ours), times x roun
 hand-written numpy int8 block quantizer (tests/test_kernels_linear.q8_round_trip), in float64.
 Row counts are not multiples of the 16-row record, token counts not multiples of the 8-token
 tile, and the column counts are the small models' (576, 640: whole 32-value blocks, not whole
-256-value super-blocks); every instruction-set path runs here (LOCALCHAT_CPU).
+256-value super-blocks); every instruction-set path runs here (LOCALCHAT_CPU). The backend-level checks (records used,
+same bits in every tile) run for both families in tests/test_packed_matmul.py.
 """
 
 import numpy as np
@@ -16,15 +17,19 @@ from gguf import quants
 
 from engine.kernels import act_quant, repack, repack_jit
 from engine.kernels.compiler import KernelLibrary
-from engine.kernels.jit_backend import REPACK_ENV, JitBackend, packed_module
-from engine.kernels.quant_matmul import QuantMatmulSlots
+from engine.kernels.jit_backend import packed_module
 from engine.kernels.threads import ThreadPool, pool_module
 from engine.qtensor import QTensor
 from tests.quant_blocks import random_blocks
 from tests.test_kernels_linear import make_weight, oracle_weight, q8_round_trip
-from tests.test_packed_matmul import PATHS, _jit_fill, _quantize, _target_or_skip
-
-LEGACY = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
+from tests.test_packed_matmul import (
+    LEGACY,
+    PATHS,
+    _jit_fill,
+    _packed_matmul,
+    _quantize,
+    _target_or_skip,
+)
 
 
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda q: q.name)
@@ -41,24 +46,6 @@ def test_records_dequantize_to_gguf_pys_values(qtype, rows):
     assert packed.group_bytes == 16 * blocks.shape[1]
     expected = quants.dequantize(blocks, qtype).reshape(rows, cols)
     np.testing.assert_array_equal(repack.dequantize_records(packed), expected)
-
-
-def _packed_matmul(pool, lib, packed, bufs, tokens, out):
-    s = QuantMatmulSlots
-    args = np.zeros(s.SIZE, np.int64)
-    args[s.W], args[s.ROW_BYTES] = packed.data.ctypes.data, packed.group_bytes
-    args[s.N_ROWS], args[s.N_BLOCKS] = packed.rows, packed.cols // 32
-    args[s.N_TOKENS] = tokens
-    for slot, key in (
-        (s.AQ, "aq"),
-        (s.AD, "ad"),
-        (s.SUMS, "sums"),
-        (s.SUMS32, "sums32"),
-        (s.ISUMS, "isums"),
-    ):
-        args[slot] = bufs[key].ctypes.data
-    args[s.OUT], args[s.N], args[s.OUT_STRIDE] = out.ctypes.data, packed.cols, out.shape[1]
-    pool.run(lib.address(f"pmm_{packed.qname}"), args.ctypes.data)
 
 
 @pytest.mark.parametrize(("isa", "cpu"), PATHS)
@@ -141,43 +128,3 @@ def test_the_jit_repack_writes_the_numpy_repacks_bytes(isa, cpu, monkeypatch):
                 )
     finally:
         pool.close()
-
-
-@pytest.fixture(scope="module")
-def backends():
-    mp = pytest.MonkeyPatch()
-    mp.setenv(REPACK_ENV, "0")
-    rowwise = JitBackend(n_threads=2)
-    mp.setenv(REPACK_ENV, "1")
-    packed = JitBackend(n_threads=2)
-    mp.undo()
-    yield rowwise, packed
-    rowwise.close()
-    packed.close()
-
-
-@pytest.mark.parametrize("qtype", LEGACY, ids=lambda q: q.name)
-def test_the_backend_runs_legacy_weights_on_records(backends, qtype):
-    rowwise, packed = backends
-    rng = np.random.default_rng(3)
-    w = make_weight(qtype, 45, 576, rng)
-    x = rng.standard_normal((11, 576)).astype(np.float32)
-    got = packed.linear(w, x)
-    assert packed._weights[id(w)].data is repack.packed_for(w).data
-    np.testing.assert_allclose(got, rowwise.linear(w, x), rtol=1e-5, atol=1e-5 * np.abs(got).max())
-    assert rowwise._weights[id(w)].data is not repack.packed_for(w).data
-    exact = q8_round_trip(x) @ oracle_weight(w).T
-    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
-
-
-def test_a_token_gets_the_same_bits_in_every_tile(backends):
-    _, packed = backends
-    rng = np.random.default_rng(4)
-    for qtype in LEGACY:
-        w = make_weight(qtype, 40, 640, rng)
-        x = rng.standard_normal((15, 640)).astype(np.float32)
-        whole = packed.linear(w, x)  # tiles of 8, 4, 2, 1 tokens
-        for t in range(15):
-            np.testing.assert_array_equal(
-                packed.linear(w, x[t : t + 1])[0], whole[t], err_msg=qtype.name
-            )

@@ -26,6 +26,7 @@ from tests.quant_blocks import random_blocks
 from tests.test_kernels_linear import make_weight, oracle_weight, q8_round_trip
 
 PACKED = [Q.Q4_K, Q.Q6_K]
+LEGACY = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]  # tests/test_packed_legacy.py
 
 
 @pytest.mark.parametrize("qtype", PACKED, ids=lambda q: q.name)
@@ -77,7 +78,8 @@ def _packed_matmul(pool, lib, packed, bufs, tokens, out):
     s = QuantMatmulSlots
     args = np.zeros(s.SIZE, np.int64)
     args[s.W], args[s.ROW_BYTES] = packed.data.ctypes.data, packed.group_bytes
-    args[s.N_ROWS], args[s.N_BLOCKS], args[s.N_TOKENS] = packed.rows, packed.cols // 256, tokens
+    args[s.N_ROWS], args[s.N_TOKENS] = packed.rows, tokens
+    args[s.N_BLOCKS] = packed.cols // repack.block_values(packed.qname)
     for slot, key in (
         (s.AQ, "aq"),
         (s.AD, "ad"),
@@ -165,12 +167,18 @@ def backends():
     packed.close()
 
 
-@pytest.mark.parametrize("qtype", PACKED, ids=lambda q: q.name)
-def test_the_backend_runs_packable_weights_on_records(backends, qtype):
+# (type, columns): the K-quants at whole 256-value super-blocks, the legacy quants at the small
+# models' widths (576, 640: whole 32-value blocks only)
+BACKEND_CASES = [(q, 1024) for q in PACKED] + [(q, 576) for q in LEGACY]
+TILE_CASES = [(q, 512) for q in PACKED] + [(q, 640) for q in LEGACY]
+
+
+@pytest.mark.parametrize(("qtype", "cols"), BACKEND_CASES, ids=lambda c: getattr(c, "name", c))
+def test_the_backend_runs_packable_weights_on_records(backends, qtype, cols):
     rowwise, packed = backends
     rng = np.random.default_rng(3)
-    w = make_weight(qtype, 45, 1024, rng)
-    x = rng.standard_normal((11, 1024)).astype(np.float32)
+    w = make_weight(qtype, 45, cols, rng)
+    x = rng.standard_normal((11, cols)).astype(np.float32)
     got = packed.linear(w, x)
     assert packed._weights[id(w)].data is repack.packed_for(w).data
     np.testing.assert_allclose(got, rowwise.linear(w, x), rtol=1e-5, atol=1e-5 * np.abs(got).max())
@@ -182,12 +190,14 @@ def test_the_backend_runs_packable_weights_on_records(backends, qtype):
 def test_a_token_gets_the_same_bits_in_every_tile(backends):
     _, packed = backends
     rng = np.random.default_rng(4)
-    for qtype in PACKED:
-        w = make_weight(qtype, 40, 512, rng)
-        x = rng.standard_normal((15, 512)).astype(np.float32)
+    for qtype, cols in TILE_CASES:
+        w = make_weight(qtype, 40, cols, rng)
+        x = rng.standard_normal((15, cols)).astype(np.float32)
         whole = packed.linear(w, x)  # tiles of 8, 4, 2, 1 tokens
         for t in range(15):
-            np.testing.assert_array_equal(packed.linear(w, x[t : t + 1])[0], whole[t])
+            np.testing.assert_array_equal(
+                packed.linear(w, x[t : t + 1])[0], whole[t], err_msg=qtype.name
+            )
 
 
 def test_file_pages_are_released_only_for_a_file_mapping(tmp_path):
