@@ -144,30 +144,7 @@ def tile_function(qname: str, isa: str, ntok: int) -> str:
         for line in range(0, size, 64):
             f(f"call void @llvm.prefetch.p0(ptr {f.gep(ahead, line, 'pf')}, i32 0, i32 3, i32 1)")
     _block(f, qname, isa, rec, "%i", toks, acc)
-    f.lines[phi_at:phi_at] = [
-        f"  {acc_phi[j]} = phi {V16F} [zeroinitializer, %entry], [{acc[j]}, %body]"
-        for j in range(ntok)
-    ]
-    f("%i_next = add i64 %i, 1")
-    f("br label %head")
-    f.put_label("done")
-    lane = f"<16 x i64> <{', '.join(f'i64 {i}' for i in range(16))}>"
-    keep = f.op(f"icmp ult {lane}, {packed_matmul._splat16(f, 'i64', '%valid')}", "keep")
-    for j in range(ntok):
-        tj = f.op(f"add i64 %t, {j}")
-        row0 = f.op(f"add i64 {f.op(f'mul i64 {tj}, %ostride')}, %col")
-        dst = f.op(f"getelementptr inbounds float, ptr %out, i64 {row0}")
-        f(
-            f"call void @llvm.masked.store.v16f32.p0({V16F} {acc_phi[j]}, ptr {dst}, i32 4, "
-            f"<16 x i1> {keep})"
-        )
-    f("ret void")
-    return (
-        f"define internal void @ptile_{qname}_{ntok}(ptr %rec0, i64 %nblocks, ptr %aq, ptr %ad, "
-        f"ptr %s32, ptr %is, i64 %n, i64 %t, ptr %out, i64 %ostride, i64 %col, i64 %valid) "
-        f"noinline {{\nentry:\n  %nb32 = lshr i64 %n, 5\n  %nb16 = lshr i64 %n, 4\n"
-        f"{f.text()}\n}}\n"
-    )
+    return packed_matmul.close_tile(f, qname, ntok, acc_phi, acc, phi_at)
 
 
 def module_ir(qname: str, isa: str) -> str:

@@ -200,6 +200,13 @@ def tile_function(qname: str, isa: str, ntok: int) -> str:
         for line in range(0, span + 63, 64):
             f(f"call void @llvm.prefetch.p0(ptr {f.gep(ahead, line, 'pf')}, i32 0, i32 3, i32 1)")
     _CHUNK[qname](f, isa, rec, f.op("and i64 %i, 7"), "%i", toks, acc)
+    return close_tile(f, qname, ntok, acc_phi, acc, phi_at)
+
+
+def close_tile(f, qname: str, ntok: int, acc_phi: list[str], acc: list[str], phi_at: int) -> str:
+    """Close a tile's record loop (the accumulators' phis go in at `phi_at`), store its 16 rows
+    x ntok tokens (rows past `%valid` masked off) and return the tile function's IR; shared by
+    the K-quant and legacy-quant tiles (packed_legacy.py)."""
     f.lines[phi_at:phi_at] = [
         f"  {acc_phi[j]} = phi {V16F} [zeroinitializer, %entry], [{acc[j]}, %body]"
         for j in range(ntok)
