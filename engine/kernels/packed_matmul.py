@@ -37,6 +37,11 @@ SMALL_TILES = (4, 2, 1)  # for the tokens left after the TILE passes, largest fi
 # memory, 1 thread, distances 0/2/4/8: Q6_K 9.5/5.8/6.1/6.6 ms (its 6-bit unpacking keeps the
 # hardware prefetcher behind), Q4_K 2.7/2.8/3.2/3.3 ms (already streaming at ~22 GB/s).
 PREFETCH_RECORDS = {"Q4_K": 0, "Q6_K": 2}
+# The AVX2 path's distances. There Q4_K without a prefetch streamed at 9.7 GB/s from memory
+# (its two-instruction dots fill the out-of-order window with fewer bytes in flight), with one
+# 3 records ahead at 33-36 GB/s, Q6_K's rate (24 distinct 8960 x 1536 weights, 1 token, 1
+# thread, LOCALCHAT_CPU=haswell on a Zen 4; distances 1/2/3/4/6/8: 27/30/36/34/34/29 GB/s).
+PREFETCH_RECORDS_AVX2 = {"Q4_K": 3, "Q6_K": 2}
 PACKED_TYPES = tuple(RECORD_BYTES)
 
 V64I8 = "<64 x i8>"
@@ -189,7 +194,7 @@ def tile_function(qname: str, isa: str, ntok: int) -> str:
     acc = list(acc_phi)
     b = f.op("lshr i64 %i, 3")
     rec = f.gep("%rec0", f.op(f"mul i64 {b}, {RECORD_BYTES[qname]}"), "rec")
-    distance = PREFETCH_RECORDS[qname]
+    distance = (PREFETCH_RECORDS_AVX2 if isa == "avx2" else PREFETCH_RECORDS)[qname]
     if distance:
         # The group's records are one contiguous stream; fetch the eighth of a record that
         # this chunk's position maps to, `distance` records ahead (decode is a stream from
