@@ -142,6 +142,88 @@ def test_every_path_matches_the_oracle_on_odd_shapes(isa, cpu, monkeypatch):
         pool.close()
 
 
+def _run_packed(isa, cpu, monkeypatch, cases):
+    """[(w, x)] -> the packed kernels' outputs on one instruction-set path."""
+    lib = KernelLibrary(cpu=_target_or_skip(cpu, monkeypatch))
+    names = sorted({w.qtype.name for w, _ in cases})
+    lib.add_modules(
+        [pool_module(), ("quantize_q8", act_quant.module_ir())]
+        + [packed_module(q, isa) for q in names]
+    )
+    pool = ThreadPool(lib, 2)
+    outs = []
+    try:
+        for w, x in cases:
+            out = np.zeros((x.shape[0], w.rows), np.float32)
+            _packed_matmul(pool, lib, repack.repack(w), _quantize(pool, lib, x), x.shape[0], out)
+            outs.append(out)
+    finally:
+        pool.close()
+    return outs
+
+
+# Where each format's unsigned dot values and its scales sit in a GGUF block: (block bytes,
+# the f16 d's offset, the f16 offsets to zero (mins), the scale bytes and their value). The rest
+# of the block is 0xFF: every value at its format's largest u (15, 31 or 63).
+_EXTREME_BLOCKS = {
+    Q.Q4_0: (18, 0, (), None),
+    Q.Q4_1: (20, 0, (2,), None),
+    Q.Q5_0: (22, 0, (), None),
+    Q.Q5_1: (24, 0, (2,), None),
+    # sc = 1, m = 0 for all 8 sub-blocks (bytes 0-3 and 8-11 set sc, 4-7 m)
+    Q.Q4_K: (144, 0, (2,), (4, [1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1])),
+    Q.Q6_K: (210, 208, (), (192, [1] * 16)),
+}
+
+
+def _extreme_weight(qtype, rows, cols):
+    size, d_at, zero_at, scales = _EXTREME_BLOCKS[qtype]
+    per = 256 if qtype in PACKED else 32
+    blocks = np.full((rows, cols // per, size), 0xFF, np.uint8)
+    one, zero = (np.array([v], np.float16).view(np.uint8) for v in (1.0, 0.0))
+    blocks[..., d_at : d_at + 2] = one
+    for at in zero_at:
+        blocks[..., at : at + 2] = zero
+    if scales is not None:
+        at, values = scales
+        blocks[..., at : at + len(values)] = values
+    return QTensor("w", qtype, (rows, cols), blocks.reshape(rows, -1))
+
+
+@pytest.mark.parametrize(("isa", "cpu"), PATHS)
+def test_the_largest_values_stay_exact(isa, cpu, monkeypatch):
+    """Every weight at its format's largest unsigned value, every activation at +127 (token 0)
+    or -127 (token 1): the integer sums the AVX2 path adds in i16 before widening (8 Q4 units,
+    4 Q5 units, 2 Q6_K units: packed_matmul.i16_group) are at their largest, so one unit too
+    many in a group wraps i16 and shows here."""
+    qtypes = [*PACKED, *(q for q in LEGACY if q != Q.Q8_0)]  # Q8_0: test_packed_legacy.py
+    x = np.ones((2, 512), np.float32)
+    x[1] = -1.0
+    cases = [(_extreme_weight(q, 20, 512), x) for q in qtypes]
+    for q, (w, _), out in zip(
+        qtypes, cases, _run_packed(isa, cpu, monkeypatch, cases), strict=True
+    ):
+        exact = q8_round_trip(x) @ oracle_weight(w).T
+        np.testing.assert_allclose(out, exact, rtol=1e-6, err_msg=f"{isa} {q.name}")
+
+
+def test_the_avx2_path_gives_the_vnni_paths_bits(monkeypatch):
+    """Both paths sum the same integers exactly (in another grouping on AVX2) and then run the
+    same float instructions, so every output is bit-identical: a lane landing in the wrong row,
+    or a sum in the wrong i32 lane, shows here even where the oracle's tolerance would hide it."""
+    rng = np.random.default_rng(29)
+    cases = []
+    for qtype in [*PACKED, *LEGACY]:
+        cols = 512 if qtype in PACKED else 640
+        cases.append(
+            (make_weight(qtype, 37, cols, rng), rng.standard_normal((13, cols)).astype(np.float32))
+        )
+    vnni = _run_packed("vnni", None, monkeypatch, cases)
+    avx2 = _run_packed("avx2", "haswell", monkeypatch, cases)
+    for (w, _), a, b in zip(cases, vnni, avx2, strict=True):
+        np.testing.assert_array_equal(b, a, err_msg=w.qtype.name)
+
+
 def test_act_quant_integer_and_block_sums():
     lib = KernelLibrary()
     lib.add_modules([pool_module(), ("quantize_q8", act_quant.module_ir())])

@@ -79,6 +79,62 @@ def _dot(f: Fn, isa: str, u: str, a: str, acc: str) -> str:
     return quad if acc == "zeroinitializer" else f.op(f"add {V16I32} {quad}, {acc}", "dot")
 
 
+# act_quant's int8 activations lie in [-127, 127] (round(x / (max|x| / 127))).
+ACT_MAX = 127
+
+
+def i16_group(u_max: int) -> int:
+    """How many pmaddubsw results of unsigned values <= u_max may be added in i16: each i16
+    lane is a pair sum of at most 2 * u_max * ACT_MAX, and the group's sum must stay below 2^15
+    (no wrap, so the later i32 sums are exact)."""
+    return max(1, (2**15 - 1) // (2 * u_max * ACT_MAX))
+
+
+def _dots(f: Fn, isa: str, units: list[str], acts: list[str], acc: str, group: int) -> str:
+    """acc + sum over k of _dot(units[k], acts[k]): the same <16 x i32> lanes (integers, exact
+    in any order). On AVX2 each 32-byte half takes, per `group` consecutive units (group =
+    i16_group of the units' bound), their pmaddubsw pair sums added in i16 and ONE pmaddwd
+    widening the lot, not one pmaddwd and one add per unit (llama.cpp's AVX2 Q4_K trick):
+    fewer multiply-port uops, which is what the AVX2 dot is short of."""
+    if isa != "avx2" or group == 1:
+        for u, a in zip(units, acts, strict=True):
+            acc = _dot(f, isa, u, a, acc)
+        return acc
+    ones = splat(16, "i16", 1)
+    halves = []
+    for h in (0, 1):
+        sel = mask(range(32 * h, 32 * h + 32))
+        wide = []
+        for g0 in range(0, len(units), group):
+            prods = []
+            for u, a in zip(units[g0 : g0 + group], acts[g0 : g0 + group], strict=True):
+                uh = f.op(f"shufflevector {V64I8} {u}, {V64I8} poison, {sel}")
+                ah = f.op(f"shufflevector {V64I8} {a}, {V64I8} poison, {sel}")
+                prods.append(
+                    f.op(
+                        f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {uh}, <32 x i8> {ah})"
+                    )
+                )
+            wide.append(
+                f.op(
+                    f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {_tree(f, '<16 x i16>', prods)}, <16 x i16> {ones})"
+                )
+            )
+        halves.append(_tree(f, "<8 x i32>", wide))
+    d = f.op(
+        f"shufflevector <8 x i32> {halves[0]}, <8 x i32> {halves[1]}, {mask(range(16))}", "dot"
+    )
+    return d if acc == "zeroinitializer" else f.op(f"add {V16I32} {d}, {acc}", "dot")
+
+
+def _tree(f: Fn, ty: str, terms: list[str]) -> str:
+    """The sum of terms as a balanced tree of adds (short dependency chains)."""
+    while len(terms) > 1:
+        pairs = [f.op(f"add {ty} {a}, {b}") for a, b in zip(terms[0::2], terms[1::2], strict=False)]
+        terms = pairs + terms[len(pairs) * 2 :]
+    return terms[0]
+
+
 def _fma(f: Fn, a: str, b: str, c: str) -> str:
     return f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {a}, {V16F} {b}, {V16F} {c})", "acc")
 
@@ -130,10 +186,8 @@ def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
     units = _units_q4_k(f, rec, c)
     e_c = f.op(f"shl i64 {i}, 5", "e")
     for j, (aq, ad, s32, _is) in enumerate(toks):
-        chain = "zeroinitializer"
-        for k, u in enumerate(units):
-            a = _act_dword(f, aq, _at(f, e_c, 4 * k))
-            chain = _dot(f, isa, u, a, chain)
+        acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(len(units))]
+        chain = _dots(f, isa, units, acts, "zeroinitializer", i16_group(15))
         df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
         da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
         sda = f.op(f"fmul {V16F} {s}, {_splat16(f, 'float', da)}", "sda")
@@ -156,9 +210,8 @@ def _chunk_q6_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
             isp = f.op(f"getelementptr inbounds i32, ptr {is_}, i64 {i16}")
             isum = f.load("i32", f.gep(isp, 4 * h), 4, "is")
             chain = _splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
-            for k in range(4 * h, 4 * h + 4):
-                a = _act_dword(f, aq, _at(f, e_c, 4 * k))
-                chain = _dot(f, isa, units[k], a, chain)
+            acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(4 * h, 4 * h + 4)]
+            chain = _dots(f, isa, units[4 * h : 4 * h + 4], acts, chain, i16_group(63))
             df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
             sda = f.op(f"fmul {V16F} {scales[h]}, {dab}", "sda")
             acc[j] = _fma(f, df, sda, acc[j])
