@@ -90,7 +90,7 @@ def _block(f: Fn, qname: str, isa: str, rec: str, i: str, toks, acc) -> None:
             units = [f.op(f"call {V64I8} @llvm.abs.v64i8({V64I8} {v}, i1 false)", "wu") for v in q]
             signs = [f.op(f"icmp slt {V64I8} {v}, zeroinitializer", "neg") for v in q]
             offset = 0
-        u_max = 255 if isa == "vnni" else 128
+        u_max = 128  # |q|
     else:
         units, signs, offset = _units_nibbles(f, qname, rec), None, _OFFSET[qname]
         u_max = 31 if qname in _HAS_HIGH else 15
@@ -101,14 +101,19 @@ def _block(f: Fn, qname: str, isa: str, rec: str, i: str, toks, acc) -> None:
             chain = packed_matmul._splat16(
                 f, "i32", f.op(f"mul i32 {_int_sum(f, is_, i)}, -{offset}")
             )
+        group = packed_matmul.i16_group(u_max) if isa == "avx2" else 1
         acts = []
-        for k in range(len(units)):
+        for k, u in enumerate(units):
             a = packed_matmul._act_dword(f, aq, f.op(f"add i64 {e_c}, {4 * k}", "o"))
             if signs is not None:
                 na = f.op(f"sub {V64I8} zeroinitializer, {a}")
                 a = f.op(f"select <64 x i1> {signs[k]}, {V64I8} {na}, {V64I8} {a}", "sa")
-            acts.append(a)
-        chain = packed_matmul._dots(f, isa, units, acts, chain, packed_matmul.i16_group(u_max))
+            if group == 1:
+                chain = packed_matmul._dot(f, isa, u, a, chain)
+            else:
+                acts.append(a)
+        if group > 1:  # AVX2: pmaddubsw sums added in i16 (packed_matmul._dot_half)
+            chain = packed_matmul._dots(f, units, acts, chain, group)
         df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
         da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
         sda = f.op(f"fmul {V16F} {d}, {packed_matmul._splat16(f, 'float', da)}", "sda")

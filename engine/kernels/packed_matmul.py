@@ -90,41 +90,48 @@ def i16_group(u_max: int) -> int:
     return max(1, (2**15 - 1) // (2 * u_max * ACT_MAX))
 
 
-def _dots(f: Fn, isa: str, units: list[str], acts: list[str], acc: str, group: int) -> str:
-    """acc + sum over k of _dot(units[k], acts[k]): the same <16 x i32> lanes (integers, exact
-    in any order). On AVX2 each 32-byte half takes, per `group` consecutive units (group =
-    i16_group of the units' bound), their pmaddubsw pair sums added in i16 and ONE pmaddwd
-    widening the lot, not one pmaddwd and one add per unit (llama.cpp's AVX2 Q4_K trick):
-    fewer multiply-port uops, which is what the AVX2 dot is short of."""
-    if isa != "avx2" or group == 1:
-        for u, a in zip(units, acts, strict=True):
-            acc = _dot(f, isa, u, a, acc)
-        return acc
+def _dot_half(f: Fn, units: list[str], acts: list[str], acc: str, group: int) -> str:
+    """AVX2, one 8-row half (<32 x i8> units and activations): <8 x i32> acc + lane i = the
+    sum over the units of their 4 products in lane i. Per `group` consecutive units (group =
+    i16_group of the units' bound) the pmaddubsw pair sums are added in i16 and ONE pmaddwd
+    widens the lot, not one pmaddwd and one add per unit (llama.cpp's AVX2 Q4_K trick): fewer
+    multiply-port uops, which is what the AVX2 dot is short of. Integers: exact in any order."""
     ones = splat(16, "i16", 1)
+    wide = []
+    for g0 in range(0, len(units), group):
+        prods = [
+            f.op(f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {u}, <32 x i8> {a})")
+            for u, a in zip(units[g0 : g0 + group], acts[g0 : g0 + group], strict=True)
+        ]
+        p16 = _tree(f, "<16 x i16>", prods)
+        wide.append(
+            f.op(f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {p16}, <16 x i16> {ones})")
+        )
+    d = _tree(f, "<8 x i32>", wide)
+    return d if acc == "zeroinitializer" else f.op(f"add <8 x i32> {d}, {acc}", "dot")
+
+
+def _dots(f: Fn, units: list[str], acts: list[str], acc: str, group: int) -> str:
+    """AVX2: acc + sum over k of _dot(units[k], acts[k]), the same <16 x i32> lanes, each
+    32-byte half (rows 0-7, 8-15) through _dot_half. Only the AVX2 path calls this (VNNI's
+    one-instruction dots have nothing to merge; the generic path keeps its own)."""
+    if group == 1:
+        for u, a in zip(units, acts, strict=True):
+            acc = _dot(f, "avx2", u, a, acc)
+        return acc
     halves = []
     for h in (0, 1):
         sel = mask(range(32 * h, 32 * h + 32))
-        wide = []
-        for g0 in range(0, len(units), group):
-            prods = []
-            for u, a in zip(units[g0 : g0 + group], acts[g0 : g0 + group], strict=True):
-                uh = f.op(f"shufflevector {V64I8} {u}, {V64I8} poison, {sel}")
-                ah = f.op(f"shufflevector {V64I8} {a}, {V64I8} poison, {sel}")
-                prods.append(
-                    f.op(
-                        f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {uh}, <32 x i8> {ah})"
-                    )
-                )
-            wide.append(
-                f.op(
-                    f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {_tree(f, '<16 x i16>', prods)}, <16 x i16> {ones})"
-                )
-            )
-        halves.append(_tree(f, "<8 x i32>", wide))
-    d = f.op(
+        uh = [f.op(f"shufflevector {V64I8} {u}, {V64I8} poison, {sel}") for u in units]
+        ah = [f.op(f"shufflevector {V64I8} {a}, {V64I8} poison, {sel}") for a in acts]
+        acc_h = acc
+        if acc != "zeroinitializer":
+            sel8 = mask(range(8 * h, 8 * h + 8))
+            acc_h = f.op(f"shufflevector {V16I32} {acc}, {V16I32} poison, {sel8}")
+        halves.append(_dot_half(f, uh, ah, acc_h, group))
+    return f.op(
         f"shufflevector <8 x i32> {halves[0]}, <8 x i32> {halves[1]}, {mask(range(16))}", "dot"
     )
-    return d if acc == "zeroinitializer" else f.op(f"add {V16I32} {d}, {acc}", "dot")
 
 
 def _tree(f: Fn, ty: str, terms: list[str]) -> str:
@@ -186,8 +193,14 @@ def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
     units = _units_q4_k(f, rec, c)
     e_c = f.op(f"shl i64 {i}, 5", "e")
     for j, (aq, ad, s32, _is) in enumerate(toks):
-        acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(len(units))]
-        chain = _dots(f, isa, units, acts, "zeroinitializer", i16_group(15))
+        if isa == "avx2":
+            acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(8)]
+            chain = _dots(f, units, acts, "zeroinitializer", i16_group(15))
+        else:
+            chain = "zeroinitializer"
+            for k, u in enumerate(units):
+                a = _act_dword(f, aq, _at(f, e_c, 4 * k))
+                chain = _dot(f, isa, u, a, chain)
         df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
         da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
         sda = f.op(f"fmul {V16F} {s}, {_splat16(f, 'float', da)}", "sda")
@@ -210,8 +223,14 @@ def _chunk_q6_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
             isp = f.op(f"getelementptr inbounds i32, ptr {is_}, i64 {i16}")
             isum = f.load("i32", f.gep(isp, 4 * h), 4, "is")
             chain = _splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
-            acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(4 * h, 4 * h + 4)]
-            chain = _dots(f, isa, units[4 * h : 4 * h + 4], acts, chain, i16_group(63))
+            ks = range(4 * h, 4 * h + 4)
+            if isa == "avx2":
+                acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in ks]
+                chain = _dots(f, [units[k] for k in ks], acts, chain, i16_group(63))
+            else:
+                for k in ks:
+                    a = _act_dword(f, aq, _at(f, e_c, 4 * k))
+                    chain = _dot(f, isa, units[k], a, chain)
             df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
             sda = f.op(f"fmul {V16F} {scales[h]}, {dab}", "sda")
             acc[j] = _fma(f, df, sda, acc[j])
