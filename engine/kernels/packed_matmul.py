@@ -20,8 +20,9 @@ result does not depend on the tile it lands in or on the batch (tests/test_batch
 Row groups are split across the pool's threads; the last group of a weight whose row count is
 not a multiple of 16 stores only its real rows (a masked store).
 
-The non-VNNI paths run the same records through quant_matmul.udot512 (AVX2 pmaddubsw/pmaddwd,
-or widening multiplies): the lane semantics are the same, so only the instruction differs.
+The non-VNNI paths run the same records with the same lane semantics, so only the instructions
+differ: AVX2 adds up to 8 `pmaddubsw` pair sums in i16 before one `pmaddwd` widens them (its own
+chunk functions, _chunk_*_avx2), the generic path uses widening multiplies.
 Argument block: quant_matmul.QuantMatmulSlots, with ROW_BYTES = bytes per row group.
 """
 
@@ -37,11 +38,6 @@ SMALL_TILES = (4, 2, 1)  # for the tokens left after the TILE passes, largest fi
 # memory, 1 thread, distances 0/2/4/8: Q6_K 9.5/5.8/6.1/6.6 ms (its 6-bit unpacking keeps the
 # hardware prefetcher behind), Q4_K 2.7/2.8/3.2/3.3 ms (already streaming at ~22 GB/s).
 PREFETCH_RECORDS = {"Q4_K": 0, "Q6_K": 2}
-# The AVX2 path's distances. There Q4_K without a prefetch streamed at 9.7 GB/s from memory
-# (its two-instruction dots fill the out-of-order window with fewer bytes in flight), with one
-# 3 records ahead at 33-36 GB/s, Q6_K's rate (24 distinct 8960 x 1536 weights, 1 token, 1
-# thread, LOCALCHAT_CPU=haswell on a Zen 4; distances 1/2/3/4/6/8: 27/30/36/34/34/29 GB/s).
-PREFETCH_RECORDS_AVX2 = {"Q4_K": 3, "Q6_K": 2}
 PACKED_TYPES = tuple(RECORD_BYTES)
 
 V64I8 = "<64 x i8>"
@@ -78,6 +74,102 @@ def _dot(f: Fn, isa: str, u: str, a: str, acc: str) -> str:
     quad = f.op(f"add {V16I32} {ev2}, {od2}")
     return quad if acc == "zeroinitializer" else f.op(f"add {V16I32} {quad}, {acc}", "dot")
 
+
+def _fma(f: Fn, a: str, b: str, c: str) -> str:
+    return f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {a}, {V16F} {b}, {V16F} {c})", "acc")
+
+
+def _byte_scales(f: Fn, rec: str, at: str, signed: bool, d: str) -> str:
+    """<16 x float> d * scale for the 16 rows, from 16 scale bytes at rec + at."""
+    raw = f.load("<16 x i8>", f.gep(rec, at), 1, "scb")
+    conv = "sitofp" if signed else "uitofp"
+    return f.op(f"fmul {V16F} {f.op(f'{conv} <16 x i8> {raw} to {V16F}')}, {d}", "sc")
+
+
+def _vec_op(f: Fn, opname: str, v: str, k: int) -> str:
+    return f.op(f"{opname} {V64I8} {v}, {splat(64, 'i8', k)}")
+
+
+def _at(f: Fn, base: str, k: int) -> str:
+    """base + k as an i64 value (base an SSA name)."""
+    return f.op(f"add i64 {base}, {k}", "o")
+
+
+def _units_q4_k(f: Fn, rec: str, c: str) -> list[str]:
+    base = f.op(f"mul i64 {c}, 256", "o")
+    packed = [f.load(V64I8, f.gep(rec, _at(f, base, 64 * p)), 1, "wq") for p in range(4)]
+    return [_vec_op(f, "and", p, 15) for p in packed] + [_vec_op(f, "lshr", p, 4) for p in packed]
+
+
+def _units_q6_k(f: Fn, rec: str, c: str) -> list[str]:
+    base = f.op(f"mul i64 {c}, 384", "o")
+    low = [f.load(V64I8, f.gep(rec, _at(f, base, 64 * p)), 1, "wl") for p in range(4)]
+    high = [f.load(V64I8, f.gep(rec, _at(f, base, 256 + 64 * q)), 1, "wh") for q in range(2)]
+    units = []
+    for k in range(8):
+        lo = _vec_op(f, "and", low[k], 15) if k < 4 else _vec_op(f, "lshr", low[k - 4], 4)
+        h, pair = high[k // 4], k % 4
+        # bits 2*pair..2*pair+1 of the high vector moved to bits 4-5
+        moved = {0: ("shl", 4), 1: ("shl", 2), 2: (None, 0), 3: ("lshr", 2)}[pair]
+        hv = h if moved[0] is None else _vec_op(f, moved[0], h, moved[1])
+        units.append(f.op(f"or {V64I8} {lo}, {_vec_op(f, 'and', hv, 0x30)}", "wu"))
+    return units
+
+
+def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
+    """Values 32c..32c+31 of the record at rec (i = the chunk's index over the whole row)."""
+    d = f.load(V16F, f.gep(rec, 2304), 4, "d")
+    dmin = f.load(V16F, f.gep(rec, 2368), 4, "dmin")
+    c16 = f.op(f"shl i64 {c}, 4", "o")
+    s = _byte_scales(f, rec, _at(f, c16, 2048), False, d)
+    mneg = f.op(f"fneg {V16F} {_byte_scales(f, rec, _at(f, c16, 2176), False, dmin)}", "mn")
+    units = _units_q4_k(f, rec, c)
+    e_c = f.op(f"shl i64 {i}, 5", "e")
+    for j, (aq, ad, s32, _is) in enumerate(toks):
+        chain = "zeroinitializer"
+        for k, u in enumerate(units):
+            a = _act_dword(f, aq, _at(f, e_c, 4 * k))
+            chain = _dot(f, isa, u, a, chain)
+        df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
+        da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
+        sda = f.op(f"fmul {V16F} {s}, {_splat16(f, 'float', da)}", "sda")
+        acc[j] = _fma(f, df, sda, acc[j])
+        sm = f.load("float", f.op(f"getelementptr inbounds float, ptr {s32}, i64 {i}"), 4)
+        acc[j] = _fma(f, mneg, _splat16(f, "float", sm), acc[j])
+
+
+def _chunk_q6_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
+    d = f.load(V16F, f.gep(rec, 3328), 4, "d")
+    units = _units_q6_k(f, rec, c)
+    c32 = f.op(f"shl i64 {c}, 5", "o")
+    scales = [_byte_scales(f, rec, _at(f, c32, 3072 + 16 * h), True, d) for h in (0, 1)]
+    e_c = f.op(f"shl i64 {i}, 5", "e")
+    i16 = f.op(f"shl i64 {i}, 1", "o")
+    for j, (aq, ad, _s32, is_) in enumerate(toks):
+        da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
+        dab = _splat16(f, "float", da)
+        for h in (0, 1):
+            isp = f.op(f"getelementptr inbounds i32, ptr {is_}, i64 {i16}")
+            isum = f.load("i32", f.gep(isp, 4 * h), 4, "is")
+            chain = _splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
+            for k in range(4 * h, 4 * h + 4):
+                a = _act_dword(f, aq, _at(f, e_c, 4 * k))
+                chain = _dot(f, isa, units[k], a, chain)
+            df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
+            sda = f.op(f"fmul {V16F} {scales[h]}, {dab}", "sda")
+            acc[j] = _fma(f, df, sda, acc[j])
+
+
+# --- the AVX2 path ------------------------------------------------------------------------------
+# Its chunks sum the same integers as _chunk_q4_k / _chunk_q6_k, grouped for pmaddubsw +
+# pmaddwd, then run the same float steps: its outputs are bit-identical to the VNNI path's
+# (tests/test_packed_matmul.py checks it).
+
+# The AVX2 path's distances. There Q4_K without a prefetch streamed at 9.7 GB/s from memory
+# (its two-instruction dots fill the out-of-order window with fewer bytes in flight), with one
+# 3 records ahead at 33-36 GB/s, Q6_K's rate (24 distinct 8960 x 1536 weights, 1 token, 1
+# thread, LOCALCHAT_CPU=haswell on a Zen 4; distances 1/2/3/4/6/8: 27/30/36/34/34/29 GB/s).
+PREFETCH_RECORDS_AVX2 = {"Q4_K": 3, "Q6_K": 2}
 
 # act_quant's int8 activations lie in [-127, 127] (round(x / (max|x| / 127))).
 ACT_MAX = 127
@@ -142,49 +234,8 @@ def _tree(f: Fn, ty: str, terms: list[str]) -> str:
     return terms[0]
 
 
-def _fma(f: Fn, a: str, b: str, c: str) -> str:
-    return f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {a}, {V16F} {b}, {V16F} {c})", "acc")
-
-
-def _byte_scales(f: Fn, rec: str, at: str, signed: bool, d: str) -> str:
-    """<16 x float> d * scale for the 16 rows, from 16 scale bytes at rec + at."""
-    raw = f.load("<16 x i8>", f.gep(rec, at), 1, "scb")
-    conv = "sitofp" if signed else "uitofp"
-    return f.op(f"fmul {V16F} {f.op(f'{conv} <16 x i8> {raw} to {V16F}')}, {d}", "sc")
-
-
-def _vec_op(f: Fn, opname: str, v: str, k: int) -> str:
-    return f.op(f"{opname} {V64I8} {v}, {splat(64, 'i8', k)}")
-
-
-def _at(f: Fn, base: str, k: int) -> str:
-    """base + k as an i64 value (base an SSA name)."""
-    return f.op(f"add i64 {base}, {k}", "o")
-
-
-def _units_q4_k(f: Fn, rec: str, c: str) -> list[str]:
-    base = f.op(f"mul i64 {c}, 256", "o")
-    packed = [f.load(V64I8, f.gep(rec, _at(f, base, 64 * p)), 1, "wq") for p in range(4)]
-    return [_vec_op(f, "and", p, 15) for p in packed] + [_vec_op(f, "lshr", p, 4) for p in packed]
-
-
-def _units_q6_k(f: Fn, rec: str, c: str) -> list[str]:
-    base = f.op(f"mul i64 {c}, 384", "o")
-    low = [f.load(V64I8, f.gep(rec, _at(f, base, 64 * p)), 1, "wl") for p in range(4)]
-    high = [f.load(V64I8, f.gep(rec, _at(f, base, 256 + 64 * q)), 1, "wh") for q in range(2)]
-    units = []
-    for k in range(8):
-        lo = _vec_op(f, "and", low[k], 15) if k < 4 else _vec_op(f, "lshr", low[k - 4], 4)
-        h, pair = high[k // 4], k % 4
-        # bits 2*pair..2*pair+1 of the high vector moved to bits 4-5
-        moved = {0: ("shl", 4), 1: ("shl", 2), 2: (None, 0), 3: ("lshr", 2)}[pair]
-        hv = h if moved[0] is None else _vec_op(f, moved[0], h, moved[1])
-        units.append(f.op(f"or {V64I8} {lo}, {_vec_op(f, 'and', hv, 0x30)}", "wu"))
-    return units
-
-
-def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
-    """Values 32c..32c+31 of the record at rec (i = the chunk's index over the whole row)."""
+def _chunk_q4_k_avx2(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
+    """_chunk_q4_k with the dots of _dots (the float steps are the same)."""
     d = f.load(V16F, f.gep(rec, 2304), 4, "d")
     dmin = f.load(V16F, f.gep(rec, 2368), 4, "dmin")
     c16 = f.op(f"shl i64 {c}, 4", "o")
@@ -193,14 +244,8 @@ def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
     units = _units_q4_k(f, rec, c)
     e_c = f.op(f"shl i64 {i}, 5", "e")
     for j, (aq, ad, s32, _is) in enumerate(toks):
-        if isa == "avx2":
-            acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(8)]
-            chain = _dots(f, units, acts, "zeroinitializer", i16_group(15))
-        else:
-            chain = "zeroinitializer"
-            for k, u in enumerate(units):
-                a = _act_dword(f, aq, _at(f, e_c, 4 * k))
-                chain = _dot(f, isa, u, a, chain)
+        acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(8)]
+        chain = _dots(f, units, acts, "zeroinitializer", i16_group(15))
         df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
         da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
         sda = f.op(f"fmul {V16F} {s}, {_splat16(f, 'float', da)}", "sda")
@@ -209,7 +254,8 @@ def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
         acc[j] = _fma(f, mneg, _splat16(f, "float", sm), acc[j])
 
 
-def _chunk_q6_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
+def _chunk_q6_k_avx2(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
+    """_chunk_q6_k with the dots of _dots (the float steps are the same)."""
     d = f.load(V16F, f.gep(rec, 3328), 4, "d")
     units = _units_q6_k(f, rec, c)
     c32 = f.op(f"shl i64 {c}, 5", "o")
@@ -223,20 +269,15 @@ def _chunk_q6_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
             isp = f.op(f"getelementptr inbounds i32, ptr {is_}, i64 {i16}")
             isum = f.load("i32", f.gep(isp, 4 * h), 4, "is")
             chain = _splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
-            ks = range(4 * h, 4 * h + 4)
-            if isa == "avx2":
-                acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in ks]
-                chain = _dots(f, [units[k] for k in ks], acts, chain, i16_group(63))
-            else:
-                for k in ks:
-                    a = _act_dword(f, aq, _at(f, e_c, 4 * k))
-                    chain = _dot(f, isa, units[k], a, chain)
+            acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(4 * h, 4 * h + 4)]
+            chain = _dots(f, units[4 * h : 4 * h + 4], acts, chain, i16_group(63))
             df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
             sda = f.op(f"fmul {V16F} {scales[h]}, {dab}", "sda")
             acc[j] = _fma(f, df, sda, acc[j])
 
 
 _CHUNK = {"Q4_K": _chunk_q4_k, "Q6_K": _chunk_q6_k}
+_CHUNK_AVX2 = {"Q4_K": _chunk_q4_k_avx2, "Q6_K": _chunk_q6_k_avx2}
 
 
 def tile_function(qname: str, isa: str, ntok: int) -> str:
@@ -276,7 +317,9 @@ def tile_function(qname: str, isa: str, ntok: int) -> str:
         ahead = f.gep(ahead, distance * RECORD_BYTES[qname], "pf")
         for line in range(0, span + 63, 64):
             f(f"call void @llvm.prefetch.p0(ptr {f.gep(ahead, line, 'pf')}, i32 0, i32 3, i32 1)")
-    _CHUNK[qname](f, isa, rec, f.op("and i64 %i, 7"), "%i", toks, acc)
+    (_CHUNK_AVX2 if isa == "avx2" else _CHUNK)[qname](
+        f, isa, rec, f.op("and i64 %i, 7"), "%i", toks, acc
+    )
     return close_tile(f, qname, ntok, acc_phi, acc, phi_at)
 
 
