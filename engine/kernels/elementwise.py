@@ -1,12 +1,13 @@
-"""IR for the small per-token ops: RMSNorm, RoPE, and the gated activations (SwiGLU, GeGLU,
-gpt-oss's clamped SwiGLU).
+"""IR for the small per-token ops: RMSNorm, RoPE, the gated activations (SwiGLU, GeGLU,
+gpt-oss's clamped SwiGLU), and for a decode step's native step list (jit_backend's `step_*`):
+a float add (residual and bias adds) and the float16 KV-row store.
 
 Each is one call instead of the 3-6 numpy passes (and temporaries) the reference needs.
 Vector loops run 16 floats at a time with masked loads/stores for the tail, so any length works.
 Work is split by (tid, n) like every pool kernel, so they can run on the pool or be called
 directly with tid=0, n=1 (what the backend does for decode-sized inputs).
 
-Argument slots: `RmsnormSlots`, `RopeSlots`, `GluSlots` (the IR reads them, jit_backend fills them).
+Argument slots: `RmsnormSlots`, `RopeSlots`, `GluSlots`, `AddSlots`, `KvStoreSlots` (the IR reads them, jit_backend fills them).
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ class RopeSlots:
     head that rotate, even, <= hd; Phi-4-mini's partial RoPE); SIZE: block length."""
 
     X, POSITIONS, N_TOKENS, HEADS, HEAD_DIM, INV_FREQ, NEOX, N_ROT, SIZE = range(9)
+
+
+class AddSlots:
+    """add_f32: a, b, out (f32), count; SIZE: block length."""
+
+    A, B, OUT, COUNT, SIZE = range(5)
+
+
+class KvStoreSlots:
+    """kv_store_f16: src (f32 [count]), dst (f16 cache rows), pos (ptr to the i64 position),
+    count (values per position); SIZE: block length."""
+
+    SRC, DST, POS, COUNT, SIZE = range(5)
 
 
 class GluSlots:
@@ -157,6 +171,79 @@ def glu_ir(kind: str) -> str:
     return f"define void @{kind}(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
 
 
+def add_ir() -> str:
+    """out = a + b over `count` floats (the residual adds and bias adds of a decode step; the
+    same IEEE sums numpy's `+=` gives)."""
+    f = Fn()
+    s = AddSlots
+    a, b, out = (f.arg("%args", i, "ptr") for i in (s.A, s.B, s.OUT))
+    count = f.arg("%args", s.COUNT)
+    c0, c1 = thread_range(f, count, "%tid", "%nth", 16)
+    f("br label %h")
+    f.put_label("h")
+    f(f"%i = phi i64 [{c0}, %entry], [%i_next, %b]")
+    f(f"%more = icmp ult i64 %i, {c1}")
+    f("br i1 %more, label %b, label %exit")
+    f.put_label("b")
+    m = mask16(f, "%i", c1)
+    y = f.op(f"fadd {V16F} {masked_load16(f, a, '%i', m)}, {masked_load16(f, b, '%i', m)}")
+    masked_store16(f, y, out, "%i", m)
+    f("%i_next = add i64 %i, 16")
+    f("br label %h")
+    f.put_label("exit")
+    f("ret void")
+    return f"define void @add_f32(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+
+
+def kv_store_ir() -> str:
+    """dst[pos * count + i] = half(src[i]) for i < count (a multiple of 16), pos read from
+    *pos_ptr at the call: one position's K or V rows into a float16 cache. Rounded to nearest
+    even as numpy's float32 -> float16 assignment rounds, in integer code (F Giesen's
+    float_to_half_fast3_rtne): `fptrunc` to half would call the runtime's __truncsfhf2 on CPUs
+    without F16C, which MCJIT cannot resolve. Not split across threads (a row is a few hundred
+    values)."""
+    v16i = "<16 x i32>"
+    f = Fn()
+    s = KvStoreSlots
+    src, dst, pos_p = (f.arg("%args", i, "ptr") for i in (s.SRC, s.DST, s.POS))
+    count = f.arg("%args", s.COUNT)
+    pos = f.load("i64", pos_p, 8)
+    row = f.op(f"getelementptr inbounds half, ptr {dst}, i64 {f.op(f'mul i64 {pos}, {count}')}")
+    f("br label %h")
+    f.put_label("h")
+    f("%i = phi i64 [0, %entry], [%i_next, %b]")
+    f(f"%more = icmp ult i64 %i, {count}")
+    f("br i1 %more, label %b, label %exit")
+    f.put_label("b")
+    xv = f.load(V16F, f.op(f"getelementptr inbounds float, ptr {src}, i64 %i"), 4)
+    bits = f.op(f"bitcast {V16F} {xv} to {v16i}")
+    sign = f.op(f"and {v16i} {bits}, splat (i32 -2147483648)")
+    mag = f.op(f"xor {v16i} {bits}, {sign}")
+    # |x| >= 65536: infinity, or a quiet NaN for NaNs
+    nan = f.op(f"icmp ugt {v16i} {mag}, splat (i32 2139095040)")
+    big = f.op(f"select <16 x i1> {nan}, {v16i} splat (i32 32256), {v16i} splat (i32 31744)")
+    # |x| < 2^-14: a half subnormal; adding 0.5 rounds it to the 2^-24 grid (in float, RNE)
+    magf = f.op(f"bitcast {v16i} {mag} to {V16F}")
+    den = f.op(f"fadd {V16F} {magf}, splat (float 0.5)")
+    den = f.op(f"sub {v16i} {f.op(f'bitcast {V16F} {den} to {v16i}')}, splat (i32 1056964608)")
+    # normal: rebias the exponent, round the 13 dropped bits to nearest even
+    odd = f.op(f"and {v16i} {f.op(f'lshr {v16i} {mag}, splat (i32 13)')}, splat (i32 1)")
+    nrm = f.op(f"add {v16i} {mag}, splat (i32 -939520001)")  # (15 - 127) << 23, + 0xfff
+    nrm = f.op(f"lshr {v16i} {f.op(f'add {v16i} {nrm}, {odd}')}, splat (i32 13)")
+    is_big = f.op(f"icmp uge {v16i} {mag}, splat (i32 1199570944)")  # 143 << 23
+    is_den = f.op(f"icmp ult {v16i} {mag}, splat (i32 947912704)")  # 113 << 23
+    h = f.op(f"select <16 x i1> {is_den}, {v16i} {den}, {v16i} {nrm}")
+    h = f.op(f"select <16 x i1> {is_big}, {v16i} {big}, {v16i} {h}")
+    h = f.op(f"or {v16i} {h}, {f.op(f'lshr {v16i} {sign}, splat (i32 16)')}")
+    dp = f.op(f"getelementptr inbounds i16, ptr {row}, i64 %i")
+    f(f"store <16 x i16> {f.op(f'trunc {v16i} {h} to <16 x i16>')}, ptr {dp}, align 2")
+    f("%i_next = add i64 %i, 16")
+    f("br label %h")
+    f.put_label("exit")
+    f("ret void")
+    return f"define void @kv_store_f16(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+
+
 def rope_ir() -> str:
     f = Fn()
     s = RopeSlots
@@ -229,5 +316,7 @@ def module_ir() -> str:
             glu_ir("geglu"),
             glu_ir("swiglu_oai"),
             rope_ir(),
+            add_ir(),
+            kv_store_ir(),
         ]
     )

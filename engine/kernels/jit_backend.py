@@ -29,6 +29,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,11 +47,11 @@ from engine.kernels import (
 from engine.kernels.act_quant import QuantizeSlots
 from engine.kernels.attention import AttentionSlots
 from engine.kernels.compiler import HostCPU, KernelLibrary, target_cpu
-from engine.kernels.elementwise import GluSlots, RmsnormSlots, RopeSlots
+from engine.kernels.elementwise import AddSlots, GluSlots, KvStoreSlots, RmsnormSlots, RopeSlots
 from engine.kernels.float_matmul import FloatMatmulSlots
 from engine.kernels.quant_matmul import QuantMatmulSlots
 from engine.kernels.reference import ReferenceBackend
-from engine.kernels.threads import ThreadPool, job_list_table, pool_module
+from engine.kernels.threads import ThreadPool, job_list_table, pool_module, step_table
 from engine.kv_quant import element_layout as kv_element_layout
 from engine.qtensor import QTensor
 
@@ -271,6 +272,18 @@ class _ActivationBuffers:
         self.args_ptr = self.args.ctypes.data
 
 
+class Step(NamedTuple):
+    """One kernel call of a native step list (`JitBackend.run_steps`): the kernel, its own
+    argument block (the step keeps it alive; the caller may rewrite per-token slots in it) and
+    its chunks, 0 for a call on the running thread; `keep` holds whatever else the block points
+    at (a job list's per-weight blocks, attention scratch)."""
+
+    fn: int
+    args: np.ndarray
+    chunks: int
+    keep: object = None
+
+
 class _JobList:
     """Weights whose mat-muls run as one pool job: their calls and the pool_job_list table."""
 
@@ -314,6 +327,8 @@ class JitBackend(ReferenceBackend):
             name: _KERNEL_FN(self.library.address(name))
             for name in ("rmsnorm", "rope", "swiglu", "geglu", "swiglu_oai")
         }
+        self._add = self.library.address("add_f32")
+        self._kv_store = self.library.address("kv_store_f16")
         self._attention = {
             cache_type: self.library.address(name) for cache_type, name in attention.KERNELS.items()
         }
@@ -633,23 +648,7 @@ class JitBackend(ReferenceBackend):
                 n_rot=n_rot,
             )
         tokens, heads, head_dim = x.shape
-        # The kernel reads one frequency per pair, so per-pair divisors (Llama 3.1+ rope_freqs,
-        # YaRN, LongRoPE) are folded into the table: same kernel, same IR. A model passes the
-        # same factors array every call, so it is cached by identity (the entry keeps it alive).
-        key = (float(theta), rot, float(freq_scale), id(freq_factors))
-        hit = self._inv_freq.get(key)
-        if hit is not None and hit[0] is freq_factors:
-            inv_freq = hit[1]
-        else:
-            half = rot // 2
-            inv_freq = freq_scale * theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rot)
-            if freq_factors is not None:
-                factors = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
-                if factors.shape != (half,):
-                    raise ValueError(f"freq_factors has {factors.size} values, expected {half}")
-                inv_freq = inv_freq / factors
-            inv_freq = np.ascontiguousarray(inv_freq)
-            self._inv_freq[key] = (freq_factors, inv_freq)
+        inv_freq = self._rope_table(theta, rot, freq_scale, freq_factors)
         if self._positions.size < tokens:
             self._positions = np.zeros(2 * tokens, np.int64)
         self._positions[:tokens] = positions
@@ -662,6 +661,28 @@ class JitBackend(ReferenceBackend):
         a[s.N_ROT] = rot
         self._run_small("rope", x.size)
         return x
+
+    def _rope_table(
+        self, theta: float, rot: int, freq_scale: float, freq_factors: np.ndarray | None
+    ) -> np.ndarray:
+        """The rope kernel's per-pair inverse frequencies (f64 [rot / 2]). The kernel reads one
+        frequency per pair, so per-pair divisors (Llama 3.1+ rope_freqs, YaRN, LongRoPE) are
+        folded into the table: same kernel, same IR. A model passes the same factors array
+        every call, so it is cached by identity (the entry keeps it alive)."""
+        key = (float(theta), rot, float(freq_scale), id(freq_factors))
+        hit = self._inv_freq.get(key)
+        if hit is not None and hit[0] is freq_factors:
+            return hit[1]
+        half = rot // 2
+        inv_freq = freq_scale * theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rot)
+        if freq_factors is not None:
+            factors = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
+            if factors.shape != (half,):
+                raise ValueError(f"freq_factors has {factors.size} values, expected {half}")
+            inv_freq = inv_freq / factors
+        inv_freq = np.ascontiguousarray(inv_freq)
+        self._inv_freq[key] = (freq_factors, inv_freq)
+        return inv_freq
 
     def attention(
         self,
@@ -758,3 +779,179 @@ class JitBackend(ReferenceBackend):
             target[...] = out
             return target
         return out
+
+    # --- native step lists (a decode step's per-layer kernels, one call from Python) ----------
+    # Each step gets its own argument block, filled once, so the shared blocks the ops above
+    # use are never touched and the list can be rerun every token. Every step runs its kernel
+    # with exactly the arguments and chunking the op above would use for the same arrays, so
+    # its results are bit-identical to the op-by-op path's. The arrays must stay alive and in
+    # place while the steps are used (the caller owns them).
+    def run_steps(self, table: np.ndarray, count: int) -> None:
+        """Run `count` steps of a table made by `step_list`, in order."""
+        self.pool.run_steps(table.ctypes.data, count)
+
+    @staticmethod
+    def step_list(steps: Sequence[Step]) -> np.ndarray:
+        return step_table([(st.fn, st.args.ctypes.data, st.chunks) for st in steps])
+
+    def _small_chunks(self, work: int) -> int:
+        """Chunks of an elementwise step: on the caller below _DIRECT_MAX, as _run_small."""
+        return 0 if work <= _DIRECT_MAX else self.pool.default_chunks
+
+    def step_rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> Step:
+        if x.ndim != 2 or not self._usable(x, weight, out) or out.shape != x.shape:
+            raise ValueError(f"step_rmsnorm: {_layout_why(x, weight, out, ndim=2)}")
+        s = RmsnormSlots
+        a = np.zeros(s.SIZE, np.int64)
+        a[s.X], a[s.OUT], a[s.WEIGHT] = x.ctypes.data, out.ctypes.data, weight.ctypes.data
+        a[s.ROWS], a[s.D] = x.shape
+        a[s.EPS] = _f32_bits(eps)
+        return Step(self.library.address("rmsnorm"), a, self._small_chunks(x.size))
+
+    def step_add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
+        """out = a + b (float32, as many values each, a and out the same shape; out may be a:
+        a residual add, or a bias added to one token's row)."""
+        if not self._usable(a, b, out) or a.shape != out.shape or a.size != b.size:
+            raise ValueError(f"step_add: {_layout_why(a, b, out)}")
+        s = AddSlots
+        args = np.zeros(s.SIZE, np.int64)
+        args[s.A], args[s.B], args[s.OUT] = a.ctypes.data, b.ctypes.data, out.ctypes.data
+        args[s.COUNT] = a.size
+        return Step(self._add, args, 0)
+
+    def step_glu(self, kind: str, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> Step:
+        """swiglu or geglu of (gate, up) into out."""
+        if kind not in ("swiglu", "geglu"):
+            raise ValueError(f"step_glu: {kind!r} has no step form")
+        if not self._usable(gate, up, out) or not gate.shape == up.shape == out.shape:
+            raise ValueError(f"step_glu: {_layout_why(gate, up, out)}")
+        s = GluSlots
+        a = np.zeros(s.SIZE, np.int64)
+        a[s.GATE], a[s.UP], a[s.OUT] = gate.ctypes.data, up.ctypes.data, out.ctypes.data
+        a[s.COUNT] = gate.size
+        return Step(self.library.address(kind), a, self._small_chunks(gate.size))
+
+    def step_rope(
+        self,
+        x: np.ndarray,
+        positions: np.ndarray,
+        *,
+        theta: float,
+        neox: bool,
+        freq_scale: float = 1.0,
+        freq_factors: np.ndarray | None = None,
+        n_rot: int = 0,
+    ) -> Step:
+        """RoPE of x (T, H, hd) in place at the int64 `positions` (read when the step runs)."""
+        rot = n_rot if 0 < n_rot < x.shape[-1] else x.shape[-1]
+        if x.ndim != 3 or not self._usable(x) or rot % 2:
+            raise ValueError("step_rope: needs a contiguous float32 (T, H, hd), an even rotary")
+        if positions.dtype != np.int64 or positions.shape != (x.shape[0],):
+            raise ValueError("step_rope: positions must be int64, one per token")
+        inv_freq = self._rope_table(theta, rot, freq_scale, freq_factors)
+        s = RopeSlots
+        a = np.zeros(s.SIZE, np.int64)
+        a[s.X], a[s.POSITIONS] = x.ctypes.data, positions.ctypes.data
+        a[s.N_TOKENS], a[s.HEADS], a[s.HEAD_DIM] = x.shape
+        a[s.INV_FREQ] = inv_freq.ctypes.data
+        a[s.NEOX] = 1 if neox else 0
+        a[s.N_ROT] = rot
+        return Step(self.library.address("rope"), a, self._small_chunks(x.size))
+
+    def step_kv_store(self, src: np.ndarray, position: np.ndarray) -> Step:
+        """src (one position's rows, float32, a multiple of 16 values) rounded to float16 into
+        a cache at row *position; the cache's address goes in args[KvStoreSlots.DST]."""
+        if not self._usable(src) or src.size % 16 or position.dtype != np.int64:
+            raise ValueError("step_kv_store: needs float32 rows of a multiple of 16 values")
+        s = KvStoreSlots
+        a = np.zeros(s.SIZE, np.int64)
+        a[s.SRC], a[s.POS], a[s.COUNT] = src.ctypes.data, position.ctypes.data, src.size
+        return Step(self._kv_store, a, 0)
+
+    def step_quantize(self, x: np.ndarray) -> tuple[Step, _ActivationBuffers]:
+        """x (T, n) quantized into buffers of the step's own (act_quant.py), as `_quantized`."""
+        tokens, n = x.shape
+        if not self._usable(x) or n % 32:
+            raise ValueError("step_quantize: needs contiguous float32 rows of 32k values")
+        bufs = _ActivationBuffers(n, tokens)
+        bufs.args[QuantizeSlots.X] = x.ctypes.data
+        bufs.args[QuantizeSlots.N_TOKENS] = tokens
+        chunks = 0 if tokens <= _QUANTIZE_DIRECT_TOKENS else self.pool.default_chunks
+        return Step(self._quantize, bufs.args, chunks, bufs), bufs  # keep: the buffers
+
+    def step_linear(
+        self, weights: Sequence[QTensor], bufs: _ActivationBuffers, outs: Sequence[np.ndarray]
+    ) -> Step | None:
+        """The mat-muls of quantized `weights` over the activations in `bufs` (a step_quantize's)
+        into `outs`: one pool job, as `linear` (one weight) or `linear_many` (several) runs
+        them. None where a weight has no quantized kernel (the caller keeps the op path)."""
+        calls = []
+        for w, out in zip(weights, outs, strict=True):
+            if w.qtype.name not in quant_matmul.LAYOUTS:
+                return None
+            call = self._weights.get(id(w))
+            if call is None or call.weight is not w:
+                call = self._weight_args(w)
+            tokens = bufs.aq.shape[0]
+            if (
+                not call.quantized
+                or call.cols != bufs.aq.shape[1]
+                or out.shape != (tokens, call.rows)
+                or not self._usable(out)
+            ):
+                return None
+            q, m = QuantizeSlots, QuantMatmulSlots
+            args = call.args.copy()  # the weight's block, pointed at this step's arrays
+            args[m.AQ], args[m.AD], args[m.SUMS] = (
+                bufs.args[q.AQ],
+                bufs.args[q.AD],
+                bufs.args[q.SUMS],
+            )
+            args[m.SUMS32], args[m.ISUMS] = bufs.args[q.SUMS32], bufs.args[q.ISUMS]
+            args[m.N_TOKENS], args[m.OUT] = tokens, out.ctypes.data
+            calls.append((call.kernel, args))
+        chunks = self.pool.default_chunks
+        if len(calls) == 1:
+            return Step(calls[0][0], calls[0][1], chunks)
+        table = job_list_table([(k, a.ctypes.data, chunks) for k, a in calls])
+        # the table holds the blocks' addresses: the step keeps the blocks alive
+        return Step(self._job_list_kernel, table, chunks * len(calls), [a for _, a in calls])
+
+    def step_attention(
+        self,
+        q: np.ndarray,
+        out: np.ndarray,
+        n_kv: int,
+        *,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+        sinks: np.ndarray | None = None,
+    ) -> Step:
+        """Attention of q (T, H, hd) against a float16 cache into out (T, H*hd), as `attention`
+        runs it without key splits. The caller sets K_CACHE / V_CACHE (the layer's cache
+        arrays) and P0 (the first query's position) in the step's args before it runs."""
+        tokens, n_head, head_dim = q.shape
+        if self.split_keys:
+            raise ValueError("step_attention: key splits are on (no step form)")
+        if head_dim % 16 or n_head % n_kv or not self._usable(q, out):
+            raise ValueError("step_attention: the shapes need the op path")
+        if out.shape != (tokens, n_head * head_dim):
+            raise ValueError(f"step_attention: out has shape {out.shape}")
+        if sinks is not None and (sinks.shape != (n_head,) or not self._usable(sinks)):
+            raise ValueError("step_attention: sinks must be float32 (n_head,)")
+        chunks = self.pool.default_chunks
+        heads_per_item, splits = _attention_plan(tokens, n_head, n_kv, 1, chunks, False)
+        stride = attention.scratch_floats_per_thread(heads_per_item)
+        scratch = np.zeros(stride * chunks, np.float32)
+        s = AttentionSlots
+        a = np.zeros(s.SIZE, np.int64)
+        a[s.Q], a[s.OUT] = q.ctypes.data, out.ctypes.data
+        a[s.N_TOKENS], a[s.N_HEAD], a[s.N_KV], a[s.HEAD_DIM] = tokens, n_head, n_kv, head_dim
+        a[s.WINDOW] = window
+        a[s.SCALE] = _f32_bits(scale)
+        a[s.SOFTCAP] = _f32_bits(softcap)
+        a[s.SCRATCH], a[s.SCRATCH_STRIDE] = scratch.ctypes.data, stride
+        a[s.SINKS] = 0 if sinks is None else sinks.ctypes.data
+        a[s.HEADS_PER_ITEM], a[s.N_SPLITS], a[s.PARTIAL] = heads_per_item, splits, 0
+        return Step(self._attention["f16"], a, chunks, scratch)

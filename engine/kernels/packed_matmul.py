@@ -36,9 +36,15 @@ TILE = 8  # tokens per pass over a row group's records
 SMALL_TILES = (4, 2, 1)  # for the tokens left after the TILE passes, largest first
 # Software prefetch distance in records (0: none). Measured on a 65536 x 1536 mat-vec from
 # memory, 1 thread, distances 0/2/4/8: Q6_K 9.5/5.8/6.1/6.6 ms (its 6-bit unpacking keeps the
-# hardware prefetcher behind), Q4_K 2.7/2.8/3.2/3.3 ms (already streaming at ~22 GB/s).
-PREFETCH_RECORDS = {"Q4_K": 0, "Q6_K": 2}
+# hardware prefetcher behind). Q4_K looked streaming-bound there, but in a real decode (the
+# 1.5B model, records on huge pages, every weight read once per token from DRAM) its weights
+# streamed at 15-17 GB/s without a prefetch and 31-33 GB/s with distance 2 (4 was slower, 1
+# too); on the AVX2 path (LOCALCHAT_CPU=haswell) 9 -> 31 GB/s (bench/profile_decode.py).
+PREFETCH_RECORDS = {"Q4_K": 2, "Q6_K": 2}
 PACKED_TYPES = tuple(RECORD_BYTES)
+# Dot chains per token by tile size (see _dot_chains); tiles of 4+ tokens already interleave
+# that many independent chains, and more would run out of vector registers.
+DOT_CHAINS = {1: 4, 2: 2}
 
 V64I8 = "<64 x i8>"
 V16I32 = "<16 x i32>"
@@ -116,6 +122,26 @@ def _units_q6_k(f: Fn, rec: str, c: str) -> list[str]:
     return units
 
 
+def _dot_chains(ntok: int) -> int:
+    """Independent integer dot chains per token and 32 values. One chain of 8 dependent
+    `vpdpbusd` per 32 values is latency-bound when a tile has one token (decode): its only
+    other independent work is the next chunk's chain, further than the scheduler looks ahead.
+    Integer sums are exact in any order, so splitting changes no bit of the result."""
+    return DOT_CHAINS.get(ntok, 1)
+
+
+def _sum_chains(f: Fn, chains: list[str]) -> str:
+    """The chains' lanewise sum, pairwise (a tree: the adds of one level are independent)."""
+    while len(chains) > 1:
+        chains = [
+            f.op(f"add {V16I32} {chains[i]}, {chains[i + 1]}", "dot")
+            if i + 1 < len(chains)
+            else chains[i]
+            for i in range(0, len(chains), 2)
+        ]
+    return chains[0]
+
+
 def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
     """Values 32c..32c+31 of the record at rec (i = the chunk's index over the whole row)."""
     d = f.load(V16F, f.gep(rec, 2304), 4, "d")
@@ -125,11 +151,13 @@ def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
     mneg = f.op(f"fneg {V16F} {_byte_scales(f, rec, _at(f, c16, 2176), False, dmin)}", "mn")
     units = _units_q4_k(f, rec, c)
     e_c = f.op(f"shl i64 {i}, 5", "e")
+    n_chains = _dot_chains(len(toks))
     for j, (aq, ad, s32, _is) in enumerate(toks):
-        chain = "zeroinitializer"
+        chains = ["zeroinitializer"] * n_chains
         for k, u in enumerate(units):
             a = _act_dword(f, aq, _at(f, e_c, 4 * k))
-            chain = _dot(f, isa, u, a, chain)
+            chains[k % n_chains] = _dot(f, isa, u, a, chains[k % n_chains])
+        chain = _sum_chains(f, chains)
         df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
         da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
         sda = f.op(f"fmul {V16F} {s}, {_splat16(f, 'float', da)}", "sda")

@@ -392,6 +392,7 @@ out:
 }
 """
 JOB_LIST_FIELDS = 4  # i64 slots per kernel in a job-list table (after the leading count)
+STEP_FIELDS = 3  # i64 slots per step in a `pool_run_steps` table: kernel, args, chunks
 
 
 def job_list_table(jobs: list[tuple[int, int, int]]) -> np.ndarray:
@@ -405,6 +406,17 @@ def job_list_table(jobs: list[tuple[int, int, int]]) -> np.ndarray:
             raise ValueError(f"job {j} has {chunks} chunks; every kernel needs at least one")
         table[1 + JOB_LIST_FIELDS * j : 1 + JOB_LIST_FIELDS * (j + 1)] = (fn, args, first, chunks)
         first += chunks
+    return table
+
+
+def step_table(steps: list[tuple[int, int, int]]) -> np.ndarray:
+    """The `pool_run_steps` table of (kernel address, args address, chunks) steps, chunks 0
+    for a call on the running thread; run it with `ThreadPool.run_steps(table address, len)`."""
+    table = np.zeros(STEP_FIELDS * max(len(steps), 1), np.int64)
+    for j, (fn, args, chunks) in enumerate(steps):
+        if chunks < 0:
+            raise ValueError(f"step {j} has {chunks} chunks")
+        table[STEP_FIELDS * j : STEP_FIELDS * (j + 1)] = (fn, args, chunks)
     return table
 
 
@@ -509,6 +521,42 @@ exit:
   ret void
 }}
 
+; Run a list of steps in order: an i64 table of (kernel, args, chunks) per step; chunks 0 calls
+; kernel(args, 0, 1) on this thread, else the step is a pool job of that many chunks. A decode
+; step's per-layer sequence of kernels then costs one call from Python, not one per kernel.
+define void @pool_run_steps(ptr %st, ptr %table, i64 %count) {{
+entry:
+  br label %head
+head:
+  %i = phi i64 [0, %entry], [%i_next, %next]
+  %more = icmp ult i64 %i, %count
+  br i1 %more, label %body, label %exit
+body:
+  %base = mul i64 %i, {STEP_FIELDS}
+  %fnp = getelementptr i64, ptr %table, i64 %base
+  %argp = getelementptr i64, ptr %fnp, i64 1
+  %chp = getelementptr i64, ptr %fnp, i64 2
+  %fni = load i64, ptr %fnp, align 8
+  %fn = inttoptr i64 %fni to ptr
+  %argi = load i64, ptr %argp, align 8
+  %args = inttoptr i64 %argi to ptr
+  %chunks = load i64, ptr %chp, align 8
+  %direct = icmp eq i64 %chunks, 0
+  br i1 %direct, label %here, label %pooled
+here:
+  call void %fn(ptr %args, i32 0, i32 1)
+  br label %next
+pooled:
+  %c32 = trunc i64 %chunks to i32
+  call void @pool_run(ptr %st, ptr %fn, ptr %args, i32 %c32)
+  br label %next
+next:
+  %i_next = add i64 %i, 1
+  br label %head
+exit:
+  ret void
+}}
+
 ; Stop the workers: set the flag, then bump the generation so they see it.
 define void @pool_stop(ptr %st) {{
   %gen = getelementptr i8, ptr %st, i64 {_GEN}
@@ -556,6 +604,9 @@ class ThreadPool:
         self._run = ctypes.CFUNCTYPE(
             None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32
         )(library.address("pool_run"))
+        self._run_steps = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(
+            library.address("pool_run_steps")
+        )
         self._stop = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(library.address("pool_stop"))
         worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)(
             library.address("pool_worker")
@@ -577,6 +628,11 @@ class ThreadPool:
         """Run `kernel(args, i, n)` for every chunk i < n (default `default_chunks`) on
         whichever threads are running; returns when all chunks are done."""
         self._run(self._state_ptr, kernel_addr, args_addr, n_chunks or self.default_chunks)
+
+    def run_steps(self, table_addr: int, count: int) -> None:
+        """Run the `count` steps of a `pool_run_steps` table (STEP_FIELDS i64 per step) in
+        order; returns when the last one is done."""
+        self._run_steps(self._state_ptr, table_addr, count)
 
     def close(self) -> None:
         if self._closed:

@@ -33,14 +33,19 @@ cancelled chunk is not committed to the KV cache (`engine.cancel.ForwardCancelle
 from __future__ import annotations
 
 import math
+import os
 import threading
+import weakref
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from engine.cancel import ForwardCancelled
 from engine.config import GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ModelConfig
 from engine.errors import ModelFileError
+from engine.kernels.attention import AttentionSlots
+from engine.kernels.elementwise import KvStoreSlots
 from engine.kernels.reference import dequantize_full
 from engine.kv_cache import KVCache
 from engine.qtensor import QTensor
@@ -163,6 +168,9 @@ class TransformerModel:
         self._rope_factors, self._rope_factors_long = rope_factors(config, tensors)
         self._moe = _MoeBuffers(config) if config.n_expert else None
         self._state = _RunState(config, max_batch)
+        # The one-token decode's native step lists (_DecodePlan): None until first built,
+        # False where this model or backend has none.
+        self._plan: _DecodePlan | Literal[False] | None = None
         # Guards _state and the backend's shared buffers; held for one chunk at a time.
         self.forward_lock = threading.Lock()
 
@@ -414,6 +422,10 @@ class TransformerModel:
         ids = np.concatenate([np.asarray(seg.ids, dtype=np.int64).reshape(-1) for seg in segments])
         n = ids.size
         runs = _SegmentRuns(segments)
+        if n == 1 and runs[0].cache.cache_type is KvCacheType.F16:
+            plan = self._decode_plan()
+            if plan is not None:
+                return [self._planned_decode(plan, runs[0], cancel)]
         x = st.x[:n]
         ops.embedding(self.token_embd, ids, out=x)
         if cfg.embed_scale != 1.0:
@@ -563,6 +575,36 @@ class TransformerModel:
         bounds = np.cumsum([0] + [rows.size for rows in wanted])
         return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
+    def _decode_plan(self) -> _DecodePlan | None:
+        """The native step lists of a one-token decode, built on first use; None where the
+        architecture or backend needs the op-by-op loop (or LOCALCHAT_DECODE_STEPS=0)."""
+        if self._plan is False:
+            return None
+        if self._plan is None:
+            self._plan = _DecodePlan.build(self) or False
+        return self._plan or None
+
+    def _planned_decode(self, plan: _DecodePlan, run: _Run, cancel) -> np.ndarray:
+        """One token through the layers as each layer's step list (the same kernels on the same
+        arrays as the op-by-op loop below, so the same bits), then the logits."""
+        cfg, ops = self.config, self.backend
+        ops.embedding(self.token_embd, run.ids, out=plan.x)
+        if cfg.embed_scale != 1.0:
+            plan.x *= np.float32(cfg.embed_scale)
+        plan.position[0] = run.p0
+        plan.attention_args[:, AttentionSlots.P0] = run.p0
+        plan.point_at(run.cache)
+        for table, count in plan.tables:
+            if cancel is not None and cancel.cancelled:
+                raise ForwardCancelled()
+            ops.run_steps(table, count)
+        run.cache.commit(run.ids)
+        rows = run.logit_rows  # segment rows of a one-token segment: each is row 0
+        if rows.size == 0:
+            return np.zeros((0, cfg.n_vocab), np.float32)
+        logits = self._logits(plan.x, np.zeros(1, np.int64))
+        return logits if rows.size == 1 else logits[np.zeros(rows.size, np.int64)]
+
     def _logits(self, x: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
         """Final norm + output projection for the chunk rows asked for: (len(rows), n_vocab)."""
         cfg, ops, st = self.config, self.backend, self._state
@@ -663,6 +705,144 @@ class TransformerModel:
         if self._rope_factors_long is not None and seq_len > self.config.rope_orig_context:
             return self._rope_factors_long
         return self._rope_factors
+
+
+DECODE_STEPS_ENV = "LOCALCHAT_DECODE_STEPS"  # "0": decode op by op (side-by-side checks)
+
+
+class _DecodePlan:
+    """A one-token decode as native step lists, one per layer (JitBackend.step_*): rmsnorm,
+    activation quantization, the q/k/v job, bias adds, RoPE, the float16 K/V row stores,
+    attention, the output projection and residual add, rmsnorm, the gate/up job, the gated
+    activation, ffn_down and its residual add. Python then makes one call per layer, instead of
+    ~15 op calls with their argument checks and the numpy adds between them (most of a small
+    model's decode step; at 2 threads the second thread spins through all of it). Every step
+    runs its kernel with the arguments and chunking of the op it replaces, on the same
+    _RunState rows, so the logits are bit-identical to the op-by-op loop (tests/
+    test_decode_steps.py) and hence to a prefill of the same tokens.
+
+    For the common architectures only: pre-norms, no q/k norms, no sandwich norms, dense FFN
+    (SwiGLU or GeGLU, as _gated picks), no residual / attention multipliers, a single RoPE table, quantized
+    weights, a float16 KV cache; anything else keeps the op-by-op loop."""
+
+    def __init__(self) -> None:
+        self.x = np.zeros((1, 1), np.float32)
+        self.position = np.zeros(1, np.int64)
+        self.attention_args = np.zeros((0, AttentionSlots.SIZE), np.int64)
+        self.kv_args: list[tuple[np.ndarray, np.ndarray]] = []  # per layer (k store, v store)
+        self.tables: list[tuple[np.ndarray, int]] = []
+        self._steps: list = []  # every Step, kept alive with the tables that point at them
+        self._cache: weakref.ref[KVCache] | None = None
+
+    @classmethod
+    def build(cls, model: TransformerModel) -> _DecodePlan | None:
+        cfg, ops = model.config, model.backend
+        if os.environ.get(DECODE_STEPS_ENV, "1").strip() == "0":
+            return None
+        if not hasattr(ops, "step_linear") or getattr(ops, "split_keys", False):
+            return None
+        if (
+            not cfg.pre_norms
+            or cfg.qk_norm
+            or cfg.sandwich_norms
+            or cfg.n_expert
+            or cfg.residual_scale != 1.0
+            or cfg.attn_temp_scale > 0.0
+            or cfg.activation == "swiglu_oai"  # its clamps have no step form
+            or model._rope_factors_long is not None
+            or cfg.head_dim % 16
+            or cfg.n_head % cfg.n_kv_head
+            or (cfg.rope_dims and cfg.rope_dims % 2)
+        ):
+            return None
+        if any(
+            la.q_gain != 1.0 or layer.attn_output_bias is not None
+            for layer, la in zip(model.layers, model._layer_attention, strict=True)
+        ):
+            return None
+        try:
+            return cls._build(model)
+        except ValueError:  # a step refused its arrays: keep the op-by-op loop
+            return None
+
+    @classmethod
+    def _build(cls, model: TransformerModel) -> _DecodePlan | None:
+        cfg, ops, st = model.config, model.backend, model._state
+        plan = cls()
+        x, h, proj, att = st.x[:1], st.h[:1], st.proj[:1], st.att[:1]
+        q, k, v, gate, up = st.q[:1], st.k[:1], st.v[:1], st.gate[:1], st.up[:1]
+        plan.x = x
+        q_heads = q.reshape(1, cfg.n_head, cfg.head_dim)
+        k_heads = k.reshape(1, cfg.n_kv_head, cfg.head_dim)
+        quant_h, bufs_h = ops.step_quantize(h)
+        quant_att, bufs_att = ops.step_quantize(att)
+        quant_gate, bufs_gate = ops.step_quantize(gate)
+        glu = "geglu" if cfg.activation == "gelu_tanh" else "swiglu"
+        attention_rows = []
+        for layer, la in zip(model.layers, model._layer_attention, strict=True):
+            assert layer.attn_norm is not None and layer.ffn_norm is not None
+            qkv = ops.step_linear((layer.attn_q, layer.attn_k, layer.attn_v), bufs_h, (q, k, v))
+            out_proj = ops.step_linear((layer.attn_output,), bufs_att, (proj,))
+            gate_up = ops.step_linear((layer.ffn_gate, layer.ffn_up), bufs_h, (gate, up))
+            down = ops.step_linear((layer.ffn_down,), bufs_gate, (proj,))
+            if qkv is None or out_proj is None or gate_up is None or down is None:
+                return None
+            steps = [ops.step_rmsnorm(x, layer.attn_norm, cfg.norm_eps, h), quant_h, qkv]
+            for rows, bias in (
+                (q, layer.attn_q_bias),
+                (k, layer.attn_k_bias),
+                (v, layer.attn_v_bias),
+            ):
+                if bias is not None:
+                    steps.append(ops.step_add(rows, bias, rows))
+            if la.rope:
+                rope_args: dict = dict(theta=la.theta, neox=cfg.rope_neox, freq_scale=la.freq_scale)
+                if cfg.rope_dims:
+                    rope_args["n_rot"] = cfg.rope_dims
+                if la.scaled and model._rope_factors is not None:
+                    rope_args["freq_factors"] = model._rope_factors
+                steps.append(ops.step_rope(q_heads, plan.position, **rope_args))
+                steps.append(ops.step_rope(k_heads, plan.position, **rope_args))
+            k_store, v_store = (
+                ops.step_kv_store(k, plan.position),
+                ops.step_kv_store(v, plan.position),
+            )
+            plan.kv_args.append((k_store.args, v_store.args))
+            attend = ops.step_attention(
+                q_heads,
+                att,
+                cfg.n_kv_head,
+                scale=la.scale,
+                window=la.window,
+                softcap=cfg.attn_logit_softcap,
+                sinks=layer.attn_sinks,
+            )
+            attention_rows.append(attend)
+            steps += [k_store, v_store, attend, quant_att, out_proj, ops.step_add(x, proj, x)]
+            steps += [ops.step_rmsnorm(x, layer.ffn_norm, cfg.norm_eps, h), quant_h, gate_up]
+            steps += [ops.step_glu(glu, gate, up, gate), quant_gate, down, ops.step_add(x, proj, x)]
+            plan._steps.append(steps)
+        # the attention blocks as rows of one array: a token sets every layer's P0 at once
+        plan.attention_args = np.stack([a.args for a in attention_rows])
+        for steps, attend in zip(plan._steps, attention_rows, strict=True):
+            i = next(j for j, s in enumerate(steps) if s is attend)
+            row = plan.attention_args[len(plan.tables)]
+            steps[i] = type(attend)(attend.fn, row, attend.chunks, attend.keep)
+            plan.tables.append((ops.step_list(steps), len(steps)))
+        return plan
+
+    def point_at(self, cache: KVCache) -> None:
+        """Aim the K/V stores and attention at this cache's layers (once per cache)."""
+        if self._cache is not None and self._cache() is cache:
+            return
+        s = AttentionSlots
+        for li, (k_args, v_args) in enumerate(self.kv_args):
+            k_layer, v_layer = cache.layer(li)
+            k_args[KvStoreSlots.DST] = k_layer.ctypes.data
+            v_args[KvStoreSlots.DST] = v_layer.ctypes.data
+            self.attention_args[li, s.K_CACHE] = k_layer.ctypes.data
+            self.attention_args[li, s.V_CACHE] = v_layer.ctypes.data
+        self._cache = weakref.ref(cache)
 
 
 def rope_factors(
