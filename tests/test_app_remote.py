@@ -10,7 +10,7 @@ import json
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.backends.remote import remote_model_path
 from engine.types import MessageStatus, Role
@@ -75,6 +75,11 @@ def add_connection(
 
 def pick_remote_model(qtbot, window) -> str:
     qtbot.waitUntil(lambda: bool(window.model_bar.remote_paths()), timeout=WAIT_MS)
+    # Let every model listing end first (closing the dialog starts one more): llama-cpp-python
+    # breaks off a running stream as soon as any other request reaches it, /v1/models included,
+    # so a listing that lands during the first reply would cut that reply to nothing.
+    window.catalog.wait()
+    QApplication.processEvents()  # their results (queued to this thread) rebuild the menu
     action = next(a for a in window.model_bar.remote_menu.actions() if a.data())
     assert "remote" in action.text() and "127.0.0.1" in action.text()
     path = action.data()  # a later listing may rebuild the menu (and delete the action)
