@@ -21,8 +21,8 @@ Row groups are split across the pool's threads; the last group of a weight whose
 not a multiple of 16 stores only its real rows (a masked store).
 
 The non-VNNI paths run the same records with the same lane semantics, so only the instructions
-differ: AVX2 adds up to 8 `pmaddubsw` pair sums in i16 before one `pmaddwd` widens them (its own
-chunk functions, _chunk_*_avx2), the generic path uses widening multiplies.
+differ: AVX2 adds up to 8 `pmaddubsw` pair sums in i16 before one `pmaddwd` widens them
+(_token_dots picks the path), the generic path uses widening multiplies.
 Argument block: quant_matmul.QuantMatmulSlots, with ROW_BYTES = bytes per row group.
 """
 
@@ -153,11 +153,8 @@ def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
     e_c = f.op(f"shl i64 {i}, 5", "e")
     n_chains = _dot_chains(len(toks))
     for j, (aq, ad, s32, _is) in enumerate(toks):
-        chains = ["zeroinitializer"] * n_chains
-        for k, u in enumerate(units):
-            a = _act_dword(f, aq, _at(f, e_c, 4 * k))
-            chains[k % n_chains] = _dot(f, isa, u, a, chains[k % n_chains])
-        chain = _sum_chains(f, chains)
+        acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(8)]
+        chain = _token_dots(f, isa, units, acts, "zeroinitializer", 15, n_chains)
         df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
         da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
         sda = f.op(f"fmul {V16F} {s}, {_splat16(f, 'float', da)}", "sda")
@@ -179,18 +176,32 @@ def _chunk_q6_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
         for h in (0, 1):
             isp = f.op(f"getelementptr inbounds i32, ptr {is_}, i64 {i16}")
             isum = f.load("i32", f.gep(isp, 4 * h), 4, "is")
-            chain = _splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
-            for k in range(4 * h, 4 * h + 4):
-                a = _act_dword(f, aq, _at(f, e_c, 4 * k))
-                chain = _dot(f, isa, units[k], a, chain)
+            start = _splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
+            acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(4 * h, 4 * h + 4)]
+            chain = _token_dots(f, isa, units[4 * h : 4 * h + 4], acts, start, 63, 1)
             df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
             sda = f.op(f"fmul {V16F} {scales[h]}, {dab}", "sda")
             acc[j] = _fma(f, df, sda, acc[j])
 
 
+def _token_dots(
+    f: Fn, isa: str, units: list[str], acts: list[str], start: str, u_max: int, n_chains: int
+) -> str:
+    """<16 x i32>: start + the sum over k of _dot(units[k], acts[k]), units <= u_max. The one
+    place the ISAs differ in a chunk: AVX2 groups its pmaddubsw results in i16 (_dots); VNNI and
+    generic run `n_chains` independent chains (_dot_chains) summed pairwise. Integer sums are
+    exact in any order, so every path gives the same bits."""
+    if isa == "avx2":
+        return _dots(f, units, acts, start, i16_group(u_max))
+    chains = [start] + ["zeroinitializer"] * (n_chains - 1)
+    for k, (u, a) in enumerate(zip(units, acts, strict=True)):
+        chains[k % n_chains] = _dot(f, isa, u, a, chains[k % n_chains])
+    return _sum_chains(f, chains)
+
+
 # --- the AVX2 path ------------------------------------------------------------------------------
-# Its chunks sum the same integers as _chunk_q4_k / _chunk_q6_k, grouped for pmaddubsw +
-# pmaddwd, then run the same float steps: its outputs are bit-identical to the VNNI path's
+# _token_dots sums the same integers as the other paths, grouped for pmaddubsw + pmaddwd, and
+# the chunks run the same float steps: its outputs are bit-identical to the VNNI path's
 # (tests/test_packed_matmul.py checks it).
 
 # The AVX2 path's distances. There Q4_K without a prefetch streamed at 9.7 GB/s from memory
@@ -262,50 +273,7 @@ def _tree(f: Fn, ty: str, terms: list[str]) -> str:
     return terms[0]
 
 
-def _chunk_q4_k_avx2(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
-    """_chunk_q4_k with the dots of _dots (the float steps are the same)."""
-    d = f.load(V16F, f.gep(rec, 2304), 4, "d")
-    dmin = f.load(V16F, f.gep(rec, 2368), 4, "dmin")
-    c16 = f.op(f"shl i64 {c}, 4", "o")
-    s = _byte_scales(f, rec, _at(f, c16, 2048), False, d)
-    mneg = f.op(f"fneg {V16F} {_byte_scales(f, rec, _at(f, c16, 2176), False, dmin)}", "mn")
-    units = _units_q4_k(f, rec, c)
-    e_c = f.op(f"shl i64 {i}, 5", "e")
-    for j, (aq, ad, s32, _is) in enumerate(toks):
-        acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(8)]
-        chain = _dots(f, units, acts, "zeroinitializer", i16_group(15))
-        df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
-        da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
-        sda = f.op(f"fmul {V16F} {s}, {_splat16(f, 'float', da)}", "sda")
-        acc[j] = _fma(f, df, sda, acc[j])
-        sm = f.load("float", f.op(f"getelementptr inbounds float, ptr {s32}, i64 {i}"), 4)
-        acc[j] = _fma(f, mneg, _splat16(f, "float", sm), acc[j])
-
-
-def _chunk_q6_k_avx2(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
-    """_chunk_q6_k with the dots of _dots (the float steps are the same)."""
-    d = f.load(V16F, f.gep(rec, 3328), 4, "d")
-    units = _units_q6_k(f, rec, c)
-    c32 = f.op(f"shl i64 {c}, 5", "o")
-    scales = [_byte_scales(f, rec, _at(f, c32, 3072 + 16 * h), True, d) for h in (0, 1)]
-    e_c = f.op(f"shl i64 {i}, 5", "e")
-    i16 = f.op(f"shl i64 {i}, 1", "o")
-    for j, (aq, ad, _s32, is_) in enumerate(toks):
-        da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
-        dab = _splat16(f, "float", da)
-        for h in (0, 1):
-            isp = f.op(f"getelementptr inbounds i32, ptr {is_}, i64 {i16}")
-            isum = f.load("i32", f.gep(isp, 4 * h), 4, "is")
-            chain = _splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
-            acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(4 * h, 4 * h + 4)]
-            chain = _dots(f, units[4 * h : 4 * h + 4], acts, chain, i16_group(63))
-            df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
-            sda = f.op(f"fmul {V16F} {scales[h]}, {dab}", "sda")
-            acc[j] = _fma(f, df, sda, acc[j])
-
-
 _CHUNK = {"Q4_K": _chunk_q4_k, "Q6_K": _chunk_q6_k}
-_CHUNK_AVX2 = {"Q4_K": _chunk_q4_k_avx2, "Q6_K": _chunk_q6_k_avx2}
 
 
 def tile_function(qname: str, isa: str, ntok: int) -> str:
@@ -345,9 +313,7 @@ def tile_function(qname: str, isa: str, ntok: int) -> str:
         ahead = f.gep(ahead, distance * RECORD_BYTES[qname], "pf")
         for line in range(0, span + 63, 64):
             f(f"call void @llvm.prefetch.p0(ptr {f.gep(ahead, line, 'pf')}, i32 0, i32 3, i32 1)")
-    (_CHUNK_AVX2 if isa == "avx2" else _CHUNK)[qname](
-        f, isa, rec, f.op("and i64 %i, 7"), "%i", toks, acc
-    )
+    _CHUNK[qname](f, isa, rec, f.op("and i64 %i, 7"), "%i", toks, acc)
     return close_tile(f, qname, ntok, acc_phi, acc, phi_at)
 
 
