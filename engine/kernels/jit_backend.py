@@ -141,6 +141,12 @@ def jit_weight_types() -> frozenset[str]:
     return frozenset(quant_matmul.LAYOUTS) | frozenset(float_matmul.ELEM)
 
 
+def _rotary_width(x: np.ndarray, n_rot: int) -> int:
+    """How many leading dims of each head rotate: n_rot when it is a proper part of the head
+    (partial RoPE), else the whole head."""
+    return n_rot if 0 < n_rot < x.shape[-1] else x.shape[-1]
+
+
 def _layout_why(*arrays: np.ndarray, ndim: int = 0) -> str:
     """Why float32 arrays cannot go to a kernel: rank, dtype, layout, else their shapes."""
     if ndim and arrays[0].ndim != ndim:
@@ -580,14 +586,16 @@ class JitBackend(ReferenceBackend):
         if x.ndim != 2 or not self._usable(x, weight, out) or out.shape != x.shape:
             self._fell_back("rmsnorm", _layout_why(x, weight, out, ndim=2))
             return super().rmsnorm(x, weight, eps, out)
-        a, s = self._op_args["rmsnorm"], RmsnormSlots
-        a[s.X] = self._ptr(x)
-        a[s.OUT] = self._ptr(out)
-        a[s.WEIGHT] = self._ptr(weight)
-        a[s.ROWS], a[s.D] = x.shape
-        a[s.EPS] = _f32_bits(eps)
+        self._rmsnorm_args(self._op_args["rmsnorm"], x, weight, eps, out)
         self._run_small("rmsnorm", x.size)
         return out
+
+    def _rmsnorm_args(self, a, x, weight, eps: float, out) -> None:
+        """The rmsnorm kernel's argument block (the op's shared one, or a step's own)."""
+        s = RmsnormSlots
+        a[s.X], a[s.OUT], a[s.WEIGHT] = self._ptr(x), self._ptr(out), self._ptr(weight)
+        a[s.ROWS], a[s.D] = x.shape
+        a[s.EPS] = _f32_bits(eps)
 
     def _glu(
         self, name: str, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None
@@ -597,13 +605,14 @@ class JitBackend(ReferenceBackend):
         if not self._usable(gate, up, out) or gate.shape != up.shape or out.shape != gate.shape:
             self._fell_back(name, _layout_why(gate, up, out))
             return getattr(super(), name)(gate, up, out)
-        a, s = self._op_args[name], GluSlots
-        a[s.GATE] = self._ptr(gate)
-        a[s.UP] = self._ptr(up)
-        a[s.OUT] = self._ptr(out)
-        a[s.COUNT] = gate.size
+        self._glu_args(self._op_args[name], gate, up, out)
         self._run_small(name, gate.size)
         return out
+
+    def _glu_args(self, a, gate, up, out) -> None:
+        s = GluSlots
+        a[s.GATE], a[s.UP], a[s.OUT] = self._ptr(gate), self._ptr(up), self._ptr(out)
+        a[s.COUNT] = gate.size
 
     def swiglu(self, gate, up, out=None):
         return self._glu("swiglu", gate, up, out)
@@ -633,7 +642,7 @@ class JitBackend(ReferenceBackend):
         freq_factors: np.ndarray | None = None,
         n_rot: int = 0,
     ) -> np.ndarray:
-        rot = n_rot if 0 < n_rot < x.shape[-1] else x.shape[-1]
+        rot = _rotary_width(x, n_rot)
         if x.ndim != 3 or not self._usable(x) or rot % 2:
             self._fell_back(
                 "rope", f"odd rotary width {rot}" if rot % 2 else _layout_why(x, ndim=3)
@@ -647,20 +656,24 @@ class JitBackend(ReferenceBackend):
                 freq_factors=freq_factors,
                 n_rot=n_rot,
             )
-        tokens, heads, head_dim = x.shape
+        tokens = x.shape[0]
         inv_freq = self._rope_table(theta, rot, freq_scale, freq_factors)
         if self._positions.size < tokens:
             self._positions = np.zeros(2 * tokens, np.int64)
         self._positions[:tokens] = positions
-        a, s = self._op_args["rope"], RopeSlots
-        a[s.X] = self._ptr(x)
-        a[s.POSITIONS] = self._ptr(self._positions)
-        a[s.N_TOKENS], a[s.HEADS], a[s.HEAD_DIM] = tokens, heads, head_dim
-        a[s.INV_FREQ] = self._ptr(inv_freq)
-        a[s.NEOX] = 1 if neox else 0
-        a[s.N_ROT] = rot
+        self._rope_args(self._op_args["rope"], x, self._positions, inv_freq, neox, rot)
         self._run_small("rope", x.size)
         return x
+
+    def _rope_args(self, a, x, positions, inv_freq, neox: bool, rot: int) -> None:
+        """positions: int64, read by the kernel when it runs (at least one per token)."""
+        s = RopeSlots
+        a[s.X], a[s.POSITIONS], a[s.INV_FREQ] = (
+            self._ptr(x), self._ptr(positions), self._ptr(inv_freq)
+        )  # fmt: skip
+        a[s.N_TOKENS], a[s.HEADS], a[s.HEAD_DIM] = x.shape
+        a[s.NEOX] = 1 if neox else 0
+        a[s.N_ROT] = rot
 
     def _rope_table(
         self, theta: float, rot: int, freq_scale: float, freq_factors: np.ndarray | None
@@ -801,11 +814,8 @@ class JitBackend(ReferenceBackend):
     def step_rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> Step:
         if x.ndim != 2 or not self._usable(x, weight, out) or out.shape != x.shape:
             raise ValueError(f"step_rmsnorm: {_layout_why(x, weight, out, ndim=2)}")
-        s = RmsnormSlots
-        a = np.zeros(s.SIZE, np.int64)
-        a[s.X], a[s.OUT], a[s.WEIGHT] = x.ctypes.data, out.ctypes.data, weight.ctypes.data
-        a[s.ROWS], a[s.D] = x.shape
-        a[s.EPS] = _f32_bits(eps)
+        a = np.zeros(RmsnormSlots.SIZE, np.int64)
+        self._rmsnorm_args(a, x, weight, eps, out)
         return Step(self.library.address("rmsnorm"), a, self._small_chunks(x.size))
 
     def step_add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
@@ -825,10 +835,8 @@ class JitBackend(ReferenceBackend):
             raise ValueError(f"step_glu: {kind!r} has no step form")
         if not self._usable(gate, up, out) or not gate.shape == up.shape == out.shape:
             raise ValueError(f"step_glu: {_layout_why(gate, up, out)}")
-        s = GluSlots
-        a = np.zeros(s.SIZE, np.int64)
-        a[s.GATE], a[s.UP], a[s.OUT] = gate.ctypes.data, up.ctypes.data, out.ctypes.data
-        a[s.COUNT] = gate.size
+        a = np.zeros(GluSlots.SIZE, np.int64)
+        self._glu_args(a, gate, up, out)
         return Step(self.library.address(kind), a, self._small_chunks(gate.size))
 
     def step_rope(
@@ -843,19 +851,14 @@ class JitBackend(ReferenceBackend):
         n_rot: int = 0,
     ) -> Step:
         """RoPE of x (T, H, hd) in place at the int64 `positions` (read when the step runs)."""
-        rot = n_rot if 0 < n_rot < x.shape[-1] else x.shape[-1]
+        rot = _rotary_width(x, n_rot)
         if x.ndim != 3 or not self._usable(x) or rot % 2:
             raise ValueError("step_rope: needs a contiguous float32 (T, H, hd), an even rotary")
         if positions.dtype != np.int64 or positions.shape != (x.shape[0],):
             raise ValueError("step_rope: positions must be int64, one per token")
         inv_freq = self._rope_table(theta, rot, freq_scale, freq_factors)
-        s = RopeSlots
-        a = np.zeros(s.SIZE, np.int64)
-        a[s.X], a[s.POSITIONS] = x.ctypes.data, positions.ctypes.data
-        a[s.N_TOKENS], a[s.HEADS], a[s.HEAD_DIM] = x.shape
-        a[s.INV_FREQ] = inv_freq.ctypes.data
-        a[s.NEOX] = 1 if neox else 0
-        a[s.N_ROT] = rot
+        a = np.zeros(RopeSlots.SIZE, np.int64)
+        self._rope_args(a, x, positions, inv_freq, neox, rot)
         return Step(self.library.address("rope"), a, self._small_chunks(x.size))
 
     def step_kv_store(self, src: np.ndarray, position: np.ndarray) -> Step:
