@@ -8,7 +8,7 @@ import ctypes
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -117,12 +117,13 @@ def load_model(
         report(stage, 0.2 + 0.7 * max(0.0, min(1.0, fraction)))
 
     # The tokenizer builds on a thread beside the kernel library (loading the cached kernel
-    # objects spends its time in C with the GIL released), then that thread starts the weight
-    # prefetch. Building it now (not on first use) makes a broken vocabulary fail the load, not
-    # the first request; result() re-raises its TokenizerError here.
+    # objects spends its time in C with the GIL released). Building it now (not on first use)
+    # makes a broken vocabulary fail the load, not the first request; result() re-raises its
+    # TokenizerError here. The weight prefetch starts once both are done (see _start_prefetch).
     with ThreadPoolExecutor(1, thread_name_prefix="localchat-tokenizer") as pool:
-        tokenizer = pool.submit(_tokenizer_then_prefetch, gguf_file)
+        tokenizer = pool.submit(_build_tokenizer, gguf_file)
         backend = get_backend(n_threads=n_threads, progress=kernel_progress)
+        prefetch = _start_prefetch(tokenizer, gguf_file, backend)
         report("preparing weights", 0.9)
         model = build_model(gguf_file, config, backend)
         model.cache_type = kv_type
@@ -135,24 +136,43 @@ def load_model(
             n_ctx=n_ctx,
             backend=backend,
         )
-        # the cached_property's slot
-        loaded.__dict__["tokenizer"], loaded.prefetch = tokenizer.result()
+        loaded.__dict__["tokenizer"] = tokenizer.result()  # the cached_property's slot
+    loaded.prefetch = prefetch.result()
     _ = loaded.chat_template  # a broken template fails the load too
     _return_freed_heap()
     report("ready", 1.0)
     return loaded
 
 
-def _tokenizer_then_prefetch(gguf_file: GGUFFile) -> tuple[Tokenizer, threading.Thread]:
-    """The tokenizer, and the thread mapping the weight pages in (engine/weight_prefetch.py)
-    instead of the first forward pass faulting them in one by one (measured on the 7B: first
-    one-token forward 1.0-1.25 s instead of 1.45 s). The prefetch starts after the build, when
-    its ~35 MB of temporaries (merge pairs, the Rust side's copies) are freed, so they never
-    stack on top of the fully mapped weights in the peak RSS."""
+def _build_tokenizer(gguf_file: GGUFFile) -> Tokenizer:
     from engine.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_gguf(gguf_file)
-    return tokenizer, start_prefetch(gguf_file.tensors)
+    return Tokenizer.from_gguf(gguf_file)
+
+
+def _start_prefetch(
+    tokenizer: Future[Tokenizer], gguf_file: GGUFFile, backend: Backend
+) -> Future[threading.Thread | None]:
+    """The thread mapping the weight pages in (engine/weight_prefetch.py) instead of the first
+    forward pass faulting them in one by one (measured on the 7B: first one-token forward
+    1.0-1.25 s instead of 1.45 s), started when the tokenizer is built (by the tokenizer's
+    thread, or here if it already is): its ~35 MB of temporaries (merge pairs, the Rust side's
+    copies) are freed by then, so they never stack on top of the mapped weights in the peak RSS.
+    The weights the backend repacks are left out (Backend.copies_weight). None if the tokenizer
+    failed: the load fails with its error."""
+    started: Future[threading.Thread | None] = Future()
+
+    def start(done: Future[Tokenizer]) -> None:
+        if done.exception() is not None:
+            started.set_result(None)
+            return
+        try:
+            started.set_result(start_prefetch(gguf_file.tensors, backend.copies_weight))
+        except BaseException as exc:  # a thread that cannot start fails the load, not silently
+            started.set_exception(exc)
+
+    tokenizer.add_done_callback(start)
+    return started
 
 
 def _return_freed_heap() -> None:

@@ -77,3 +77,34 @@ def test_the_records_are_advised_onto_huge_pages(monkeypatch):
     if huge_kb == 0:
         pytest.skip("the kernel gave no huge page (fragmented memory); advice is best effort")
     assert huge_kb >= 4 * 2048  # at least 4 of the array's 2 MiB pages are huge
+
+
+def _resident_pages(start: int, end: int) -> int:
+    """How many pages of [start, end) (page-aligned) are resident, by mincore(2)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    n = (end - start) // mmap.PAGESIZE
+    vec = ctypes.create_string_buffer(n)
+    assert libc.mincore(start, end - start, vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec.raw)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore and THP are Linux's")
+def test_the_tail_of_a_chunk_that_is_left_for_a_new_one_is_not_resident():
+    import mmap
+
+    mem = RecordMemory(chunk_bytes=4 * HUGE_PAGE)
+    first = mem.take(3 * HUGE_PAGE + 4096)  # ends one page into the chunk's last huge page
+    first[...] = 1
+    page = mmap.PAGESIZE
+    tail = (first.ctypes.data + first.nbytes + page - 1) // page * page
+    chunk_end = first.ctypes.data + 4 * HUGE_PAGE  # `first` opened the chunk
+    if _resident_pages(tail, chunk_end) == 0:
+        pytest.skip("the kernel gave no huge page here, so the tail was never resident")
+    second = mem.take(2 * HUGE_PAGE)  # does not fit: a new chunk, with more room, takes over
+    assert second.base is not first.base
+    assert _resident_pages(tail, chunk_end) == 0  # the old chunk's tail was given back
+    assert (first == 1).all()  # and nothing handed out was touched

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 from engine.gguf import open_gguf
 from engine.loader import load_model
@@ -56,6 +57,35 @@ def test_load_maps_every_weight_but_the_untied_embedding(untied_model):
         assert resident - needed < embedding // 4
 
 
+def test_the_weights_the_backend_repacks_are_left_to_the_repack(tmp_path):
+    # Q8_0 weights: the JIT repacks them into records at first use, reading each pass of the
+    # file itself, so the load must not map them (they would stay resident beside the records).
+    path = write_tiny_model(
+        tmp_path / "q8.gguf", "llama", Q.Q8_0, tie_embeddings=False, d_model=256, head_dim=64
+    )
+    with load_model(path, n_ctx=32, n_threads=1) as lm:
+        tensors = lm.gguf.tensors
+        copied = [
+            t
+            for name, t in tensors.items()
+            if lm.backend.copies_weight(t) and name != "token_embd.weight"  # untied: not repacked
+        ]
+        if not copied:
+            pytest.skip(f"the {lm.backend.name} backend repacks nothing")
+        copied_bytes = sum(t.nbytes for t in copied)
+        assert tensors["output.weight"] in copied and copied_bytes > 12 * 2**20
+        assert lm.prefetch is not None
+        lm.prefetch.join()
+        prefetched = sum(
+            t.nbytes
+            for name, t in tensors.items()
+            if t not in copied and name != "token_embd.weight"
+        )
+        # what is resident beyond the prefetched tensors (header and metadata pages the reader
+        # touched) is far below what the repack will read
+        assert mapped_rss_bytes(path) - prefetched < copied_bytes // 4
+
+
 def test_a_tied_embedding_is_prefetched(tmp_path):
     path = write_tiny_model(tmp_path / "tied.gguf", "llama", tie_embeddings=True)
     g = open_gguf(path)
@@ -83,7 +113,7 @@ def test_page_ranges_merge_adjacent_tensors_and_cover_every_byte(untied_model):
 def test_the_touch_fallback_maps_the_pages_too(untied_model, monkeypatch):
     import engine.weight_prefetch as wp
 
-    monkeypatch.setattr(wp, "_populate_read", lambda: None)  # as on a system without it
+    monkeypatch.setattr(wp, "populate", lambda start, end: False)  # as on a system without it
     g = open_gguf(untied_model)
     out = g.tensors["output.weight"]
     before = mapped_rss_bytes(untied_model)

@@ -36,6 +36,11 @@ KERNELS_ENV = "LOCALCHAT_KERNELS"  # "numpy" forces the reference backend
 class Backend(Protocol):
     name: str
 
+    def copies_weight(self, w: QTensor) -> bool:
+        """Whether the first use of `w` copies it into the backend's own layout (the JIT's
+        repacked records), after which its pages of the file are no longer read for mat-muls:
+        the load does not prefetch them (engine/weight_prefetch.py)."""
+
     def linear(self, w: QTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """out[t, o] = sum_i x[t, i] * W[o, i].
 

@@ -408,12 +408,16 @@ class JitBackend(ReferenceBackend):
         args[s.ROWS], args[s.N_BLOCKS] = rows, n_blocks
         self.pool.run(self._repack_kernels[qname], args.ctypes.data)
 
+    def copies_weight(self, w: QTensor) -> bool:
+        """A weight with a packed kernel is repacked into 16-row records at first use."""
+        return w.qtype.name in self._packed_kernels and repack.packable(w)
+
     def _weight_args(self, w: QTensor) -> _WeightCall:
         data = w.data
         if data.ndim != 2 or data.shape[0] != w.rows or not data.flags.c_contiguous:
             data = np.ascontiguousarray(data).reshape(w.rows, -1)
         kind = w.qtype.name
-        if kind in self._packed_kernels and repack.packable(w):
+        if self.copies_weight(w):
             packed = repack.packed_for(w, self._fill_records)
             s = QuantMatmulSlots
             args = np.zeros(s.SIZE, np.int64)

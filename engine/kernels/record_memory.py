@@ -13,35 +13,32 @@ So records are carved one after another out of chunks of at least CHUNK_BYTES th
 2 MiB boundary and are advised MADV_HUGEPAGE. A chunk lives as long as any record carved from it
 (each record is a view of the chunk array); the allocator keeps only a weak reference to the
 chunk it is filling, so unloading a model frees its chunks. The waste is the unused tail of a
-chunk, at most one partly used huge page resident per chunk.
+chunk, which is never touched but for the rest of the huge page the last record ends in; once
+no record can be carved from a tail any more its pages are given back (_release_tail).
 """
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import threading
 import weakref
 
 import numpy as np
 
+from engine.file_pages import PAGE, advise
+
 HUGE_PAGE = 1 << 21
 CHUNK_BYTES = 1 << 25  # 32 MiB: a few weights of a 1.5B model, one FFN matrix of a 7B
 ALIGN = 64  # every record array starts on a cache line (the kernels' vectors are 64 bytes)
 
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
 
 def _advise_huge(arr: np.ndarray) -> None:
     """MADV_HUGEPAGE on arr (Linux; elsewhere, or if refused, ordinary pages are used)."""
-    if _MADV_HUGEPAGE is None:
-        return
-    from engine.kernels.repack import _libc  # madvise, typed and looked up once
-
-    libc = _libc()
-    if libc is not None:
-        with contextlib.suppress(OSError):
-            libc.madvise(arr.ctypes.data, arr.nbytes, _MADV_HUGEPAGE)
+    if _MADV_HUGEPAGE is not None:
+        advise(arr.ctypes.data, arr.nbytes, _MADV_HUGEPAGE)
 
 
 class RecordMemory:
@@ -76,13 +73,29 @@ class RecordMemory:
             size = max(self.chunk_bytes, -(-need // HUGE_PAGE) * HUGE_PAGE)
             raw, start = self._new_chunk(size)
             if size - need >= left:  # go on filling whichever chunk has more room left
+                if owner is not None:
+                    _release_tail(owner, self._start + self._used, self._start + self._size)
                 self._owner, self._start, self._size, self._used = (
                     weakref.ref(raw),
                     start,
                     size,
                     need,
                 )
+            else:
+                _release_tail(raw, start + need, start + size)
             return raw[start : start + nbytes]
+
+
+def _release_tail(chunk: np.ndarray, used_end: int, end: int) -> None:
+    """Give back the pages of a chunk's tail that no record will be carved from: the last record
+    ends inside a huge page, whose whole 2 MiB the kernel made resident (measured on the 1.5B:
+    29 MB over the records' own 970 MiB, across ~35 chunks). The kernel splits that huge page;
+    the tail is never handed out, so dropping its (untouched or zero) contents is safe."""
+    base = chunk.ctypes.data
+    lo = -(-(base + used_end) // PAGE) * PAGE
+    hi = (base + end) // PAGE * PAGE
+    if hi > lo and _MADV_DONTNEED is not None:
+        advise(lo, hi - lo, _MADV_DONTNEED)
 
 
 _default = RecordMemory()

@@ -51,6 +51,10 @@ class ReferenceBackend:
     name = "numpy"
     fallback_reason: str | None = None  # set when get_backend chose numpy because the JIT failed
 
+    def copies_weight(self, w: QTensor) -> bool:
+        """numpy reads every weight from the file mapping as it is (dequantizing slices)."""
+        return False
+
     def linear(self, w: QTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         n_out, n_in = w.rows, w.cols
         if x.ndim != 2 or x.shape[1] != n_in:

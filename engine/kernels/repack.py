@@ -47,12 +47,7 @@ numpy code here is the fallback without them and the tests' reference for their 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-import mmap
 import os
-import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -61,6 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.file_pages import populate_array, release_file_pages
 from engine.kernels.record_memory import record_array
 from engine.qtensor import QTensor
 
@@ -312,6 +308,8 @@ def repack(w: QTensor, release: bool = False, fill: RecordFiller | None = None) 
     def one_pass(r0: int) -> None:
         r1 = min(r0 + step, w.rows)
         g0 = r0 // GROUP_ROWS
+        if release:  # the file's pages: mapped in one call, not one fault at a time
+            populate_array(src[r0:r1])
         if fill is not None:
             fill(qname, src[r0:r1], r1 - r0, nb, out[g0 : g0 + -(-(r1 - r0) // GROUP_ROWS)])
         else:
@@ -410,49 +408,3 @@ def packed_for(w: QTensor, fill: RecordFiller | None = None) -> PackedWeight:
             hit = _packed[w] = repack(w, release=True, fill=fill)
             release_file_pages(w.data)  # the pages that straddled two passes
         return hit
-
-
-def _mapped_by_a_file(arr: np.ndarray) -> bool:
-    """Whether arr's memory belongs to an mmap.mmap (a file mapping), found down its base chain.
-    Anonymous memory must never be released: MADV_DONTNEED would zero it."""
-    base: object = arr
-    while base is not None:
-        if isinstance(base, mmap.mmap):
-            return True
-        if isinstance(base, memoryview):
-            base = base.obj
-            continue
-        base = getattr(base, "base", None)
-    return False
-
-
-@functools.cache
-def _libc():
-    """libc with madvise typed, looked up once: find_library runs `ldconfig -p` in a subprocess
-    (~2 ms), which once per repack pass was a third of the whole repack's time."""
-    if not sys.platform.startswith("linux"):
-        return None
-    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return lib
-
-
-_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
-
-
-def release_file_pages(arr: np.ndarray) -> bool:
-    """Drop the resident pages wholly inside arr's part of a read-only file mapping (Linux): a
-    later read faults them back in from the page cache, so this only stops them counting twice
-    in the process's memory. False where nothing was released (not a file mapping, no madvise)."""
-    if _MADV_DONTNEED is None or not _mapped_by_a_file(arr):
-        return False
-    libc = _libc()
-    if libc is None:
-        return False
-    page = mmap.PAGESIZE
-    start = arr.ctypes.data
-    end = start + arr.nbytes
-    lo, hi = -(-start // page) * page, end // page * page
-    if hi <= lo:
-        return False
-    return libc.madvise(ctypes.c_void_p(lo), hi - lo, _MADV_DONTNEED) == 0
