@@ -16,12 +16,13 @@ from tiny_models import write_tiny_model
 from engine.config import ModelConfig
 from engine.gguf import open_gguf
 from engine.kernels import elementwise
-from engine.kernels.compiler import CPU_ENV, CpuSelectionError, KernelLibrary, target_cpu
+from engine.kernels.compiler import KernelLibrary
 from engine.kernels.elementwise import KvStoreSlots
 from engine.kernels.jit_backend import JitBackend
 from engine.kernels.threads import ThreadPool, pool_module, step_table
 from engine.models import build_model
 from engine.models.transformer import DECODE_STEPS_ENV, _DecodePlan
+from tests.cpu_targets import target_or_skip
 
 # K-quant rows are whole 256-value super-blocks; the others take the same shapes
 SHAPES = dict(d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, d_ff=512, tokenizer=None)
@@ -68,13 +69,7 @@ def test_architectures_the_steps_do_not_cover_keep_the_op_loop(tmp_path):
 
 
 def _library_or_skip(cpu, monkeypatch) -> KernelLibrary:
-    if cpu is not None:
-        monkeypatch.setenv(CPU_ENV, cpu)
-    try:
-        target = target_cpu()
-    except CpuSelectionError as exc:
-        pytest.skip(f"this CPU cannot run {cpu} code: {exc}")
-    lib = KernelLibrary(cpu=target)
+    lib = KernelLibrary(cpu=target_or_skip(cpu, monkeypatch))
     lib.add_modules([pool_module(), ("elementwise", elementwise.module_ir())])
     return lib
 

@@ -16,12 +16,13 @@ from gguf import quants
 
 from engine.kernels import act_quant, repack, repack_jit
 from engine.kernels.act_quant import QuantizeSlots
-from engine.kernels.compiler import CPU_ENV, CpuSelectionError, KernelLibrary, target_cpu
+from engine.kernels.compiler import KernelLibrary
 from engine.kernels.jit_backend import REPACK_ENV, JitBackend, packed_module
 from engine.kernels.quant_matmul import QuantMatmulSlots
 from engine.kernels.repack_jit import RepackSlots
 from engine.kernels.threads import ThreadPool, pool_module
 from engine.qtensor import QTensor
+from tests.cpu_targets import target_or_skip
 from tests.quant_blocks import random_blocks
 from tests.test_kernels_linear import make_weight, oracle_weight, q8_round_trip
 
@@ -98,17 +99,8 @@ PATHS = [("vnni", None), ("avx2", "haswell"), ("generic", "x86-64-v2")]
 
 
 def _target_or_skip(cpu, monkeypatch):
-    """The CPU to compile for (`cpu`, or the host when None), or a skip when this machine cannot
-    run that code or (host) has no AVX512-VNNI."""
-    if cpu is not None:
-        monkeypatch.setenv(CPU_ENV, cpu)
-    try:
-        target = target_cpu()
-    except CpuSelectionError as exc:
-        pytest.skip(f"this CPU cannot run {cpu} code: {exc}")
-    if cpu is None and not (target.has("avx512vnni") and target.has("avx512vl")):
-        pytest.skip("the host has no AVX512-VNNI")
-    return target
+    """The CPU to compile for (`cpu`, or the host when None, which must have AVX512-VNNI)."""
+    return target_or_skip(cpu, monkeypatch, vnni_host=True)
 
 
 @pytest.mark.parametrize(("isa", "cpu"), PATHS)

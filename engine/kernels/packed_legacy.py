@@ -98,29 +98,29 @@ def _block(f: Fn, qname: str, isa: str, rec: str, i: str, toks, acc) -> None:
     for j, (aq, ad, s32, is_) in enumerate(toks):
         chain = "zeroinitializer"
         if offset:
-            chain = packed_matmul._splat16(
+            chain = packed_matmul.splat16(
                 f, "i32", f.op(f"mul i32 {_int_sum(f, is_, i)}, -{offset}")
             )
         group = packed_matmul.i16_group(u_max) if isa == "avx2" else 1
         acts = []
         for k, u in enumerate(units):
-            a = packed_matmul._act_dword(f, aq, f.op(f"add i64 {e_c}, {4 * k}", "o"))
+            a = packed_matmul.act_dword(f, aq, f.op(f"add i64 {e_c}, {4 * k}", "o"))
             if signs is not None:
                 na = f.op(f"sub {V64I8} zeroinitializer, {a}")
                 a = f.op(f"select <64 x i1> {signs[k]}, {V64I8} {na}, {V64I8} {a}", "sa")
             if group == 1:
-                chain = packed_matmul._dot(f, isa, u, a, chain)
+                chain = packed_matmul.dot(f, isa, u, a, chain)
             else:
                 acts.append(a)
-        if group > 1:  # AVX2: pmaddubsw sums added in i16 (packed_matmul._dot_half)
-            chain = packed_matmul._dots(f, units, acts, chain, group)
+        if group > 1:  # AVX2: pmaddubsw sums added in i16 (packed_matmul.dot_half)
+            chain = packed_matmul.dots(f, units, acts, chain, group)
         df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
         da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
-        sda = f.op(f"fmul {V16F} {d}, {packed_matmul._splat16(f, 'float', da)}", "sda")
-        acc[j] = packed_matmul._fma(f, df, sda, acc[j])
+        sda = f.op(f"fmul {V16F} {d}, {packed_matmul.splat16(f, 'float', da)}", "sda")
+        acc[j] = packed_matmul.fma(f, df, sda, acc[j])
         if m is not None:
             sm = f.load("float", f.op(f"getelementptr inbounds float, ptr {s32}, i64 {i}"), 4)
-            acc[j] = packed_matmul._fma(f, m, packed_matmul._splat16(f, "float", sm), acc[j])
+            acc[j] = packed_matmul.fma(f, m, packed_matmul.splat16(f, "float", sm), acc[j])
 
 
 def tile_function(qname: str, isa: str, ntok: int) -> str:

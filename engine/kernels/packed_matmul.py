@@ -51,18 +51,18 @@ V16I32 = "<16 x i32>"
 V16F = "<16 x float>"
 
 
-def _splat16(f: Fn, ty: str, x: str) -> str:
+def splat16(f: Fn, ty: str, x: str) -> str:
     ins = f.op(f"insertelement <16 x {ty}> poison, {ty} {x}, i32 0")
     return f.op(f"shufflevector <16 x {ty}> {ins}, <16 x {ty}> poison, {mask([0] * 16)}")
 
 
-def _act_dword(f: Fn, aq: str, e: str) -> str:
+def act_dword(f: Fn, aq: str, e: str) -> str:
     """Activation bytes e..e+3 broadcast to every lane, as <64 x i8>."""
     word = f.load("i32", f.gep(aq, e), 1, "aw")
-    return f.op(f"bitcast {V16I32} {_splat16(f, 'i32', word)} to {V64I8}", "ab")
+    return f.op(f"bitcast {V16I32} {splat16(f, 'i32', word)} to {V64I8}", "ab")
 
 
-def _dot(f: Fn, isa: str, u: str, a: str, acc: str) -> str:
+def dot(f: Fn, isa: str, u: str, a: str, acc: str) -> str:
     """<16 x i32>: acc + (lane i = sum of u[4i+k] * a[4i+k], k < 4), u unsigned (< 64), a
     signed. quant_matmul.udot512 keeps these lane semantics on VNNI and AVX2; its generic
     path sums lanes in another order (its callers only reduce them), so this one pairs
@@ -81,7 +81,7 @@ def _dot(f: Fn, isa: str, u: str, a: str, acc: str) -> str:
     return quad if acc == "zeroinitializer" else f.op(f"add {V16I32} {quad}, {acc}", "dot")
 
 
-def _fma(f: Fn, a: str, b: str, c: str) -> str:
+def fma(f: Fn, a: str, b: str, c: str) -> str:
     return f.op(f"call {V16F} @llvm.fma.v16f32({V16F} {a}, {V16F} {b}, {V16F} {c})", "acc")
 
 
@@ -153,14 +153,14 @@ def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
     e_c = f.op(f"shl i64 {i}, 5", "e")
     n_chains = _dot_chains(len(toks))
     for j, (aq, ad, s32, _is) in enumerate(toks):
-        acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(8)]
+        acts = [act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(8)]
         chain = _token_dots(f, isa, units, acts, "zeroinitializer", 15, n_chains)
         df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
         da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
-        sda = f.op(f"fmul {V16F} {s}, {_splat16(f, 'float', da)}", "sda")
-        acc[j] = _fma(f, df, sda, acc[j])
+        sda = f.op(f"fmul {V16F} {s}, {splat16(f, 'float', da)}", "sda")
+        acc[j] = fma(f, df, sda, acc[j])
         sm = f.load("float", f.op(f"getelementptr inbounds float, ptr {s32}, i64 {i}"), 4)
-        acc[j] = _fma(f, mneg, _splat16(f, "float", sm), acc[j])
+        acc[j] = fma(f, mneg, splat16(f, "float", sm), acc[j])
 
 
 def _chunk_q6_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
@@ -172,30 +172,30 @@ def _chunk_q6_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
     i16 = f.op(f"shl i64 {i}, 1", "o")
     for j, (aq, ad, _s32, is_) in enumerate(toks):
         da = f.load("float", f.op(f"getelementptr inbounds float, ptr {ad}, i64 {i}"), 4)
-        dab = _splat16(f, "float", da)
+        dab = splat16(f, "float", da)
         for h in (0, 1):
             isp = f.op(f"getelementptr inbounds i32, ptr {is_}, i64 {i16}")
             isum = f.load("i32", f.gep(isp, 4 * h), 4, "is")
-            start = _splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
-            acts = [_act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(4 * h, 4 * h + 4)]
+            start = splat16(f, "i32", f.op(f"mul i32 {isum}, -32"))
+            acts = [act_dword(f, aq, _at(f, e_c, 4 * k)) for k in range(4 * h, 4 * h + 4)]
             chain = _token_dots(f, isa, units[4 * h : 4 * h + 4], acts, start, 63, 1)
             df = f.op(f"sitofp {V16I32} {chain} to {V16F}", "df")
             sda = f.op(f"fmul {V16F} {scales[h]}, {dab}", "sda")
-            acc[j] = _fma(f, df, sda, acc[j])
+            acc[j] = fma(f, df, sda, acc[j])
 
 
 def _token_dots(
     f: Fn, isa: str, units: list[str], acts: list[str], start: str, u_max: int, n_chains: int
 ) -> str:
-    """<16 x i32>: start + the sum over k of _dot(units[k], acts[k]), units <= u_max. The one
-    place the ISAs differ in a chunk: AVX2 groups its pmaddubsw results in i16 (_dots); VNNI and
+    """<16 x i32>: start + the sum over k of dot(units[k], acts[k]), units <= u_max. The one
+    place the ISAs differ in a chunk: AVX2 groups its pmaddubsw results in i16 (dots); VNNI and
     generic run `n_chains` independent chains (_dot_chains) summed pairwise. Integer sums are
     exact in any order, so every path gives the same bits."""
     if isa == "avx2":
-        return _dots(f, units, acts, start, i16_group(u_max))
+        return dots(f, units, acts, start, i16_group(u_max))
     chains = [start] + ["zeroinitializer"] * (n_chains - 1)
     for k, (u, a) in enumerate(zip(units, acts, strict=True)):
-        chains[k % n_chains] = _dot(f, isa, u, a, chains[k % n_chains])
+        chains[k % n_chains] = dot(f, isa, u, a, chains[k % n_chains])
     return _sum_chains(f, chains)
 
 
@@ -221,7 +221,7 @@ def i16_group(u_max: int) -> int:
     return max(1, (2**15 - 1) // (2 * u_max * ACT_MAX))
 
 
-def _dot_half(f: Fn, units: list[str], acts: list[str], acc: str, group: int) -> str:
+def dot_half(f: Fn, units: list[str], acts: list[str], acc: str, group: int) -> str:
     """AVX2, one 8-row half (<32 x i8> units and activations): <8 x i32> acc + lane i = the
     sum over the units of their 4 products in lane i. Per `group` consecutive units (group =
     i16_group of the units' bound) the pmaddubsw pair sums are added in i16 and ONE pmaddwd
@@ -242,13 +242,13 @@ def _dot_half(f: Fn, units: list[str], acts: list[str], acc: str, group: int) ->
     return d if acc == "zeroinitializer" else f.op(f"add <8 x i32> {d}, {acc}", "dot")
 
 
-def _dots(f: Fn, units: list[str], acts: list[str], acc: str, group: int) -> str:
-    """AVX2: acc + sum over k of _dot(units[k], acts[k]), the same <16 x i32> lanes, each
-    32-byte half (rows 0-7, 8-15) through _dot_half. Only the AVX2 path calls this (VNNI's
+def dots(f: Fn, units: list[str], acts: list[str], acc: str, group: int) -> str:
+    """AVX2: acc + sum over k of dot(units[k], acts[k]), the same <16 x i32> lanes, each
+    32-byte half (rows 0-7, 8-15) through dot_half. Only the AVX2 path calls this (VNNI's
     one-instruction dots have nothing to merge; the generic path keeps its own)."""
     if group == 1:
         for u, a in zip(units, acts, strict=True):
-            acc = _dot(f, "avx2", u, a, acc)
+            acc = dot(f, "avx2", u, a, acc)
         return acc
     halves = []
     for h in (0, 1):
@@ -259,7 +259,7 @@ def _dots(f: Fn, units: list[str], acts: list[str], acc: str, group: int) -> str
         if acc != "zeroinitializer":
             sel8 = mask(range(8 * h, 8 * h + 8))
             acc_h = f.op(f"shufflevector {V16I32} {acc}, {V16I32} poison, {sel8}")
-        halves.append(_dot_half(f, uh, ah, acc_h, group))
+        halves.append(dot_half(f, uh, ah, acc_h, group))
     return f.op(
         f"shufflevector <8 x i32> {halves[0]}, <8 x i32> {halves[1]}, {mask(range(16))}", "dot"
     )
@@ -317,7 +317,9 @@ def tile_function(qname: str, isa: str, ntok: int) -> str:
     return close_tile(f, qname, ntok, acc_phi, acc, phi_at)
 
 
-def close_tile(f, qname: str, ntok: int, acc_phi: list[str], acc: list[str], phi_at: int) -> str:
+def close_tile(
+    f: Fn, qname: str, ntok: int, acc_phi: list[str], acc: list[str], phi_at: int
+) -> str:
     """Close a tile's record loop (the accumulators' phis go in at `phi_at`), store its 16 rows
     x ntok tokens (rows past `%valid` masked off) and return the tile function's IR; shared by
     the K-quant and legacy-quant tiles (packed_legacy.py)."""
@@ -329,7 +331,7 @@ def close_tile(f, qname: str, ntok: int, acc_phi: list[str], acc: list[str], phi
     f("br label %head")
     f.put_label("done")
     lane = f"<16 x i64> <{', '.join(f'i64 {i}' for i in range(16))}>"
-    keep = f.op(f"icmp ult {lane}, {_splat16(f, 'i64', '%valid')}", "keep")
+    keep = f.op(f"icmp ult {lane}, {splat16(f, 'i64', '%valid')}", "keep")
     for j in range(ntok):
         tj = f.op(f"add i64 %t, {j}")
         row0 = f.op(f"add i64 {f.op(f'mul i64 {tj}, %ostride')}, %col")
