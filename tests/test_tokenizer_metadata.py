@@ -167,3 +167,20 @@ def test_a_vocabulary_claiming_two_billion_tokens_is_refused_before_reading_them
     path.write_bytes(bytes(data))
     with pytest.raises(EngineError, match="tokenizer.ggml.tokens"):
         Tokenizer.from_gguf(open_gguf(path))
+
+
+def test_merges_naming_pieces_outside_the_vocabulary_are_skipped_and_the_rest_kept(tmp_path):
+    # "a zz": zz is not a token; "b a": both are, but "ba" is not. llama.cpp skips such merges;
+    # the valid ones after them must still apply ("ab" and "Ġa" stay single tokens).
+    kv = bpe_kv()
+    kv["tokenizer.ggml.merges"] = (["a zz", "b a", "a b", "Ġ a"], V.ARRAY, V.STRING)
+    tok = load(tmp_path, kv)
+    assert [tok.tokens[i] for i in tok.encode("ab a", add_special=False)] == ["ab", "Ġa"]
+    assert [tok.tokens[i] for i in tok.encode("ba", add_special=False)] == ["b", "a"]
+
+
+def test_a_merge_without_a_separating_space_is_a_typed_error_naming_it(tmp_path):
+    kv = bpe_kv()
+    kv["tokenizer.ggml.merges"] = (["a b", "ab"], V.ARRAY, V.STRING)
+    with pytest.raises(TokenizerError, match="merges entry 'ab' is not two pieces"):
+        load(tmp_path, kv)
