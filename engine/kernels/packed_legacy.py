@@ -51,11 +51,6 @@ def _vec_op(f: Fn, opname: str, v: str, k: int) -> str:
     return f.op(f"{opname} {V64I8} {v}, {splat(64, 'i8', k)}")
 
 
-def _f16_lanes(f: Fn, rec: str, at: int) -> str:
-    raw = f.load("<16 x half>", f.gep(rec, at), 2, "h")
-    return f.op(f"fpext <16 x half> {raw} to {V16F}", "hf")
-
-
 def _units_nibbles(f: Fn, qname: str, rec: str) -> list[str]:
     """The 8 unsigned unit vectors (values 0..31) of a Q4_x / Q5_x record."""
     packed = [f.load(V64I8, f.gep(rec, 64 * p), 1, "wq") for p in range(4)]
@@ -80,8 +75,8 @@ def _int_sum(f: Fn, is_: str, i: str) -> str:
 
 def _block(f: Fn, qname: str, isa: str, rec: str, i: str, toks, acc) -> None:
     """Values 32i..32i+31 of the record at rec, for every token of the tile."""
-    d = _f16_lanes(f, rec, _scale_at(qname))
-    m = _f16_lanes(f, rec, _scale_at(qname) + 32) if qname in _HAS_MIN else None
+    d = packed_matmul.f16_lanes(f, rec, _scale_at(qname))
+    m = packed_matmul.f16_lanes(f, rec, _scale_at(qname) + 32) if qname in _HAS_MIN else None
     if qname == "Q8_0":
         q = [f.load(V64I8, f.gep(rec, 64 * k), 1, "wq") for k in range(8)]
         if isa == "vnni":

@@ -142,10 +142,16 @@ def _sum_chains(f: Fn, chains: list[str]) -> str:
     return chains[0]
 
 
+def f16_lanes(f: Fn, rec: str, at: int) -> str:
+    """The record's 16 f16 values at byte `at` (a scale per row), as <16 x float>."""
+    raw = f.load("<16 x half>", f.gep(rec, at), 2, "h")
+    return f.op(f"fpext <16 x half> {raw} to {V16F}", "hf")
+
+
 def _chunk_q4_k(f: Fn, isa: str, rec: str, c: str, i: str, toks, acc) -> None:
     """Values 32c..32c+31 of the record at rec (i = the chunk's index over the whole row)."""
-    d = f.load(V16F, f.gep(rec, 2304), 4, "d")
-    dmin = f.load(V16F, f.gep(rec, 2368), 4, "dmin")
+    d = f16_lanes(f, rec, 2304)
+    dmin = f16_lanes(f, rec, 2336)
     c16 = f.op(f"shl i64 {c}, 4", "o")
     s = _byte_scales(f, rec, _at(f, c16, 2048), False, d)
     mneg = f.op(f"fneg {V16F} {_byte_scales(f, rec, _at(f, c16, 2176), False, dmin)}", "mn")

@@ -8,13 +8,13 @@ of 16 consecutive rows, laid out for `vpdpbusd` with a broadcast activation dwor
 advances 16 row accumulators by 4 products each and no lane is ever reduced (the llama.cpp
 "repack" idea, engine/kernels/packed_matmul.py streams it). The scales are pre-decoded:
 
-  Q4_K record (2432 bytes, 152 per row; the GGUF block is 144):
+  Q4_K record (2368 bytes, 148 per row; the GGUF block is 144):
     [0, 2048)     8 sub-blocks x 4 vectors x 64 bytes: vector p of sub-block j holds unit p in
                   its low nibbles and unit p + 4 in its high nibbles (unit k = values 4k..4k+3
                   of the sub-block, lane i = row i)
     [2048, 2176)  scale (6 bits, u8) [sub-block][row]
     [2176, 2304)  min (6 bits, u8) [sub-block][row]
-    [2304, 2368)  d (f32) [row];  [2368, 2432) dmin (f32) [row]
+    [2304, 2336)  d (f16) [row];  [2336, 2368) dmin (f16) [row]
   Q6_K record (3392 bytes, 212 per row; the GGUF block is 210):
     [0, 3072)     8 chunks of 32 values x 384 bytes: 4 vectors of low nibbles (unit p low,
                   unit p + 4 high), then 2 vectors of high 2-bit pairs (vector q holds units
@@ -22,11 +22,17 @@ advances 16 row accumulators by 4 products each and no lane is ever reduced (the
     [3072, 3328)  scale (i8) [16-value group][row]
     [3328, 3392)  d (f32) [row]
 
+Q4_K's super-block scales stay f16, as in the file, and the kernel converts 16 at a time (one
+vcvtph2ps): f32 copies cost 4 bytes per row, ~87 MB of a 7B model's memory for no accuracy
+(the conversion is exact either way). Q6_K's d stays f32: as f16 its record would be 3360
+bytes, not a whole number of 64-byte lines, so every other record's vector loads would split
+cache lines, for 2 bytes a row.
+
 The legacy types' records hold one 32-value block of 16 rows (their rows are whole 32-value
 blocks, not always whole 256-value super-blocks: SmolLM2's 576 and gemma-3's 640 columns), the
 same bytes per row as the GGUF block; unit k = values 4k..4k+3 of the block, lane i = row i, and
-the f16 scales are kept as f16 (converted 16 at a time by the kernel, which saves the bandwidth
-f32 scales would cost: a tenth of a Q4_0 record):
+the f16 scales are kept as f16 here too (f32 would also cost bandwidth: a tenth of a Q4_0
+record):
 
   Q4_0 (288 bytes), Q4_1 (320):  [0, 256) 4 vectors: vector p holds unit p in its low nibbles
                   and unit p + 4 in its high nibbles (lane i = bytes 4p..4p+3 of row i's qs);
@@ -62,7 +68,7 @@ from engine.qtensor import QTensor
 
 GROUP_ROWS = 16  # rows per record: one 512-bit vector of i32 lanes
 BLOCK = 256
-RECORD_BYTES = {"Q4_K": 2432, "Q6_K": 3392}
+RECORD_BYTES = {"Q4_K": 2368, "Q6_K": 3392}
 SOURCE_BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
 # The legacy types: one record per 32-value block of 16 rows (same bytes per row as the file).
 LEGACY_BLOCK = 32
@@ -179,8 +185,13 @@ def _per_row(a: np.ndarray, g: int) -> np.ndarray:
     )
 
 
+def _half(scale: np.ndarray) -> np.ndarray:
+    """A super-block scale read from the file's f16, back to f16 (exact) with a trailing axis."""
+    return scale.astype(np.float16)[..., None]
+
+
 def _records_q4_k(blocks: np.ndarray) -> np.ndarray:
-    """uint8 [g*16, nb, 144] -> records uint8 [g, nb, 2432]."""
+    """uint8 [g*16, nb, 144] -> records uint8 [g, nb, 2368]."""
     q, sc, m, d, dmin = _q4_k_fields(blocks)
     g, nb = blocks.shape[0] // GROUP_ROWS, blocks.shape[1]
     units = _lanes(q, g)  # [g, nb, c, k, i]
@@ -189,8 +200,8 @@ def _records_q4_k(blocks: np.ndarray) -> np.ndarray:
     rec[..., :2048] = packed.reshape(g, nb, 512).view(np.uint8)
     rec[..., 2048:2176] = _per_row(sc, g)
     rec[..., 2176:2304] = _per_row(m, g)
-    rec[..., 2304:2368] = _per_row(d[..., None], g).view(np.uint8)
-    rec[..., 2368:2432] = _per_row(dmin[..., None], g).view(np.uint8)
+    rec[..., 2304:2336] = _per_row(_half(d), g).view(np.uint8)
+    rec[..., 2336:2368] = _per_row(_half(dmin), g).view(np.uint8)
     return rec
 
 
@@ -362,6 +373,10 @@ def _dequantize_legacy(p: PackedWeight) -> np.ndarray:
     return vals
 
 
+def _f16_field(raw: np.ndarray) -> np.ndarray:
+    return raw.copy().view(np.float16).astype(np.float32)
+
+
 def dequantize_records(p: PackedWeight) -> np.ndarray:
     """float32 [rows, cols] from the records alone, by the layout in the module docstring."""
     g, nb = p.data.shape[:2]
@@ -374,8 +389,8 @@ def dequantize_records(p: PackedWeight) -> np.ndarray:
         units = np.concatenate([packed & 15, packed >> 4], axis=3)  # [g,nb,c,k,i,e]
         sc = rec[..., 2048:2176].reshape(g, nb, 8, GROUP_ROWS).astype(np.float32)
         m = rec[..., 2176:2304].reshape(g, nb, 8, GROUP_ROWS).astype(np.float32)
-        d = rec[..., 2304:2368].copy().view(np.float32).reshape(g, nb, 1, GROUP_ROWS)
-        dmin = rec[..., 2368:2432].copy().view(np.float32).reshape(g, nb, 1, GROUP_ROWS)
+        d = _f16_field(rec[..., 2304:2336]).reshape(g, nb, 1, GROUP_ROWS)
+        dmin = _f16_field(rec[..., 2336:2368]).reshape(g, nb, 1, GROUP_ROWS)
         vals = units.astype(np.float32) * (d * sc)[:, :, :, None, :, None]
         vals -= (dmin * m)[:, :, :, None, :, None]
     else:

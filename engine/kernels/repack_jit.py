@@ -82,6 +82,10 @@ def _bits(f: Fn, word: str, shr: int, keep: int, shl: int) -> str:
     return f.op(f"shl i32 {x}, {shl}") if shl else x
 
 
+def _copy_half(f: Fn, src: str, dst: str) -> None:
+    f(f"store i16 {f.load('i16', src, 1, 'h')}, ptr {dst}, align 1")
+
+
 def _row_q4_k(f: Fn, blk: str, rec: str, i: str) -> None:
     lane = f.gep(rec, f.op(f"shl i64 {i}, 2"))
     qs = f.load(_vec(32), f.gep(blk, 16))  # 32-byte run j: sub-blocks 2j (low), 2j + 1 (high)
@@ -103,9 +107,9 @@ def _row_q4_k(f: Fn, blk: str, rec: str, i: str) -> None:
     col = f.gep(rec, i)
     for word, base in ((sc_lo, 2048), (sc_hi, 2048 + 64), (m_lo, 2176), (m_hi, 2176 + 64)):
         _store_bytes(f, word, col, [base + GROUP_ROWS * e for e in range(4)])
-    for src, dst in ((0, 2304), (2, 2368)):
-        d = f.half_to_float(f.gep(blk, src))
-        f(f"store float {d}, ptr {f.gep(lane, dst)}, align 1")
+    half_lane = f.gep(rec, f.op(f"shl i64 {i}, 1"))
+    for src, dst in ((0, 2304), (2, 2336)):  # d, dmin: the file's f16, copied
+        _copy_half(f, f.gep(blk, src), f.gep(half_lane, dst))
 
 
 def _row_q6_k(f: Fn, blk: str, rec: str, i: str) -> None:
