@@ -130,11 +130,11 @@ def _u32(a: np.ndarray) -> np.ndarray:
 
 def _q4_k_fields(blocks: np.ndarray):
     """uint8 [r, nb, 144] -> (q as u32 [r, nb, 8 chunks, 8 units] of 4 nibble values,
-    sc u8 [r, nb, 8], m u8 [r, nb, 8], d, dmin)."""
+    sc u8 [r, nb, 8], m u8 [r, nb, 8], d f16, dmin f16: the records keep the file's f16)."""
     lead = blocks.shape[:-1]
     # d and dmin in one conversion, the 12 scale bytes as 3 u32 (4 sub-blocks each): numpy's
     # per-element overhead on the blocks' short strided byte fields was most of the repack.
-    dd = np.ascontiguousarray(blocks[..., 0:4]).view(np.float16).astype(np.float32)
+    dd = np.ascontiguousarray(blocks[..., 0:4]).view(np.float16)
     d, dmin = dd[..., 0], dd[..., 1]
     s = _u32(blocks[..., 4:16])  # [r, nb, 3]: scale bytes 0-3, 4-7, 8-11
     a, b, c = s[..., 0], s[..., 1], s[..., 2]
@@ -185,11 +185,6 @@ def _per_row(a: np.ndarray, g: int) -> np.ndarray:
     )
 
 
-def _half(scale: np.ndarray) -> np.ndarray:
-    """A super-block scale read from the file's f16, back to f16 (exact) with a trailing axis."""
-    return scale.astype(np.float16)[..., None]
-
-
 def _records_q4_k(blocks: np.ndarray) -> np.ndarray:
     """uint8 [g*16, nb, 144] -> records uint8 [g, nb, 2368]."""
     q, sc, m, d, dmin = _q4_k_fields(blocks)
@@ -200,8 +195,8 @@ def _records_q4_k(blocks: np.ndarray) -> np.ndarray:
     rec[..., :2048] = packed.reshape(g, nb, 512).view(np.uint8)
     rec[..., 2048:2176] = _per_row(sc, g)
     rec[..., 2176:2304] = _per_row(m, g)
-    rec[..., 2304:2336] = _per_row(_half(d), g).view(np.uint8)
-    rec[..., 2336:2368] = _per_row(_half(dmin), g).view(np.uint8)
+    rec[..., 2304:2336] = _per_row(d[..., None], g).view(np.uint8)
+    rec[..., 2336:2368] = _per_row(dmin[..., None], g).view(np.uint8)
     return rec
 
 
@@ -363,18 +358,16 @@ def _dequantize_legacy(p: PackedWeight) -> np.ndarray:
         if p.qname in ("Q4_0", "Q5_0"):
             q -= 8.0 if p.qname == "Q4_0" else 16.0
 
-    def f16_row(offset: int) -> np.ndarray:
-        raw = np.ascontiguousarray(rec[..., offset : offset + 32]).view(np.float16)
-        return raw.astype(np.float32).reshape(g, nb, 1, GROUP_ROWS, 1)
-
-    vals = f16_row(at) * q
+    shape = (g, nb, 1, GROUP_ROWS, 1)
+    vals = _f16_lanes(rec, at).reshape(shape) * q
     if p.qname in ("Q4_1", "Q5_1"):
-        vals = vals + f16_row(at + 32)
+        vals = vals + _f16_lanes(rec, at + 32).reshape(shape)
     return vals
 
 
-def _f16_field(raw: np.ndarray) -> np.ndarray:
-    return raw.copy().view(np.float16).astype(np.float32)
+def _f16_lanes(rec: np.ndarray, at: int) -> np.ndarray:
+    """float32 [g, nb, 16]: the records' 16 f16 values (one per row) at byte `at`."""
+    return np.ascontiguousarray(rec[..., at : at + 32]).view(np.float16).astype(np.float32)
 
 
 def dequantize_records(p: PackedWeight) -> np.ndarray:
@@ -389,8 +382,8 @@ def dequantize_records(p: PackedWeight) -> np.ndarray:
         units = np.concatenate([packed & 15, packed >> 4], axis=3)  # [g,nb,c,k,i,e]
         sc = rec[..., 2048:2176].reshape(g, nb, 8, GROUP_ROWS).astype(np.float32)
         m = rec[..., 2176:2304].reshape(g, nb, 8, GROUP_ROWS).astype(np.float32)
-        d = _f16_field(rec[..., 2304:2336]).reshape(g, nb, 1, GROUP_ROWS)
-        dmin = _f16_field(rec[..., 2336:2368]).reshape(g, nb, 1, GROUP_ROWS)
+        d = _f16_lanes(rec, 2304).reshape(g, nb, 1, GROUP_ROWS)
+        dmin = _f16_lanes(rec, 2336).reshape(g, nb, 1, GROUP_ROWS)
         vals = units.astype(np.float32) * (d * sc)[:, :, :, None, :, None]
         vals -= (dmin * m)[:, :, :, None, :, None]
     else:
