@@ -57,12 +57,14 @@ def dominant_quant(gguf_file) -> str:
 
 
 def load_line(lm: LanguageModel) -> str:
-    """`loaded NAME (ARCH, QUANT), KV cache TYPE: KERNELS` for stderr after a model load."""
+    """`loaded NAME (ARCH, QUANT), KV cache TYPE: KERNELS[; weights RECORDS]` for stderr after a
+    model load (RECORDS: repacked, or mapped from the record cache; engine/kernels/record_cache.py)."""
     name = lm.gguf.metadata.get("general.name") or Path(str(lm.path)).name
     kv = getattr(getattr(lm, "model", None), "cache_type", "f16")  # stand-ins: the default
+    records = getattr(getattr(lm, "records", None), "status", "")
     return (
         f"loaded {name} ({lm.gguf.arch}, {dominant_quant(lm.gguf)}), KV cache {kv}: "
-        f"{kernel_path(lm.backend)}"
+        f"{kernel_path(lm.backend)}" + (f"; weights {records}" if records else "")
     )
 
 

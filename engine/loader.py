@@ -25,6 +25,7 @@ from engine.weight_prefetch import start_prefetch
 if TYPE_CHECKING:
     from engine.chat_template import ChatTemplate
     from engine.kernels.backend import Backend
+    from engine.kernels.record_cache import RecordCacheUse
     from engine.models.transformer import TransformerModel
     from engine.tokenizer import Tokenizer
 
@@ -43,6 +44,8 @@ class LoadedModel:
     backend: Backend
     # the thread mapping the weight pages in (engine/weight_prefetch.py); it ends by itself
     prefetch: threading.Thread | None = None
+    # where the repacked weight records come from (engine/kernels/record_cache.py)
+    records: RecordCacheUse | None = None
 
     @property
     def name(self) -> str:
@@ -52,6 +55,8 @@ class LoadedModel:
         """Stop the backend's worker threads (when it has any). The app calls this when it
         switches models; the memory map closes when the last reference goes. Waits for a
         forward chunk another thread is running (the pool must not stop under it)."""
+        if self.records is not None:
+            self.records.close()
         close = getattr(self.backend, "close", None)
         if close is None:
             return
@@ -127,6 +132,7 @@ def load_model(
         report("preparing weights", 0.9)
         model = build_model(gguf_file, config, backend)
         model.cache_type = kv_type
+        records = _attach_records(gguf_file, model, backend)
         report("tokenizer", 0.95)
         loaded = LoadedModel(
             path=path,
@@ -135,6 +141,7 @@ def load_model(
             model=model,
             n_ctx=n_ctx,
             backend=backend,
+            records=records,
         )
         loaded.__dict__["tokenizer"] = tokenizer.result()  # the cached_property's slot
     loaded.prefetch = prefetch.result()
@@ -142,6 +149,15 @@ def load_model(
     _return_freed_heap()
     report("ready", 1.0)
     return loaded
+
+
+def _attach_records(gguf_file: GGUFFile, model: TransformerModel, backend: Backend):
+    """Map the weights the backend repacks from the record cache, or have them written there
+    as they are repacked (engine/kernels/record_cache.py)."""
+    from engine.kernels import record_cache
+
+    weights = [w for w in model.matrices() if backend.copies_weight(w)]
+    return record_cache.attach(gguf_file, weights)
 
 
 def _build_tokenizer(gguf_file: GGUFFile) -> Tokenizer:

@@ -10,7 +10,7 @@ reading from disk whatever the page cache lacks, in large sequential requests), 
 goes on building the tokenizer and the kernel library on the main thread. The call releases the
 GIL (ctypes), so it overlaps the load's Python work.
 
-Only the tensors the first token reads from the file are prefetched:
+Only the matrices the first token reads from the file are prefetched:
 - with an untied output projection the embedding matrix is read one row per prompt token, so its
   pages are left to fault in as used (on a 7B Q4_K_M file, 300 MB that would otherwise be
   resident for nothing);
@@ -46,11 +46,18 @@ UNTIED_OUTPUT = "output.weight"
 def first_token_tensors(
     tensors: dict[str, QTensor], copied: Callable[[QTensor], bool] = lambda t: False
 ) -> list[QTensor]:
-    """Every tensor but an embedding matrix that the output projection does not share, and but
-    those `copied` says the backend reads once into its own layout (Backend.copies_weight)."""
+    """Every matrix but an embedding that the output projection does not share, and but those
+    `copied` says the backend reads once into its own layout (Backend.copies_weight). Vectors
+    (norms, biases, RoPE factors) are left out too: the model converts them to float32 while it
+    loads and never reads the file's copy again. Mapping their pages now would also map whole
+    2 MiB page-cache folios around them (the kernel maps a large folio with one huge-page entry):
+    ~250 MB of a 7B's repacked matrices, resident for nothing when the records come from the
+    record cache."""
     untied = UNTIED_OUTPUT in tensors
     return [
-        t for name, t in tensors.items() if not (untied and name == EMBEDDING) and not copied(t)
+        t
+        for name, t in tensors.items()
+        if len(t.shape) > 1 and not (untied and name == EMBEDDING) and not copied(t)
     ]
 
 

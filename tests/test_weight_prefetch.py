@@ -90,9 +90,10 @@ def test_a_tied_embedding_is_prefetched(tmp_path):
     path = write_tiny_model(tmp_path / "tied.gguf", "llama", tie_embeddings=True)
     g = open_gguf(path)
     assert "output.weight" not in g.tensors
-    assert first_token_tensors(g.tensors) == list(g.tensors.values())
+    matrices = [t for t in g.tensors.values() if len(t.shape) == 2]
+    assert first_token_tensors(g.tensors) == matrices  # vectors are float32 copies after a load
     prefetch(first_token_tensors(g.tensors))
-    assert mapped_rss_bytes(path) >= sum(t.nbytes for t in g.tensors.values())
+    assert mapped_rss_bytes(path) >= sum(t.nbytes for t in matrices)
 
 
 def test_page_ranges_merge_adjacent_tensors_and_cover_every_byte(untied_model):

@@ -407,12 +407,37 @@ _lock = threading.Lock()
 _packed: weakref.WeakKeyDictionary[QTensor, PackedWeight] = weakref.WeakKeyDictionary()
 
 
+# Called once with a weight's records when they are made (record_cache.py writes them to disk).
+_on_packed: weakref.WeakKeyDictionary[QTensor, Callable[[PackedWeight], None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def packed_for(w: QTensor, fill: RecordFiller | None = None) -> PackedWeight:
     """The process's repacked copy of `w` (every backend over the same weights shares it), made
-    by `fill` where given (a compiled repack), else by numpy."""
+    by `fill` where given (a compiled repack), else by numpy, or the records `adopt` gave."""
     with _lock:
         hit = _packed.get(w)
         if hit is None:
             hit = _packed[w] = repack(w, release=True, fill=fill)
             release_file_pages(w.data)  # the pages that straddled two passes
+            listener = _on_packed.pop(w, None)
+            if listener is not None:
+                listener(hit)
         return hit
+
+
+def adopt(w: QTensor, records: np.ndarray) -> None:
+    """Use `records` (made earlier, e.g. mapped from the record cache) as w's repacked copy."""
+    groups, blocks, size = records.shape
+    expected = (-(-w.rows // GROUP_ROWS), w.cols // block_values(w.qtype.name))
+    if (groups, blocks) != expected or size != record_bytes(w.qtype.name):
+        raise ValueError(f"{w.name}: records of shape {records.shape} do not fit the weight")
+    with _lock:
+        _packed[w] = PackedWeight(w.qtype.name, w.rows, w.cols, records)
+
+
+def on_packed(w: QTensor, listener: Callable[[PackedWeight], None]) -> None:
+    """Call listener(records) once, when w's records are made (not if they are adopted)."""
+    with _lock:
+        _on_packed[w] = listener

@@ -174,6 +174,21 @@ class TransformerModel:
         # Guards _state and the backend's shared buffers; held for one chunk at a time.
         self.forward_lock = threading.Lock()
 
+    def matrices(self) -> list[QTensor]:
+        """Every weight a forward pass multiplies by, once each, in the order a forward pass
+        first uses them (the record cache lays its file out in this order)."""
+        out: dict[int, QTensor] = {}
+        for layer in self.layers:
+            ws: list[QTensor | None] = [layer.attn_q, layer.attn_k, layer.attn_v, layer.attn_output]
+            ws += [layer.ffn_gate_inp, layer.ffn_gate, layer.ffn_up, layer.ffn_down]
+            for expert in layer.experts or ():
+                ws += expert
+            for w in ws:
+                if w is not None:
+                    out.setdefault(id(w), w)
+        out.setdefault(id(self.output), self.output)
+        return list(out.values())
+
     def _load_layer(self, tensors: dict[str, QTensor], i: int) -> Layer:
         cfg = self.config
         p = f"blk.{i}."
