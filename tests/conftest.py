@@ -20,6 +20,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # graph nodes by default: measured on SmolLM2 with --n_threads 1, a 40-token prompt cost 4.8-6.9 s
 # of CPU spinning and 0.29 s with passive waiting (the same tokens; only the waiting changes).
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# No record cache (engine/kernels/record_cache.py) unless a test asks for one in its own tmp_path:
+# a test run must not fill the user's cache directory with repacked copies of the 1.1 GB model,
+# nor spend its disk writes on them.
+os.environ["LOCALCHAT_RECORD_CACHE"] = "0"
 
 import pytest
 
