@@ -206,7 +206,7 @@ class RecordCacheWriter:
         self.done = threading.Event()
         self.ok = False
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             end = max((e.offset + e.nbytes for e in entries), default=ALIGN)
             os.ftruncate(self._fd, end)  # sparse: the alignment gaps take no disk
