@@ -108,13 +108,14 @@ def layout(weights: Iterable[QTensor]) -> list[Entry]:
 
 
 def _probe_records() -> bytes:
-    """The records numpy's repack makes of a fixed 16-row weight of every record type: the key
-    changes with any change to the layout (a bumped version number could be forgotten)."""
+    """The records numpy's repack makes of a fixed weight of every record type (two blocks
+    wide, one row more than a group, so block order and padding show too): the key changes
+    with any change to the layout (a bumped version number could be forgotten)."""
     rng = np.random.default_rng(1234)
     out = []
     for qname in sorted({**repack.RECORD_BYTES, **repack.LEGACY_RECORD_BYTES}):
-        rows, cols = repack.GROUP_ROWS, repack.block_values(qname)
-        data = rng.integers(0, 256, (rows, repack.source_block_bytes(qname)), dtype=np.uint8)
+        rows, cols = repack.GROUP_ROWS + 1, 2 * repack.block_values(qname)
+        data = rng.integers(0, 256, (rows, 2 * repack.source_block_bytes(qname)), dtype=np.uint8)
         w = QTensor(f"probe.{qname}", GGMLQuantizationType[qname], (rows, cols), data)
         out.append(repack.repack(w).data.tobytes())
     return b"".join(out)
