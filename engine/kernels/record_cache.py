@@ -16,7 +16,9 @@ so a change to the record layout can never map stale records.
 
 The file is written beside the first load, on a thread, as each weight is repacked: records
 are written at offsets fixed from the header alone, then the index, then fsync and an atomic
-rename, so a reader sees no file or a complete one. Models whose records total less than
+rename, so a reader sees no file or a complete one. (A mixture-of-experts model repacks an expert
+when a token is first routed to it, so its file is written only once every expert has been used
+in one process; until then each load repacks what it uses.) Models whose records total less than
 MIN_CACHED_BYTES are not cached (they repack in a fraction of a second); the directory is held
 under MAX_CACHE_BYTES by removing the least recently used files, and a write that would leave
 the disk with less than MIN_FREE_BYTES is not started. Every failure here is a cache miss that
