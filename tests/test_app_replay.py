@@ -113,11 +113,18 @@ class StopsAfter(CancelToken):
 
 
 def test_a_stopped_replay_gives_no_verdict(smollm2):
-    request = GenerationRequest(
-        messages=({"role": "user", "content": "Count to twenty."},),
-        overrides={**SAMPLED, "max_new_tokens": 20},
-    )
-    finished = list(generate(smollm2, request))[-1]
+    # The reply must run to its 20-token cap so the Stop lands mid-replay; an unseeded sampled
+    # reply sometimes ended after 4 tokens and the replay finished before the Stop. So: the
+    # first of a few fixed seeds whose reply reaches the cap.
+    for seed in range(10):
+        request = GenerationRequest(
+            messages=({"role": "user", "content": "Count to twenty."},),
+            overrides={**SAMPLED, "max_new_tokens": 20, "seed": seed},
+        )
+        finished = list(generate(smollm2, request))[-1]
+        if len(finished.token_ids) == 20:
+            break
+    assert len(finished.token_ids) == 20, "no seed gave a reply that reached its cap"
     receipt = build_receipt(smollm2, request, finished, "0" * 64)
     report = replay(smollm2, receipt, [], "0" * 64, StopsAfter(400))
     assert report.stopped and not report.identical and report.divergence is None
