@@ -139,7 +139,9 @@ def test_a_damaged_cache_file_is_a_miss_and_is_written_again(tmp_path, cache_dir
     assert status.startswith("records mapped from the cache")
 
 
-def test_a_model_file_rewritten_in_place_never_maps_the_old_records(tmp_path, cache_dir):
+def test_a_model_file_rewritten_in_place_never_maps_the_old_records(
+    tmp_path, cache_dir, monkeypatch
+):
     path = tiny(tmp_path, seed=0)
     load_and_run(path)
     stat = path.stat()
@@ -152,16 +154,12 @@ def test_a_model_file_rewritten_in_place_never_maps_the_old_records(tmp_path, ca
     with load_model(path, n_ctx=32, n_threads=1) as lm:
         assert lm.records.status == "repacked; writing the record cache"
         expected = logits(lm)
-    monkeypatch_off = pytest.MonkeyPatch()
-    monkeypatch_off.setenv(record_cache.RECORD_CACHE_ENV, "0")
-    try:
-        with load_model(path, n_ctx=32, n_threads=1) as fresh:
-            np.testing.assert_array_equal(logits(fresh), expected)
-    finally:
-        monkeypatch_off.undo()
+    monkeypatch.setenv(record_cache.RECORD_CACHE_ENV, "0")
+    with load_model(path, n_ctx=32, n_threads=1) as fresh:
+        np.testing.assert_array_equal(logits(fresh), expected)
 
 
-def test_the_key_follows_the_record_layout(tmp_path, monkeypatch):
+def test_the_key_follows_the_record_layout(tmp_path, monkeypatch, request):
     # A change to how records are laid out must change the key, without anyone bumping a
     # version: the key holds the records of a probe weight of every type.
     path = tiny(tmp_path)
@@ -174,7 +172,8 @@ def test_the_key_follows_the_record_layout(tmp_path, monkeypatch):
     before = record_cache.cache_key(path, offsets, entries)
     original = repack._RECORDS["Q8_0"]
     monkeypatch.setitem(repack._RECORDS, "Q8_0", lambda blocks: original(blocks)[..., ::-1])
-    monkeypatch.setattr(record_cache, "_probe_cache", [])
+    record_cache._probe.cache_clear()
+    request.addfinalizer(record_cache._probe.cache_clear)  # no altered probe for later tests
     assert record_cache.cache_key(path, offsets, entries) != before
 
 

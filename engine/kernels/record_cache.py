@@ -14,9 +14,10 @@ packed tensor, read with pread so no mapping is touched), the list of packed ten
 shapes and types, and the records numpy's repack makes of a fixed probe weight of every type,
 so a change to the record layout can never map stale records.
 
-The file is written beside the first load, on a thread, as each weight is repacked: records
-are written at offsets fixed from the header alone, then the index, then fsync and an atomic
-rename, so a reader sees no file or a complete one. (A mixture-of-experts model repacks an expert
+The file is written beside the first load, on a thread, once every weight has been repacked
+(during the first forward pass; writing earlier stalled it): records at offsets fixed from the
+header alone, then the index, then fsync and an atomic rename, so a reader sees no file or a
+complete one. (A mixture-of-experts model repacks an expert
 when a token is first routed to it, so its file is written only once every expert has been used
 in one process; until then each load repacks what it uses.) Models whose records total less than
 MIN_CACHED_BYTES are not cached (they repack in a fraction of a second); the directory is held
@@ -24,14 +25,15 @@ under MAX_CACHE_BYTES by removing the least recently used files, and a write tha
 the disk with less than MIN_FREE_BYTES is not started. Every failure here is a cache miss that
 is logged, never a failed load: the weights are repacked as without a cache.
 
-LOCALCHAT_RECORD_CACHE=0 turns the cache off; any other value names its directory (default:
-`platformdirs.user_cache_dir("LocalChat")/records`).
+LOCALCHAT_RECORD_CACHE=0 turns the cache off; unset or 1 is the default directory
+(`platformdirs.user_cache_dir("LocalChat")/records`); any other value names the directory.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -97,13 +99,7 @@ def layout(weights: Iterable[QTensor]) -> list[Entry]:
     entries = []
     at = ALIGN
     for w in weights:
-        qname = w.qtype.name
-        shape = (
-            -(-w.rows // repack.GROUP_ROWS),
-            w.cols // repack.block_values(qname),
-            repack.record_bytes(qname),
-        )
-        entry = Entry(w.name, qname, shape, at)
+        entry = Entry(w.name, w.qtype.name, repack.record_shape(w), at)
         entries.append(entry)
         at += -(-entry.nbytes // ALIGN) * ALIGN
     return entries
@@ -123,13 +119,9 @@ def _probe_records() -> bytes:
     return b"".join(out)
 
 
-_probe_cache: list[bytes] = []
-
-
+@functools.cache
 def _probe() -> bytes:
-    if not _probe_cache:
-        _probe_cache.append(_probe_records())
-    return _probe_cache[0]
+    return _probe_records()
 
 
 def cache_key(path: Path, offsets: dict[str, int], entries: list[Entry]) -> str:
@@ -148,10 +140,17 @@ def cache_key(path: Path, offsets: dict[str, int], entries: list[Entry]) -> str:
     return h.hexdigest()
 
 
+def _index_body(key: str, entries: list[Entry]) -> dict:
+    """The index as JSON data: what a writer stores and a reader must find."""
+    return {"key": key, "entries": [[e.name, e.qname, list(e.shape), e.offset] for e in entries]}
+
+
+def _file_end(entries: list[Entry]) -> int:
+    return max((e.offset + e.nbytes for e in entries), default=ALIGN)
+
+
 def _index(key: str, entries: list[Entry]) -> bytes:
-    body = json.dumps(
-        {"key": key, "entries": [[e.name, e.qname, list(e.shape), e.offset] for e in entries]}
-    ).encode()
+    body = json.dumps(_index_body(key, entries)).encode()
     index = FORMAT + len(body).to_bytes(8, "little") + body
     if len(index) > ALIGN:
         raise ValueError("record index larger than its 2 MiB slot")
@@ -177,13 +176,9 @@ def map_records(path: Path, key: str, entries: list[Entry]) -> dict[str, np.ndar
             index = json.loads(fh.read(length))
         except ValueError as exc:
             raise CacheMismatch(f"unreadable index: {exc}") from None
-        expected = {
-            "key": key,
-            "entries": [[e.name, e.qname, list(e.shape), e.offset] for e in entries],
-        }
-        if index != expected:
+        if index != _index_body(key, entries):
             raise CacheMismatch("index does not match the model's records")
-        end = max((e.offset + e.nbytes for e in entries), default=ALIGN)
+        end = _file_end(entries)
         if size < end:
             raise CacheMismatch(f"truncated: {size} bytes, the records end at {end}")
         mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
@@ -194,15 +189,15 @@ def map_records(path: Path, key: str, entries: list[Entry]) -> dict[str, np.ndar
 
 
 class RecordCacheWriter:
-    """Writes a model's records to a temporary file as they are repacked (add), on one thread;
-    when the last one is written, the index, fsync and the rename to the final name. On any
-    OSError the temporary file is removed and the rest ignored (logged once)."""
+    """Collects a model's records as they are repacked (add) and, once the last has arrived,
+    writes them to a temporary file on its own thread, then the index, fsync and the rename to
+    the final name. On any OSError the temporary file is removed and the rest ignored (logged
+    once)."""
 
     def __init__(self, path: Path, key: str, entries: list[Entry]):
         self.path = path
         self._key = key
         self._entries = {e.name: e for e in entries}
-        self._pending = set(self._entries)
         self._tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         self._queue: queue.SimpleQueue[tuple[str, np.ndarray] | None] = queue.SimpleQueue()
         self._added: set[str] = set()
@@ -211,8 +206,7 @@ class RecordCacheWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            end = max((e.offset + e.nbytes for e in entries), default=ALIGN)
-            os.ftruncate(self._fd, end)  # sparse: the alignment gaps take no disk
+            os.ftruncate(self._fd, _file_end(entries))  # sparse: the alignment gaps take no disk
         except OSError:
             self._abandon()
             raise
@@ -248,17 +242,15 @@ class RecordCacheWriter:
             # 2 cores, at the lowest priority even: 6.0 s instead of 4.4 s). After it, the copy
             # overlaps the decoding of the next tokens instead.
             arrived: dict[str, np.ndarray] = {}
-            while self._pending:
+            while len(arrived) < len(self._entries):
                 item = self._queue.get()
                 if item is None:
                     self._abandon()
                     return
                 name, records = item
                 entry = self._entries.get(name)
-                if entry is None or name not in self._pending or records.shape != entry.shape:
-                    continue
-                arrived[name] = records
-                self._pending.discard(name)
+                if entry is not None and records.shape == entry.shape:
+                    arrived[name] = records
             for name, records in arrived.items():
                 flat = np.ascontiguousarray(records).reshape(-1)
                 self._write(memoryview(flat.data), self._entries[name].offset)
@@ -295,10 +287,10 @@ class RecordCacheWriter:
 
 
 def _lower_priority() -> None:
-    """Run this thread at the lowest CPU priority (Linux: nice is per thread): the copy into
-    the page cache then takes the cores only when the first forward pass (the repack beside
-    which the records arrive) leaves them idle. Measured on the 7B with 2 cores: the first
-    load's time to first token was 1.6 s longer than without a cache at normal priority."""
+    """Run this thread at the lowest CPU priority (Linux: nice is per thread), so the copy into
+    the page cache yields the cores to the decoding it overlaps. (It did not save the first
+    token when the copy overlapped the first forward pass, measured on the 7B: waiting for the
+    last record did; see _run.)"""
     if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(OSError, AttributeError):

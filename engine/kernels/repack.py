@@ -107,6 +107,12 @@ def source_block_bytes(qname: str) -> int:
     return SOURCE_BLOCK_BYTES.get(qname) or LEGACY_SOURCE_BLOCK_BYTES[qname]
 
 
+def record_shape(w: QTensor) -> tuple[int, int, int]:
+    """(groups of GROUP_ROWS rows, blocks per row, record bytes): the shape of w's records."""
+    qname = w.qtype.name
+    return -(-w.rows // GROUP_ROWS), w.cols // block_values(qname), record_bytes(qname)
+
+
 def packable(w: QTensor) -> bool:
     qname = w.qtype.name
     known = qname in RECORD_BYTES or qname in LEGACY_RECORD_BYTES
@@ -304,9 +310,8 @@ def repack(w: QTensor, release: bool = False, fill: RecordFiller | None = None) 
     qname = w.qtype.name
     nb = w.cols // block_values(qname)
     src = np.asarray(w.data).reshape(w.rows, nb, source_block_bytes(qname))
-    groups = -(-w.rows // GROUP_ROWS)
     # huge-page memory: decode streams these records once per token (record_memory.py)
-    out = record_array((groups, nb, record_bytes(qname)))
+    out = record_array(record_shape(w))
     group_file_bytes = GROUP_ROWS * nb * source_block_bytes(qname)
     step = max(1, (_PASS_BYTES if fill is None else _FILL_PASS_BYTES) // group_file_bytes)
     step *= GROUP_ROWS
@@ -429,9 +434,7 @@ def packed_for(w: QTensor, fill: RecordFiller | None = None) -> PackedWeight:
 
 def adopt(w: QTensor, records: np.ndarray) -> None:
     """Use `records` (made earlier, e.g. mapped from the record cache) as w's repacked copy."""
-    groups, blocks, size = records.shape
-    expected = (-(-w.rows // GROUP_ROWS), w.cols // block_values(w.qtype.name))
-    if (groups, blocks) != expected or size != record_bytes(w.qtype.name):
+    if records.shape != record_shape(w):
         raise ValueError(f"{w.name}: records of shape {records.shape} do not fit the weight")
     with _lock:
         _packed[w] = PackedWeight(w.qtype.name, w.rows, w.cols, records)
