@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+import anyio
 from mcp.server.fastmcp import FastMCP
 
 server = FastMCP("localchat-test-server")
@@ -33,8 +34,17 @@ def fail(message: str) -> str:
 
 
 @server.tool()
-def hang(seconds: float) -> str:
-    """Sleep (the client's timeout must fire first)."""
+async def hang(seconds: float) -> str:
+    """Sleep (the client's timeout or cancel must fire first). Async, so the server still reads
+    its stdin and exits as soon as the client closes it."""
+    await anyio.sleep(seconds)
+    return "woke up"
+
+
+@server.tool()
+def hang_blocking(seconds: float) -> str:
+    """Sleep in the server's event loop: a server stuck in a call, which reads nothing until it
+    returns, so closing its stdin does not end it (the client must terminate it)."""
     time.sleep(seconds)
     return "woke up"
 

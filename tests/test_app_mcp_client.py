@@ -36,7 +36,7 @@ def server():
 
 def test_lists_the_servers_tools_with_their_schemas(server):
     names = {t.name: t for t in server.tools}
-    assert {"add", "echo", "fail", "hang", "crash", "huge"} <= set(names)
+    assert {"add", "echo", "fail", "hang", "hang_blocking", "crash", "huge"} <= set(names)
     add = names["add"].schema()["function"]
     assert add["parameters"]["properties"].keys() == {"a", "b"}
     assert add["parameters"]["required"] == ["a", "b"]
@@ -63,7 +63,7 @@ def test_hang_times_out():
     with new_server() as hung:
         hung.start()
         with pytest.raises(McpTimeout, match="within 0.5 s"):
-            hung.call_tool("hang", {"seconds": 20}, timeout=0.5)
+            hung.call_tool("hang_blocking", {"seconds": 20}, timeout=0.5)
 
 
 def test_stop_cancels_a_running_call():
