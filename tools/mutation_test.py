@@ -35,9 +35,28 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULE_TESTS = {
     "engine/sampling.py": ["tests/test_sampling.py"],
     "engine/stopping.py": ["tests/test_stopping.py"],
-    "engine/presets.py": ["tests/test_presets.py"],
+    "engine/presets.py": ["tests/test_presets.py", "tests/test_presets_chat_defaults.py"],
     "engine/detokenizer.py": ["tests/test_detokenizer.py"],
     "app/store.py": ["tests/test_app_store.py", "tests/test_app_store_behaviour.py"],
+    # Issue 31: the modules built last.
+    "engine/receipt.py": ["tests/test_receipt.py"],
+    "engine/server/protocol.py": ["tests/test_server_protocol.py"],
+    "engine/server/responses.py": ["tests/test_server_protocol.py"],
+    "engine/batching/scheduler.py": ["tests/test_batching.py"],
+    "engine/batching/admission.py": ["tests/test_batching_admission.py"],
+    "engine/batching/forward_work.py": ["tests/test_batching.py"],
+    "engine/tool_calls/hermes.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/mistral.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/json_scan.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/stream.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/call_body.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/items.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/spec.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/formats.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/json_lines.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/fallback.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/grammar.py": ["tests/test_tool_call_parsers.py"],
+    "app/backends/openai_client.py": ["tests/test_remote_client.py"],
 }
 
 COPIED = ("engine", "app", "tests", "resources", "pyproject.toml")
