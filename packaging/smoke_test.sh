@@ -181,6 +181,13 @@ written=$(find "$bundle" -newer "$work/before-run" | head -5)
 [ -z "$written" ] || fail "the app wrote into its bundle: $written"
 
 echo "smoke: PASS"
+# Test and development packages in a bundle are dead weight a user downloads (mypy once rode in
+# through an optional import): none may be collected, whatever the build venv holds.
+for dev_only in mypy mypyc pytest _pytest openai torch mutmut; do
+  if [ -e "dist/LocalChat/_internal/$dev_only" ] || compgen -G "dist/LocalChat/_internal/$dev_only.*" > /dev/null; then
+    fail "the bundle carries the development-only package '$dev_only' (add it to NOT_RUNTIME_DEPENDENCIES in packaging/localchat.spec)"
+  fi
+done
 echo "smoke: bundle size $(du -sh dist/LocalChat | cut -f1); JIT cache $(du -sh "$work/cache" | cut -f1) in $jit_objects objects"
 echo "smoke: start-up (process start to model ready): cold JIT cache ~$cold_startup s, warm ~$warm_startup s"
 echo "smoke: start-to-exit with a short greedy reply: cold JIT cache $cold_seconds s, warm $warm_seconds s"

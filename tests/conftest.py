@@ -8,6 +8,7 @@ tiny models carrying a real tokenizer) stay in the fast tier.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ if str(_ROOT) not in sys.path:
 
 from engine.model_files import ModelNotInstalledError, default_model_path, gemma3_270m_path  # noqa: E402
 from tests.llama_server import start_openai_server  # noqa: E402
+from tests.requirements import MODELS_HOW, PEER_HOW, QWEN_HOW, missing  # noqa: E402
 
 # Bytecode is cached during test runs (pytest's assertion-rewritten test modules, the engine and app
 # modules every worker and child process imports), whatever the environment says: with
@@ -71,7 +73,7 @@ def smollm2_path() -> Path:
     try:
         return default_model_path()
     except ModelNotInstalledError as exc:
-        pytest.skip(str(exc))
+        missing(f"SmolLM2 ({exc})", MODELS_HOW)
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +82,7 @@ def gemma3_path() -> Path:
     try:
         return gemma3_270m_path()
     except ModelNotInstalledError as exc:
-        pytest.skip(str(exc))
+        missing(f"gemma-3-270m ({exc})", MODELS_HOW)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +113,7 @@ def quant_variants(smollm2_path) -> dict[str, Path]:
     from tools.make_quant_variants import build, llama_cpp_dir
 
     if llama_cpp_dir() is None:
-        pytest.skip("llama-cpp-python (which builds the requantized files) is not installed")
+        missing("llama-cpp-python (which builds the requantized files)", PEER_HOW)
 
     default = Path(platformdirs.user_cache_dir("localchat-tests")) / "quant-variants-v1"
     out = Path(os.environ.get("LOCALCHAT_QUANT_VARIANTS", default))
@@ -126,7 +128,7 @@ def qwen_coder_path() -> Path:
 
     path = qwen_coder_target()
     if not path.is_file():
-        pytest.skip(f"{path.name} is not cached: run `python -m tools.fetch_qwen_coder`")
+        missing(f"{path.name} in the user cache", QWEN_HOW)
     return path
 
 
@@ -145,12 +147,70 @@ REAL_MODEL_FIXTURES = frozenset(
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark `slow` every test that uses a real model through a fixture above (directly or through
-    another fixture: `fixturenames` is the closure), then put the heaviest files first."""
+    """Mark `slow` every test that uses a real model, then put the heaviest files first."""
     for item in items:
-        if REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if uses_real_model(item):
             item.add_marker(pytest.mark.slow)
     _heaviest_files_first(config, items)
+
+
+def uses_real_model(item) -> bool:
+    """Whether a test asks for a real model through a fixture above: directly or through another
+    fixture (`fixturenames` is the closure), or by name through a parameter that an indirect
+    fixture resolves with `request.getfixturevalue(request.param)`."""
+    if REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return any(isinstance(value, str) and value in REAL_MODEL_FIXTURES for value in params)
+
+
+# --- The fast tier loads no model ------------------------------------------------------------------
+# A test outside the `slow` tier that still ends up with a real model (a fixture looked up by a name
+# the collection could not see, or app code that opens the packaged default model by itself) fails
+# here, naming the model, instead of quietly making `-m "not slow"` minutes slower.
+
+
+@functools.cache
+def _real_model_files() -> frozenset[Path]:
+    from tools.fetch_qwen_coder import qwen_coder_target
+
+    files = set()
+    for find in (default_model_path, gemma3_270m_path, qwen_coder_target):
+        try:
+            files.add(Path(find()).resolve())
+        except (ModelNotInstalledError, OSError):
+            continue
+    return frozenset(files)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_loads_no_model(request, monkeypatch):
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    import engine.loader
+
+    real_files = _real_model_files()
+    built: list[str] = []
+    build_model = engine.loader.build_model
+
+    def watched_build_model(gguf_file, *args, **kwargs):
+        path = getattr(gguf_file, "path", None)
+        if path is not None and Path(path).resolve() in real_files:
+            built.append(Path(path).name)
+        return build_model(gguf_file, *args, **kwargs)
+
+    monkeypatch.setattr(engine.loader, "build_model", watched_build_model)
+    yield
+    fixtures = sorted(REAL_MODEL_FIXTURES.intersection(request.fixturenames))
+    if fixtures or built:
+        pytest.fail(
+            "a fast-tier test (not marked slow) used a real model: "
+            + ", ".join([f"fixture {name}" for name in fixtures] + [f"loaded {n}" for n in built])
+            + "; ask for it through a fixture argument (conftest marks those slow)",
+            pytrace=False,
+        )
 
 
 # --- Balancing `--dist loadfile` -----------------------------------------------------------------

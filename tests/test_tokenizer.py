@@ -20,6 +20,7 @@ from engine.errors import TokenizerError
 from engine.gguf import open_gguf
 from engine.model_files import ModelNotInstalledError, default_model_path, gemma3_270m_path
 from engine.tokenizer import PRE_TOKENIZERS, Tokenizer
+from tests.requirements import MODELS_HOW, missing
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_NAMES = sorted(p.stem.removeprefix("tokenizer_") for p in FIXTURES.glob("tokenizer_*.json"))
@@ -35,7 +36,7 @@ def base_gguf(model: str):
     try:
         path = {"smollm2": default_model_path, "gemma3": gemma3_270m_path}[model]()
     except ModelNotInstalledError as exc:
-        pytest.skip(str(exc))
+        missing(f"a packaged model ({exc})", MODELS_HOW)
     return open_gguf(path)
 
 

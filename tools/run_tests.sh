@@ -13,4 +13,8 @@ bash tools/bootstrap.sh test,peer
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 export QT_QPA_PLATFORM=offscreen
+# Everything a test needs was installed above (llama.cpp, the test models, Qwen): a test that
+# still finds one missing fails instead of skipping (tests/requirements.py), so a set-up that
+# broke can never pass as a run with dozens of silent skips.
+export LOCALCHAT_REQUIRE_ALL=1
 exec .venv/bin/python -m pytest -q "$@"
