@@ -24,6 +24,7 @@ FONT_SIZE_RANGE = (8, 28)
 CONTEXT_SIZE_RANGE = (256, 131072)
 MAX_PERSONAS = 200
 MAX_PERSONA_CHARS = 100_000  # a system prompt longer than this is not a persona but a document
+PANELS = ("chats", "side")  # the window's side panels that collapse: chats list, right panel
 
 
 def default_settings_path() -> Path:
@@ -47,6 +48,7 @@ class Settings:
     library_folders: list[str] = field(default_factory=list)  # folders the model library scans
     # MCP servers the user added (Tools panel): {"name", "command": [argv] | "url": str}
     mcp_servers: list[dict] = field(default_factory=list)
+    collapsed_panels: list[str] = field(default_factory=list)  # PANELS members the user hid
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -81,6 +83,7 @@ class Settings:
             c for c in self.connections if isinstance(c, dict) and c.get("id") and c.get("base_url")
         ]
         self.mcp_servers = [s for s in _list(self.mcp_servers) if _usable_server(s)]
+        self.collapsed_panels = [p for p in PANELS if p in _list(self.collapsed_panels)]
         return self
 
     def remember_model(self, path: str) -> None:
