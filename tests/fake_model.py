@@ -282,3 +282,95 @@ def id_token_lm(model, n_ctx: int, monkeypatch):
         path=None,
         gguf=SimpleNamespace(metadata={}),
     )
+
+
+# --- a batched stand-in for the batch scheduler (engine/batching) --------------------------------
+class BatchedScriptedModel(ScriptedModel):
+    """ScriptedModel with the batched surface engine.batching's scheduler uses: `max_batch`,
+    `check_ids` and `forward_segments` (one step: several sequences, each with its own KVCache).
+
+    Checks its input as TransformerModel.forward_segments does (ids in the vocabulary, at most
+    max_batch tokens, one segment per cache, room in every cache) before touching any cache, and
+    records every step as [(cache, token ids), ...] in `steps`. `on_step(segments)` runs before
+    the step is computed: a test may cancel a request there, or raise to fail the step."""
+
+    def __init__(
+        self,
+        logits_for: Callable[[list[int]], np.ndarray],
+        config: FakeConfig | None = None,
+        *,
+        max_batch: int = 32,
+    ):
+        super().__init__(logits_for, config)
+        self.max_batch = max_batch
+        self.steps: list[list[tuple[KVCache, list[int]]]] = []
+        self.on_step: Callable[[list], None] | None = None
+
+    def check_ids(self, ids) -> None:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        bad = (ids < 0) | (ids >= self.config.vocab_size)
+        if bad.any():
+            raise ValueError(
+                f"token id {int(ids[bad][0])} is out of range [0, {self.config.vocab_size})"
+            )
+
+    def forward_segments(self, segments, cancel=None) -> list[np.ndarray]:
+        if not segments:
+            raise ValueError("forward_segments() needs at least one segment")
+        total = 0
+        for seg in segments:
+            ids = np.asarray(seg.ids, dtype=np.int64).reshape(-1)
+            if ids.size == 0:
+                raise ValueError("forward_segments(): a segment has no tokens")
+            self.check_ids(ids)
+            seg.cache.reserve(ids.size)
+            total += ids.size
+        if total > self.max_batch:
+            raise ValueError(
+                f"forward_segments(): {total} tokens exceed max_batch={self.max_batch}"
+            )
+        if len({id(seg.cache) for seg in segments}) != len(segments):
+            raise ValueError("forward_segments(): two segments write the same KV cache")
+        self.steps.append([(seg.cache, [int(t) for t in seg.ids]) for seg in segments])
+        if self.on_step is not None:
+            self.on_step(segments)
+        out = []
+        for seg in segments:
+            tokens = [int(t) for t in seg.ids]
+            start = seg.cache.n_tokens
+            seg.cache.commit(tokens)
+            history = seg.cache.tokens
+            rows = np.asarray(seg.logit_rows, dtype=np.int64).reshape(-1)
+            logits = np.zeros((rows.size, VOCAB_SIZE), np.float32)
+            for i, r in enumerate(rows):
+                logits[i] = self.logits_for(history[: start + int(r) + 1])
+            out.append(logits)
+        return out
+
+    def tokens_fed_to(self, cache: KVCache) -> list[int]:
+        """Every token the steps so far fed into `cache`, in order."""
+        return [t for step in self.steps for c, ids in step if c is cache for t in ids]
+
+
+def script_replies(replies: dict[tuple[int, ...], Sequence[int]], after: int = EOS):
+    """Several prompts, each with its own reply: after a prefix that starts with one of the
+    prompts (the longest that matches), generated position i gets a clear argmax at reply[i],
+    and `after` (default end-of-sequence) past the reply. Other prefixes get flat logits."""
+    by_length = sorted(replies.items(), key=lambda item: -len(item[0]))
+
+    def logits_for(prefix: list[int]) -> np.ndarray:
+        for prompt, reply in by_length:
+            n = len(prompt)
+            if len(prefix) >= n and tuple(prefix[:n]) == tuple(prompt):
+                i = len(prefix) - n
+                return one_hot(reply[i] if i < len(reply) else after)
+        return np.zeros(VOCAB_SIZE, np.float32)
+
+    return logits_for
+
+
+def batched_fake_lm(logits_for, *, n_ctx: int = 64, max_batch: int = 32, **kwargs):
+    """A FakeLoadedModel over a BatchedScriptedModel (for engine.batching.BatchScheduler)."""
+    return FakeLoadedModel(
+        BatchedScriptedModel(logits_for, max_batch=max_batch), n_ctx=n_ctx, **kwargs
+    )
