@@ -281,23 +281,34 @@ def section_checks(receipt: dict) -> dict:
 
 
 # --- replay ---------------------------------------------------------------------------------
-def replay_request(receipt: dict, n_tokens: int | None = None) -> GenerationRequest:
+def replay_request(
+    receipt: dict, n_tokens: int | None = None, n_ctx: int | None = None
+) -> GenerationRequest:
     """The request that runs the receipt again: its prompt ids as given, every preset value and
     the seed it used as overrides, the same JSON mode. `n_tokens` caps the replay (one past
-    the original is enough to see whether it also ends there)."""
+    the original is enough to see whether it also ends there). `n_ctx`, the context window of the
+    model replaying it, caps it too: an unbounded reply that ended at the context limit leaves
+    no room for a token past it, and asking for one would be refused."""
     try:
         ids = [int(t) for t in receipt["prompt"]["token_ids"]]
         values = dict(receipt["preset"]["values"])
-    except (KeyError, TypeError, ValueError) as exc:
+        seed = receipt["preset"].get("seed_used")
+        seed = None if seed is None else int(seed)
+        recorded = values.get("max_new_tokens")
+        recorded = None if recorded is None else int(recorded)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ReceiptError(f"the receipt has no usable prompt or preset ({exc})") from None
     values.pop("seed", None)
-    seed = receipt["preset"].get("seed_used")
     if seed is not None:
-        values["seed"] = int(seed)
+        values["seed"] = seed
     if n_tokens is not None:
-        values["max_new_tokens"] = max(
-            1, min(int(values.get("max_new_tokens", n_tokens)), n_tokens)
-        )
+        # None is an unbounded reply (the default preset has no max_new_tokens): the original's
+        # length alone caps the replay then.
+        cap = n_tokens if recorded is None else min(recorded, n_tokens)
+        room = None if n_ctx is None else int(n_ctx) - len(ids)
+        if room is not None and room >= 1:  # no room at all: generate names the overflow
+            cap = min(cap, room)
+        values["max_new_tokens"] = max(1, cap)
     return GenerationRequest(
         prompt_ids=ids,
         overrides=values,
@@ -398,7 +409,9 @@ def replay(
     except (KeyError, TypeError, ValueError) as exc:
         raise ReceiptError(f"the receipt has no recorded output tokens ({exc})") from None
     ended = receipt["output"].get("finish_reason") not in ("cancelled", "error")
-    request = replay_request(receipt, len(original_ids) + (1 if ended else 0))
+    request = replay_request(
+        receipt, len(original_ids) + (1 if ended else 0), getattr(lm, "n_ctx", None)
+    )
     now = environment(lm, model_sha256)
     replayed: list[TokenSampled] = []
     finished: Finished | None = None
@@ -407,7 +420,10 @@ def replay(
         if isinstance(event, TokenSampled):
             replayed.append(event)
             i = len(replayed) - 1
-            if i >= len(original_ids) or replayed[i].token_id != original_ids[i]:
+            # past a stopped original's end nothing is known (a reply stopped before its first
+            # token still asks the replay for one); past an ended one the replay went on
+            differs = replayed[i].token_id != original_ids[i] if i < len(original_ids) else ended
+            if differs:
                 divergence_at = i
                 cancel.cancel()  # the rest of the replay says nothing more
         elif isinstance(event, Finished):
@@ -432,6 +448,13 @@ def replay(
             replay_ids = replay_ids[: len(original_ids)]
         divergence_at = first_divergence(original_ids, replay_ids)
     differences = receipt_differences(receipt, now, finished.preset if finished else None)
+    n_ctx, n_prompt = getattr(lm, "n_ctx", None), len(request.prompt_ids or ())
+    if n_ctx is not None and int(n_ctx) - n_prompt < len(original_ids):
+        differences.append(
+            f"context window: {int(n_ctx)} positions here leave room for "
+            f"{int(n_ctx) - n_prompt} reply tokens after the {n_prompt}-token prompt; the "
+            f"original reply has {len(original_ids)}"
+        )
     divergence = None
     if divergence_at is not None:
         divergence = _describe(divergence_at, original_ids, original_tokens, replayed, lm)
@@ -473,7 +496,11 @@ def _describe(
             original_in_replay = next(
                 (a.logprob for a in event.top if a.token_id == original.token_id), None
             )
-        if record is not None:
+        if record is not None and record.get("token_id") == event.token_id:
+            # the original's own token there (the receipt's ids were edited): its probability
+            # is known even when a sampled token was not among the recorded alternatives
+            replayed_in_original = record.get("logprob")
+        elif record is not None:
             replayed_in_original = next(
                 (
                     a.get("logprob")
