@@ -204,6 +204,7 @@ class RealEngine:
             server.stop()
 
     def describe(self, lm) -> ModelInfo:
+        from engine.model_summary import is_base_model
         from engine.presets import sampling_metadata
 
         template = lm.chat_template
@@ -223,6 +224,7 @@ class RealEngine:
             summary=load_line(lm),
             thinking_switch=bool(getattr(template, "accepts_enable_thinking", False)),
             kv_cache_type=str(kv_cache_type(getattr(lm, "model", None))),
+            base_model=is_base_model(lm.gguf.metadata),
         )
 
     def resolve_preset(self, model: ModelInfo, saved, overrides) -> ResolvedPreset:
@@ -330,11 +332,17 @@ class RealEngine:
             overrides=request.overrides,
             chat=request.messages is not None,
         )
-        fit = fit_chat(
-            lm,
-            [dict(m) for m in request.messages],
-            preset.values["max_new_tokens"],
-            request.enable_thinking,
+        # a plain completion (request.prompt: a base model continuing the typed text) is one
+        # piece of text with no turns to leave out; generate names it if it does not fit
+        fit = (
+            fit_chat(
+                lm,
+                [dict(m) for m in request.messages],
+                preset.values["max_new_tokens"],
+                request.enable_thinking,
+            )
+            if request.messages is not None
+            else None
         )
         trimmed = None
         if fit is not None and fit.dropped:

@@ -15,9 +15,10 @@ The iterator is a stack of small generators, each adding one thing:
     _decode_steps       logits -> processors -> sampler -> Step(token, logprobs), one forward per
                         token, or a verified speculative draft per forward; cancel checked before
                         every sampled token
-    _events             steps -> end-of-generation ids, detokenizer, stop strings, <think> split,
-                        tool calls -> TokenSampled / TextDelta / ReasoningDelta / ToolCall*,
-                        then Finished with Usage
+    _events             steps -> end-of-generation ids, detokenizer, stop strings, runaway
+                        repetition (engine/repetition.py), <think> split, tool calls ->
+                        TokenSampled / TextDelta / ReasoningDelta / ToolCall*, then Finished
+                        with Usage
 
 Tools (`GenerationRequest.tools`, `tool_choice`; engine/tool_calls): planned with the request
 (typed errors name the field), rendered through the model's template as `tools=`, parsed from
@@ -60,6 +61,8 @@ Counting and matching conventions:
   so a stop string inside a <think> block ends the request too (as in llama.cpp).
 - Finished.token_ids are the generated ids without a final end-of-generation id; the tokens that
   spelled a matched stop string are included (they were generated), their text is not.
+- A repetition stop (engine/repetition.py) keeps every token of the loop, text included: it was
+  generated and shown; the finish reason says why the reply ended there.
 - Usage.completion_tokens counts every sampled token, the end-of-generation one included (it
   cost a decode step); context_used = prompt_tokens + completion_tokens.
 """
@@ -88,6 +91,7 @@ from engine.events import (
     FINISH_ERROR,
     FINISH_GRAMMAR_COMPLETE,
     FINISH_LENGTH,
+    FINISH_REPETITION,
     FINISH_STOP,
     FINISH_STOP_SEQUENCE,
     FINISH_TOOL_CALLS,
@@ -104,6 +108,7 @@ from engine.model_protocol import LanguageModel
 from engine.presets import ResolvedPreset, resolve_preset
 from engine.prompt_ids import chat_prompt_ids
 from engine.reasoning import REASONING, ReasoningSplitter, prompt_opens_reasoning
+from engine.repetition import RepetitionDetector
 from engine.sampling import (
     apply_processors,
     log_normalizer,
@@ -570,6 +575,7 @@ def _events(
     reason = None
     error = None
     calls, markers = _tool_call_stream(lm, plan)
+    loops = RepetitionDetector() if plan.config.stop_on_repetition else None
 
     def answer_events(part: str) -> Iterator[object]:
         if calls is None:
@@ -603,6 +609,10 @@ def _events(
             yield from release(text)
             if matched:
                 reason = FINISH_STOP_SEQUENCE
+                break
+            if loops is not None and loops.push(step.token_id) is not None:
+                # a JSON value completed by this very token ended on its own: that comes first
+                reason = FINISH_GRAMMAR_COMPLETE if progress.grammar_complete else FINISH_REPETITION
                 break
         else:
             reasons = set()

@@ -26,6 +26,10 @@ field, llama.cpp's otherwise):
 - max_new_tokens (None): None means "until the context window is full"; an explicit value must
   fit the context together with the prompt or the request is refused.
 - stop ([]): stop strings; generation ends before the first occurrence of any of them.
+- stop_on_repetition (True, LocalChat's own): end the reply with finish reason "repetition" when
+  it keeps writing the same span of tokens (engine/repetition.py: a block of at most 128 tokens
+  repeated, covering at least 256 tokens and 4 copies). False lets a loop run to the length
+  limit, for a reply that is meant to repeat itself.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class GenerationConfig:
     seed: int | None = None
     max_new_tokens: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_on_repetition: bool = True
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -212,4 +217,5 @@ _VALIDATORS = {
     "seed": _seed,
     "max_new_tokens": _max_new_tokens,
     "stop": _stop,
+    "stop_on_repetition": _bool,
 }

@@ -24,6 +24,31 @@ from engine.types import ModelFileSummary
 # llama.cpp's gguf-split names: model-00001-of-00003.gguf
 _SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
+# Words in a model's name or fine-tune label that mark a chat/instruction tune (gemma-3-270m-it,
+# SmolLM2-135M-Instruct, ...-chat, ...-SFT, ...-DPO): whole words only, so "it" does not match
+# inside "Smith" nor "chat" inside "chatty".
+_INSTRUCT_WORDS = frozenset({"instruct", "instruction", "chat", "it", "sft", "dpo", "rlhf", "orpo"})
+_NAME_KEYS = ("general.finetune", "general.name", "general.basename")
+
+
+def is_base_model(metadata) -> bool:
+    """Whether the file is a base (pretrained-only) model: no chat template of its own and no
+    instruct marker in its name or fine-tune label. Such a model continues text; in a chat it
+    is given a fallback template it was never trained on (engine/chat_template.py) and tends to
+    repeat the question instead of answering. A file with a template is a chat model whatever
+    its name; a template-less file named "...-Instruct" lost its template in conversion and is
+    still an instruct model."""
+    template = metadata.get("tokenizer.chat_template")
+    if isinstance(template, str) and template.strip():
+        return False
+    for key in _NAME_KEYS:
+        value = metadata.get(key)
+        if isinstance(value, str):
+            words = re.split(r"[^0-9a-z]+", value.lower())
+            if _INSTRUCT_WORDS.intersection(words):
+                return False
+    return True
+
 
 def split_part(path: Path, metadata: dict | None = None) -> tuple[int, int] | None:
     """(part, parts) for one file of a model split by gguf-split, from its split.* keys or its
@@ -91,6 +116,7 @@ def summarize_model_file(
         quant_mix=mix,
         context_length=context if isinstance(context, int) else None,
         has_chat_template=bool(metadata.get("tokenizer.chat_template")),
+        base_model=is_base_model(metadata),
         supported=reason is None,
         unsupported_reason=reason,
     )

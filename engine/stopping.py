@@ -13,7 +13,7 @@ Two independent checks, in this order for every sampled token:
 
 Finish reason precedence (`decide_finish_reason`) when one step satisfies several conditions:
 
-    error > tool_calls > stop > stop_sequence > grammar_complete > length > cancelled
+    error > tool_calls > stop > stop_sequence > grammar_complete > repetition > length > cancelled
 
 (tool_calls is the end of a reply that ended on tool calls: it refines stop or grammar_complete,
 so it ranks above them.)
@@ -32,6 +32,7 @@ from engine.events import (
     FINISH_ERROR,
     FINISH_GRAMMAR_COMPLETE,
     FINISH_LENGTH,
+    FINISH_REPETITION,
     FINISH_STOP,
     FINISH_STOP_SEQUENCE,
     FINISH_TOOL_CALLS,
@@ -44,6 +45,7 @@ FINISH_PRECEDENCE = (
     FINISH_STOP,
     FINISH_STOP_SEQUENCE,
     FINISH_GRAMMAR_COMPLETE,
+    FINISH_REPETITION,  # a loop cut short (engine/repetition.py): what was written is kept
     FINISH_LENGTH,
     FINISH_CANCELLED,
 )

@@ -50,6 +50,8 @@ class FinishReason(StrEnum):
     GRAMMAR_COMPLETE = "grammar_complete"  # JSON mode: the value is complete and valid
     TOOL_CALLS = "tool_calls"  # the reply ended on one or more tool calls (Finished.tool_calls)
     ERROR = "error"  # an exception ended the request; `Finished.error` says what
+    # the reply kept writing the same span of tokens (engine/repetition.py); what it wrote is kept
+    REPETITION = "repetition"
 
 
 class MessageStatus(StrEnum):
@@ -235,6 +237,9 @@ class ModelInfo:
     summary: str = ""  # one line: name, architecture, quant, kernel path (printed on stderr)
     thinking_switch: bool = False  # the chat template reads enable_thinking (reasoning on/off)
     kv_cache_type: str = DEFAULT_KV_CACHE_TYPE.value  # a KV_CACHE_TYPES member
+    # no chat template of its own and no instruct marker in its name: a base model, which
+    # continues text rather than answering (engine.model_summary.is_base_model)
+    base_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -306,6 +311,7 @@ class ModelFileSummary:
     quant_mix: tuple[tuple[str, int, int], ...] = ()  # (type, tensors, bytes), largest first
     context_length: int | None = None
     has_chat_template: bool = False
+    base_model: bool = False  # engine.model_summary.is_base_model
     supported: bool = False
     unsupported_reason: str | None = None
     error: str | None = None  # the file is not a readable GGUF: why

@@ -72,6 +72,7 @@ OPENAI_FINISH_REASON = {
     FinishReason.TOOL_CALLS: "tool_calls",
     FinishReason.CANCELLED: "cancelled",
     FinishReason.ERROR: "error",
+    FinishReason.REPETITION: "stop",  # a loop the engine ended (engine/repetition.py): no "go on"
 }
 SYSTEM_FINGERPRINT = "localchat"
 
