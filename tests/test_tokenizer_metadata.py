@@ -130,6 +130,20 @@ def test_a_byte_token_whose_text_is_not_a_byte_names_the_token(tmp_path, text):
         load(tmp_path, kv)
 
 
+@pytest.mark.parametrize("extra_type", [6, 1])  # BYTE (the fuzzed file's), NORMAL
+def test_more_token_types_than_tokens_is_a_typed_error_naming_both_lengths(tmp_path, extra_type):
+    """Issue 31 fuzz: a type list one longer than the 263-token list (a BYTE type past the end)
+    made the byte-token check index past the tokens: IndexError instead of a TokenizerError."""
+    kv = spm_kv()
+    kv["tokenizer.ggml.token_type"] = ([*SPM_TYPES, extra_type], V.ARRAY, V.INT32)
+    with pytest.raises(TokenizerError) as caught:
+        load(tmp_path, kv)
+    assert str(caught.value) == (
+        "tokenizer.ggml.token_type has 264 entries but tokenizer.ggml.tokens has 263: there "
+        "must be one type per token"
+    )
+
+
 def test_out_of_range_special_ids_are_ignored_and_never_indexed(tmp_path, caplog):
     """llama.cpp ignores an out-of-range special id with a warning; so do we, for every one."""
     kv = spm_kv()

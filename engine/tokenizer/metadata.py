@@ -156,6 +156,13 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
     n = len(tokens)
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # as llama.cpp does
     types = _array(metadata, "tokenizer.ggml.token_type", n, "integers", _INTEGERS)
+    if types is not None and len(types) > n:
+        # One type per token: extra types describe tokens the file does not have (a fuzzed file
+        # made the byte-token check index past the token list).
+        raise TokenizerError(
+            f"tokenizer.ggml.token_type has {len(types)} entries but tokenizer.ggml.tokens has "
+            f"{n}: there must be one type per token"
+        )
     attrs = [TYPE_TO_ATTR.get(t, ATTR_UNDEFINED) for t in types[:n]] if types else [ATTR_NORMAL] * n
     scores = _array(metadata, "tokenizer.ggml.scores", n, "numbers", _NUMBERS)
     scores = [float(s) for s in scores[:n]] if scores else [0.0] * n
