@@ -470,6 +470,8 @@ class ChatSession(QObject):
             if conversation_id == self.conversation_id
             else self.store.branch(conversation_id)
         )
+        if self.plain_completion:
+            return self._completion_request(branch)
         for m in branch:
             if m.id in unsaved:  # its final save failed: the copy in memory is the reply
                 m = unsaved[m.id].in_memory(m)
@@ -507,6 +509,41 @@ class ChatSession(QObject):
             tool_choice=tool_choice,
         )
 
+    # --- plain completion (base models) ---------------------------------------------------------
+    @property
+    def plain_completion(self) -> bool:
+        """Whether Send continues the typed text as it is, without a chat template: for a base
+        model (ModelInfo.base_model) the user switched to it, remembered per model file."""
+        info = self.controller.model
+        return bool(
+            info is not None
+            and info.base_model
+            and info.path in self.settings.completion_models
+        )
+
+    def set_plain_completion(self, on: bool) -> None:
+        """Plain completion on or off for the loaded base model (and remembered for its file)."""
+        info = self.controller.model
+        if info is None or not info.base_model:
+            return
+        models = [p for p in self.settings.completion_models if p != info.path]
+        self.settings.completion_models = [*models, info.path] if on else models
+        self.settings_file.save(self.settings)
+
+    def _completion_request(self, branch: list[StoredMessage]) -> GenerationRequest:
+        """A base model continues the text of the message being answered, as it is: no chat
+        template, no system prompt, no earlier turns (it was never taught turns), no tools."""
+        users = [m for m in branch if m.role == Role.USER]
+        presets = self.presets
+        return GenerationRequest(
+            prompt=users[-1].content if users else "",
+            overrides=dict(presets.overrides) if presets else {},
+            saved_preset=dict(presets.saved) if presets and presets.saved else None,
+            json_mode=self.json_mode,
+            json_schema=self.json_schema if self.json_mode == JsonMode.SCHEMA else None,
+            top_logprobs=TOP_LOGPROBS,
+        )
+
     def _has_thinking_switch(self) -> bool:
         info = self.controller.model
         return bool(info is not None and info.thinking_switch)
@@ -536,6 +573,8 @@ class ChatSession(QObject):
     def _estimate_prompt_tokens(self, cid: int, request: GenerationRequest) -> int:
         """For the live context bar until the engine reports the exact count: the last reply's
         exact context use plus ~4 characters per token for what was added since (+ template)."""
+        if request.messages is None:  # a plain completion: the typed text and BOS
+            return len(request.prompt or "") // 4 + 1
         replies = [
             m
             for m in self.branch
@@ -648,11 +687,15 @@ class ChatSession(QObject):
             return
         status = recorder.finish(finished)
         calls = list(finished.tool_calls) if status == MessageStatus.COMPLETE else []
-        if self.tools.rounds >= self.tools.max_rounds:
-            calls = []  # the capped round offered no tools: a call now is not run
+        dropped = 0
+        if self.tools.tools_withdrawn:  # the request offered no tools: a call now is not run
+            dropped, calls = len(calls), []
         malformed, self._malformed = self._malformed, []
-        if calls or malformed:
-            tool = {"tool_calls": [c.to_openai() for c in calls], "malformed": malformed}
+        tool: dict = {"tool_calls": [c.to_openai() for c in calls], "malformed": malformed}
+        if status == MessageStatus.COMPLETE and not (calls or malformed or finished.text.strip()):
+            # an answer with no text says why, instead of an empty card (app/tool_runner.py)
+            tool["empty_reason"] = self.tools.empty_reply_note(finished.finish_reason, dropped)
+        if calls or malformed or "empty_reason" in tool:
             try:
                 self.store.set_tool(recorder.message_id, tool)
             except StoreWriteError as exc:

@@ -16,10 +16,18 @@ cancelled, so the history stays paired (every tool_call_id has its tool message)
 
 Rounds are counted per user turn: after `max_rounds` the next request offers no tools
 (tool_choice "none"), so a model that keeps calling must answer in text; `capNotice` says so.
+
+A call identical to an earlier one of the same user turn (same tool, same arguments as canonical
+JSON) is not run again: small models that do not read a result call the same tool over and over
+(SmolLM2 asked the calculator 5 more times for one sum). Its message gets the earlier call's
+result with a note saying so (approval "repeated"), and after `max_repeats` such calls the next
+request offers no tools either, with a notice naming the call. An answer that then ends with no
+text gets a line saying why (`empty_reply_note`), instead of an empty card.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 
 from PySide6.QtCore import QObject, Signal
@@ -34,6 +42,8 @@ from engine.cancel import CancelToken
 from engine.types import MessageStatus, Role, ToolApproval, ToolChoice
 
 DEFAULT_MAX_ROUNDS = 8
+DEFAULT_MAX_REPEATS = 2  # identical calls in one user turn before the tools are withdrawn
+REPEATED = "repeated"  # the approval of a call that was not run: it repeats an earlier one
 DENIED_TEXT = "The user denied this tool call. Do not call it again; answer without it."
 CANCELLED_TEXT = "The user stopped this tool call before it finished."
 DECISIONS = (ToolApproval.ONCE, ToolApproval.ALWAYS, ToolApproval.DENIED)
@@ -56,7 +66,12 @@ class ToolRunner(QObject):
         # a named function forces one call (decoded under the tool's grammar, so it is always
         # valid) and the rounds after it answer from the result (tool_choice "none").
         self.first_choice: object = ToolChoice.AUTO
+        self.max_repeats = DEFAULT_MAX_REPEATS
         self.rounds = 0  # tool rounds run in the current user turn
+        self.calls_in_turn = 0  # calls the model made in the current user turn, repeats included
+        self.repeats = 0  # of those, calls identical to an earlier one (not run)
+        self._first_calls: dict[str, tuple[int, int]] = {}  # call_key -> (number, message id)
+        self._repeated_names: list[str] = []
         self._queue: list[int] = []  # tool message ids still to run, in order
         self._running: int | None = None  # the message whose call runs now
         self._waiting: int | None = None  # the message waiting for the user's answer
@@ -71,7 +86,15 @@ class ToolRunner(QObject):
 
     # --- requests --------------------------------------------------------------------------------
     def begin_turn(self) -> None:
-        self.rounds = 0
+        self.rounds = self.calls_in_turn = self.repeats = 0
+        self._first_calls = {}
+        self._repeated_names = []
+
+    @property
+    def tools_withdrawn(self) -> bool:
+        """The current turn's next request offers no tools: a call the model makes anyway is not
+        run (the round limit, or too many repeated calls)."""
+        return self.rounds >= self.max_rounds or self.repeats >= self.max_repeats
 
     def request_tools(self, conversation_id: int) -> tuple[list[dict] | None, object]:
         """(tools, tool_choice) for the next request of this chat: its enabled tools that can
@@ -80,6 +103,13 @@ class ToolRunner(QObject):
         offered = self.registry.offered(enabled)
         if not offered:
             return None, ToolChoice.AUTO
+        if self.repeats >= self.max_repeats:
+            names = ", ".join(dict.fromkeys(self._repeated_names))
+            self.capNotice.emit(
+                f"The model repeated the same tool call ({names}) {self.repeats} times in this "
+                "turn; the repeats were not run again. It now has to answer without tools."
+            )
+            return [t.schema for t in offered], ToolChoice.NONE
         if self.rounds >= self.max_rounds:
             self.capNotice.emit(
                 f"The model called tools {self.rounds} times in a row (limit "
@@ -106,8 +136,14 @@ class ToolRunner(QObject):
         parent = reply.id
         self._queue = []
         for call in calls:
+            self.calls_in_turn += 1
+            first = self._first_calls.get(call_key(call.name, call.arguments))
             offered = self._offered.get(call.name)
-            if offered is None or offered.server is None:
+            if first is not None:
+                approval = REPEATED  # never asked for nor run: it gets the first call's result
+                self.repeats += 1
+                self._repeated_names.append(call.name)
+            elif offered is None or offered.server is None:
                 approval = ToolApproval.AUTOMATIC
             elif offered.key in always:
                 approval = ToolApproval.ALWAYS
@@ -122,7 +158,10 @@ class ToolRunner(QObject):
                 "approval": approval,
                 "is_error": False,
                 "error": None,
+                "number": self.calls_in_turn,  # its place among the turn's calls, from 1
             }
+            if first is not None:
+                tool["repeat_of"], tool["repeat_of_id"] = first
             message_id = self.store.add_message(
                 conversation_id,
                 Role.TOOL,
@@ -132,6 +171,11 @@ class ToolRunner(QObject):
                 tool=tool,
             )
             parent = message_id
+            if first is None:
+                self._first_calls[call_key(call.name, call.arguments)] = (
+                    self.calls_in_turn,
+                    message_id,
+                )
             self._queue.append(message_id)
             self.messageAdded.emit(self.store.message(message_id))
         self.rounds += 1
@@ -182,23 +226,41 @@ class ToolRunner(QObject):
 
     # --- inside a round --------------------------------------------------------------------------
     def _next(self) -> None:
-        if not self._queue:
-            cid, self._cid = self._cid, None
-            if cid is not None:
-                self.roundDone.emit(cid)
+        while True:  # a loop, not recursion: a reply may hold many repeated calls
+            if not self._queue:
+                cid, self._cid = self._cid, None
+                if cid is not None:
+                    self.roundDone.emit(cid)
+                return
+            message_id = self._queue.pop(0)
+            message = self.store.message(message_id)
+            if message is None:  # its chat was deleted meanwhile
+                self._queue = []
+                self.stopped.emit()
+                return
+            tool = dict(message.tool or {})
+            if tool.get("approval") == REPEATED:
+                self._answer_repeat(message_id, tool)
+                continue
+            if tool.get("approval") == ToolApproval.PENDING:
+                self._waiting = message_id
+                self.approvalNeeded.emit(message)
+                return
+            self._execute(message_id, tool)
             return
-        message_id = self._queue.pop(0)
-        message = self.store.message(message_id)
-        if message is None:  # its chat was deleted meanwhile
-            self._queue = []
-            self.stopped.emit()
-            return
-        tool = dict(message.tool or {})
-        if tool.get("approval") == ToolApproval.PENDING:
-            self._waiting = message_id
-            self.approvalNeeded.emit(message)
-            return
-        self._execute(message_id, tool)
+
+    def _answer_repeat(self, message_id: int, tool: dict) -> None:
+        """The earlier identical call's result (it ran before this one: calls run in order), with
+        a note, so the model reads that it already has the answer."""
+        first = self.store.message(tool.get("repeat_of_id") or -1)
+        earlier = first.content if first is not None and first.content else "(no result)"
+        tool["is_error"] = bool(first is not None and (first.tool or {}).get("is_error"))
+        note = (
+            f"[Not run again: this call is the same as call #{tool.get('repeat_of')} of this "
+            "turn, with the same arguments, and the result above is that call's. Answer the "
+            "user with it instead of calling again.]"
+        )
+        self._finish(message_id, f"{earlier}\n\n{note}", MessageStatus.COMPLETE, tool)
 
     def _execute(self, message_id: int, tool: dict) -> None:
         self._running = message_id
@@ -263,3 +325,48 @@ class ToolRunner(QObject):
     def _finish(self, message_id: int, content: str, status: str, tool: dict) -> None:
         self.store.update_tool_message(message_id, content=content, status=status, tool=tool)
         self.messageChanged.emit(self.store.message(message_id))
+
+    # --- an answer with no text ------------------------------------------------------------------
+    def empty_reply_note(self, finish_reason: str, dropped_calls: int = 0) -> str:
+        """Why a finished reply has no text, for the line under it: the finish reason, the tool
+        calls of this turn, and why the tools were withdrawn when they were."""
+        calls = self.calls_in_turn
+        after = f" after {calls} tool call{'s' if calls != 1 else ''}" if calls else ""
+        why = FINISH_WORDS.get(str(finish_reason), "")
+        note = (
+            f"The model ended its turn without text{after} "
+            f"(finish reason: {finish_reason}{' — ' + why if why else ''})."
+        )
+        if self.repeats >= self.max_repeats:
+            note += (
+                f" {self.repeats} of its calls repeated an earlier one, so the tools were "
+                "withdrawn for this answer."
+            )
+        elif self.rounds >= self.max_rounds:
+            note += f" It reached the limit of {self.max_rounds} tool rounds, so the tools were withdrawn."
+        if dropped_calls:
+            note += (
+                f" It still called {dropped_calls} tool{'s' if dropped_calls != 1 else ''}, "
+                "which did not run."
+            )
+        return note
+
+
+FINISH_WORDS = {  # engine.types.FinishReason values, as a user reads them
+    "stop": "the model stopped by itself",
+    "length": "the token limit was reached",
+    "tool_calls": "it ended on tool calls",
+    "stop_sequence": "a stop sequence matched",
+}
+
+
+def call_key(name: str, arguments) -> str:
+    """A call's identity in a turn: the tool's name and its arguments as canonical JSON (key
+    order and spacing do not make two calls different)."""
+    return json.dumps(
+        {"name": name, "arguments": arguments},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        default=str,
+    )

@@ -1,13 +1,18 @@
-"""One chat message: role header with status, collapsible reasoning, markdown body, actions."""
+"""One chat message: role header with status, collapsible reasoning, markdown body, actions.
+
+A card is never wider than the chat: its header text wraps, its actions sit in a "⋯" menu (and
+show as buttons only while the pointer is over a card wide enough for them), and a code line
+longer than the card scrolls inside the message body instead of widening the card."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Qt, QUrl, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMenu,
     QMessageBox,
     QSizePolicy,
     QTextBrowser,
@@ -17,8 +22,10 @@ from PySide6.QtWidgets import (
 )
 
 from app.export import ROLE_TITLES
+from app.finish_reasons import header_note
 from app.json_reply import render_json_reply
 from app.store import StoredMessage
+from app.theme import text_color
 from app.views.code_blocks import COPY_SCHEME
 from app.views.markdown_style import set_markdown
 from engine.events import ToolCallStarted
@@ -36,6 +43,8 @@ STATUS_NOTES = {
 # javascript: URL that some handler would run. Only web pages open, and only after the user has
 # seen the full address.
 OPENABLE_SCHEMES = ("http", "https")
+MIN_BODY_WIDTH = 60  # px: below this a message body is clipped rather than widening its card
+MENU_TEXT = "⋯"  # the actions menu every card has; its buttons show only on hover
 
 
 def is_openable_link(url: QUrl) -> bool:
@@ -77,7 +86,9 @@ class AutoHeightBrowser(QTextBrowser):
         self.anchorClicked.connect(self._on_link)
         self.setFrameShape(QFrame.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        # Prose wraps at the view's width; a code line that cannot wrap (and a wide JSON reply)
+        # scrolls here, inside the message, instead of making the card wider than the chat.
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
 
@@ -89,8 +100,17 @@ class AutoHeightBrowser(QTextBrowser):
             return
         confirm_and_open_link(url, self)
 
+    def minimumSizeHint(self) -> QSize:
+        # QAbstractScrollArea's hint counts both scroll bars; the chat only needs a sliver.
+        return QSize(MIN_BODY_WIDTH, super().minimumSizeHint().height())
+
+    def needs_horizontal_scroll(self) -> bool:
+        return self.document().size().width() > self.viewport().width() + 1
+
     def _fit(self, *_):
         height = int(self.document().size().height()) + 2 * self.frameWidth() + 2
+        if self.needs_horizontal_scroll():  # room for the bar under the last line
+            height += self.horizontalScrollBar().sizeHint().height()
         if height != self.height():
             self.setFixedHeight(height)
 
@@ -126,6 +146,9 @@ class MessageWidget(QFrame):
         self.role_label = QLabel(f"<b>{ROLE_TITLES.get(message.role, message.role)}</b>")
         self.status_label = QLabel()
         self.status_label.setObjectName("status")
+        # Wraps rather than widening the card ("■ cancelled — partial reply kept", long finish
+        # reasons): one wide header once made every card in the chat wider than the view.
+        self.status_label.setWordWrap(True)
         header.addWidget(self.role_label)
         # "< 2/3 >": this message's versions (regenerated replies, edited messages). Made only
         # for a message that has versions: every widget in a header costs a little on each
@@ -135,41 +158,54 @@ class MessageWidget(QFrame):
         self.version_label: QLabel | None = None
         self.next_version: QToolButton | None = None
         header.addWidget(self.status_label, 1)
+        # The actions: each is a button in `hover_actions` (shown while the pointer is over a
+        # card wide enough for them) and an entry of the "⋯" menu (always there).
+        self.hover_actions = QWidget()
+        self.hover_actions.setObjectName("hover_actions")
+        self._hover_layout = QHBoxLayout(self.hover_actions)
+        self._hover_layout.setContentsMargins(0, 0, 0, 0)
+        self._hover_layout.setSpacing(0)
+        self.hover_actions.setVisible(False)
+        self.actions_menu = QMenu(self)
+        self.menu_button = QToolButton()
+        self.menu_button.setObjectName("message_menu")
+        self.menu_button.setText(MENU_TEXT)
+        self.menu_button.setToolTip("Actions for this message")
+        self.menu_button.setAutoRaise(True)
+        self.menu_button.setPopupMode(QToolButton.InstantPopup)
+        self.menu_button.setMenu(self.actions_menu)
+        self._menu_actions: dict[QToolButton, object] = {}
         self.copy_button = self._action("Copy", "Copy this message as plain text", self._copy)
-        header.addWidget(self.copy_button)
-        self.branch_button = self._action(
-            "Branch",
-            "Branch from here: copy the chat up to this message into a new chat",
-            lambda: self.branchRequested.emit(self.message.id),
-        )
-        header.addWidget(self.branch_button)
         if message.role == Role.USER:
             self.edit_button = self._action(
                 "Edit",
                 "Edit this message and regenerate the reply from here",
                 lambda: self.editRequested.emit(self.message.id),
             )
-            header.addWidget(self.edit_button)
             self.compare_button = self._action(
                 "Compare answers",
                 "Answer this message with two presets side by side (Compare…)",
                 lambda: self.compareRequested.emit(self.message.id),
             )
-            header.addWidget(self.compare_button)
         if message.role == Role.ASSISTANT:
+            self.regenerate_button = self._action(
+                "Regenerate",
+                "Generate this reply again (Ctrl+R)",
+                lambda: self.regenerateRequested.emit(self.message.id),
+            )
             self.details_button = self._action(
                 "Details",
                 "Show this reply's receipt (model, template, preset, seed) and replay it; its "
                 "usage and tokens go to the side panels",
                 self._details,
             )
-            self.regenerate_button = self._action(
-                "Regenerate",
-                "Generate this reply again (Ctrl+R)",
-                lambda: self.regenerateRequested.emit(self.message.id),
-            )
-            header.addWidget(self.details_button)
-            header.addWidget(self.regenerate_button)
+        self.branch_button = self._action(
+            "Branch",
+            "Branch from here: copy the chat up to this message into a new chat",
+            lambda: self.branchRequested.emit(self.message.id),
+        )
+        header.addWidget(self.hover_actions)
+        header.addWidget(self.menu_button, 0, Qt.AlignTop)
         layout.addLayout(header)
 
         self.reasoning_toggle = QToolButton()
@@ -190,6 +226,7 @@ class MessageWidget(QFrame):
 
         self.json_status = QLabel()
         self.json_status.setObjectName("json_status")
+        self.json_status.setWordWrap(True)  # a parse error names line and column: it can be long
         layout.addWidget(self.json_status)
 
         # The tool calls this reply made (each one's block follows the reply) and any it wrote
@@ -203,16 +240,54 @@ class MessageWidget(QFrame):
 
         self.usage_label = QLabel()
         self.usage_label.setObjectName("usage_line")
+        self.usage_label.setWordWrap(True)
         layout.addWidget(self.usage_label)
         self.refresh()
 
     def _action(self, text: str, tip: str, slot) -> QToolButton:
+        """A hover button and the same entry in the "⋯" menu."""
+        button = self._tool_button(text, tip, slot)
+        self._hover_layout.addWidget(button)
+        entry = self.actions_menu.addAction(text)
+        entry.setToolTip(tip)
+        entry.triggered.connect(button.click)
+        self._menu_actions[button] = entry
+        return button
+
+    def _tool_button(self, text: str, tip: str, slot) -> QToolButton:
         button = QToolButton()
         button.setText(text)
         button.setToolTip(tip)
         button.setAutoRaise(True)
         button.clicked.connect(slot)
         return button
+
+    def _offer(self, button: QToolButton | None, available: bool) -> None:
+        """Offer an action (hover button and menu entry) or take it away (while streaming)."""
+        if button is None:
+            return
+        button.setVisible(available)
+        self._menu_actions[button].setVisible(available)
+
+    def menu_entries(self) -> list[str]:
+        """The "⋯" menu's entries as offered now."""
+        return [a.text() for a in self.actions_menu.actions() if a.isVisible()]
+
+    # --- hover: the action buttons show while the pointer is over the card ----------------------
+    def enterEvent(self, event):
+        super().enterEvent(event)
+        self.show_hover_actions(True)
+
+    def leaveEvent(self, event):
+        super().leaveEvent(event)
+        self.show_hover_actions(False)
+
+    def show_hover_actions(self, shown: bool) -> None:
+        """Show the action buttons, but only if the card is wide enough for them: they are a
+        shortcut to the "⋯" menu and must never make the card wider than the chat."""
+        self.hover_actions.setVisible(shown)
+        if shown and self.minimumSizeHint().width() > self.width():
+            self.hover_actions.setVisible(False)
 
     # --- content --------------------------------------------------------------------------------
     @property
@@ -257,7 +332,8 @@ class MessageWidget(QFrame):
                 ("✔ " if view.ok else "✖ " if not streaming else "") + view.status
             )
             # Direct colour: a dynamic-property selector would need a re-polish on every change.
-            color = "#2e8b57" if view.ok else ("#c0392b" if not streaming else "gray")
+            meaning = "good" if view.ok else "bad" if not streaming else ""
+            color = text_color(self.palette(), meaning) if meaning else "gray"
             self.json_status.setStyleSheet(f"color: {color};")
             self.json_status.setVisible(True)
         elif len(self.text) > MARKDOWN_CHARS:
@@ -283,10 +359,10 @@ class MessageWidget(QFrame):
             getattr(self, "regenerate_button", None),
             getattr(self, "details_button", None),
         ):
-            if button is not None:
-                button.setVisible(not streaming)
+            self._offer(button, not streaming)
         self._show_versions(streaming)
-        self.status_label.setText(STATUS_NOTES.get(status, ""))
+        # how the reply ended, in app/finish_reasons.py's words (a server's own finish reason too)
+        self.status_label.setText(header_note(status, m.finish_reason, m.usage))
         self.status_label.setProperty("status", status)
         self._show_tool_calls(streaming)
         # A reply that is only tool calls has no text to frame.
@@ -314,6 +390,8 @@ class MessageWidget(QFrame):
                     f"✖ Malformed tool call {bad.get('name') or '(no name)'}: "
                     f"{bad.get('problem', '')} — not run"
                 )
+            if tool.get("empty_reason"):  # an answer with no text says why (app/tool_runner.py)
+                lines.append(str(tool["empty_reason"]))
         self.tool_calls_label.setText("\n".join(lines))
         self.tool_calls_label.setVisible(bool(lines))
 
@@ -323,16 +401,16 @@ class MessageWidget(QFrame):
 
     def _show_versions(self, streaming: bool) -> None:
         m = self.message
-        self.branch_button.setVisible(not streaming)
+        self._offer(self.branch_button, not streaming)
         if m.version_count < 2:
             return
         if self.version_label is None:
-            self.previous_version = self._action(
+            self.previous_version = self._tool_button(
                 "‹", "Show the previous version of this message", lambda: self._step_version(-1)
             )
             self.version_label = QLabel()
             self.version_label.setObjectName("version_label")
-            self.next_version = self._action(
+            self.next_version = self._tool_button(
                 "›", "Show the next version of this message", lambda: self._step_version(1)
             )
             for offset, item in enumerate(

@@ -1,6 +1,7 @@
 """One tool call in the chat (a role "tool" message): the tool's name, its arguments pretty-printed,
 how it was let run, the approval buttons while it waits (Allow once / Always for this tool in this
-chat / Deny), and its result, collapsed until the user opens it."""
+chat / Deny), and its result, collapsed until the user opens it. A call that repeats an earlier
+one of the same turn says so: it was not run again and got that call's result (app/tool_runner.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.store import StoredMessage
+from app.tool_runner import REPEATED
 from engine.types import MessageStatus, ToolApproval
 
 APPROVAL_NOTES = {
@@ -30,6 +32,7 @@ APPROVAL_NOTES = {
     ToolApproval.ALWAYS: "allowed for this tool in this chat",
     ToolApproval.DENIED: "denied",
     ToolApproval.CANCELLED: "stopped",
+    REPEATED: "repeated call",
 }
 ERROR_NAMES = {  # the named failures of app/tools/errors.py, as the user reads them
     "McpServerCrashed": "Server crashed",
@@ -73,7 +76,9 @@ class ToolCallWidget(QFrame):
             if tool.get("server")
             else " (built-in)"
         )
-        self.title = QLabel(f"<b>Tool call: {html.escape(str(tool.get('name', '?')))}</b>{where} —")
+        number = f" #{tool['number']}" if isinstance(tool.get("number"), int) else ""
+        name = html.escape(str(tool.get("name", "?")))
+        self.title = QLabel(f"<b>Tool call{number}: {name}</b>{where} —")
         self.status_label = QLabel()
         self.status_label.setObjectName("tool_status")
         header.addWidget(self.title)
@@ -123,7 +128,9 @@ class ToolCallWidget(QFrame):
         pending = approval == ToolApproval.PENDING and m.status == MessageStatus.STREAMING
         self.approval_row.setVisible(pending)
         note = APPROVAL_NOTES.get(approval, "")
-        if m.status == MessageStatus.STREAMING and not pending:
+        if approval == REPEATED:
+            note += f" — not run again, same result as #{tool.get('repeat_of', '?')}"
+        if m.status == MessageStatus.STREAMING and not pending and approval != REPEATED:
             note += " · running…"
         error = tool.get("error")
         if error and approval != ToolApproval.DENIED:
