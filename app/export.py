@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+from app.finish_reasons import end_note
 from app.store import Conversation, StoredMessage
 from engine.types import MessageStatus, Role
 
@@ -69,8 +70,13 @@ def to_markdown(conversation: Conversation, messages: list[StoredMessage]) -> st
         lines += ["**System prompt:**", "", conversation.system_prompt, ""]
     for m in messages:
         heading = f"## {ROLE_TITLES.get(m.role, m.role)}"
-        if m.status != MessageStatus.COMPLETE:
-            heading += f" ({m.status})"
+        # how the reply ended, when not cleanly: the same words as its header in the window
+        if m.role == Role.ASSISTANT:
+            note = end_note(m.status, m.finish_reason, m.usage)
+        else:
+            note = "" if m.status == MessageStatus.COMPLETE else str(m.status)
+        if note:
+            heading += f" ({note})"
         lines += [heading, ""]
         if m.reasoning:
             quoted = "\n".join("> " + line for line in m.reasoning.splitlines())

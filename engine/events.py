@@ -120,6 +120,10 @@ class Usage:
     # True for a remote server's reply: the times are the app's, taken from the stream over the
     # network (time to first delta includes the round trip), not the engine's own clock.
     measured_over_network: bool = False
+    # A remote server's own finish_reason as it sent it ("" when it named none), kept beside the
+    # app's FinishReason because several of a server's words map to one of ours and the user must
+    # see which (a server's "cancelled" is an error here, not the user's Stop). None: local reply.
+    server_finish_reason: str | None = None
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "scripted"
+AUTO = "auto"  # Reply.finish: "tool_calls" after calls, else "stop"
 ENDLESS_FOR_AT_MOST_S = 120.0  # an endless reply whose client never stops still ends
 
 
@@ -27,13 +28,15 @@ class Reply:
     """One scripted answer. `text` is streamed a word per chunk; `tool_calls` are (name,
     arguments) pairs streamed as OpenAI tool_calls deltas after it; `usage` is the include_usage
     chunk's (prompt_tokens, completion_tokens). `endless`: after `text`, keep streaming a word
-    every `word_every_s` until the client goes away (Stop), never finishing on its own."""
+    every `word_every_s` until the client goes away (Stop), never finishing on its own. `finish`:
+    the finish_reason the last chunk says (None: a last chunk that names none)."""
 
     text: str = ""
     tool_calls: tuple = ()
     usage: tuple[int, int] = (17, 0)  # completion 0: the number of words streamed
     endless: bool = False
     word_every_s: float = 0.02
+    finish: str | None = AUTO
 
 
 def _chunk(delta: dict, *, logprob_of: str | None = None, finish: str | None = None) -> dict:
@@ -138,7 +141,9 @@ class ScriptedOpenAIServer:
                     for start in range(0, len(text), 4):  # the arguments in fragments
                         part = {"index": index, "function": {"arguments": text[start : start + 4]}}
                         self._event(_chunk({"tool_calls": [part]}))
-                finish = "tool_calls" if reply.tool_calls else "stop"
+                finish = reply.finish
+                if finish == AUTO:
+                    finish = "tool_calls" if reply.tool_calls else "stop"
                 self._event(_chunk({}, finish=finish))
                 prompt, completion = reply.usage
                 usage = {

@@ -56,6 +56,7 @@ from app.backends.errors import (
 )
 from app.backends.sse import DONE, SseParser
 from app.engine_bridge import StreamNotice
+from app.finish_reasons import PLAIN_SERVER_WORDS
 from engine.cancel import CancelToken
 from engine.events import (
     Finished,
@@ -88,15 +89,17 @@ OPTIONAL_FIELDS = (
     "seed",
 )
 
-FINISH_REASONS = {
-    "stop": FinishReason.STOP,
-    "eos": FinishReason.STOP,  # some servers (TGI) say eos_token
-    "eos_token": FinishReason.STOP,
-    "stop_sequence": FinishReason.STOP_SEQUENCE,
-    "length": FinishReason.LENGTH,
-    "max_tokens": FinishReason.LENGTH,
-    "tool_calls": FinishReason.TOOL_CALLS,  # STOP when none of the calls is executable
-    "function_call": FinishReason.TOOL_CALLS,
+# A server's finish_reason -> ours: app/finish_reasons.py holds the table (PLAIN_SERVER_WORDS)
+# and says each in words. The words that end a reply badly become an error, with this said to the
+# user (the partial reply is kept, no tool call runs); so does any word not in either table, which
+# must never pass for a clean end of turn.
+SERVER_END_DETAILS = {
+    "cancelled": (
+        "cut the reply short (finish_reason 'cancelled': the server stopped generating, for "
+        "example because it was shutting down)"
+    ),
+    "error": "ended the reply with an error (finish_reason 'error')",
+    "content_filter": "stopped the reply (content filter)",
 }
 
 
@@ -334,16 +337,26 @@ class OpenAIClient:
             )
             yield self._finished(stream, FinishReason.ERROR, body, str(error))
         else:
-            reason = FINISH_REASONS.get(stream.finish or "stop", FinishReason.STOP)
-            if stream.tool_calls:
-                reason = FinishReason.TOOL_CALLS  # some servers say "stop" after calls
-            elif reason == FinishReason.TOOL_CALLS:
-                reason = FinishReason.STOP  # none of the calls can be executed
-            if stream.finish == "content_filter":
-                message = f"{self.connection.label} stopped the reply (content filter)."
-                yield self._finished(stream, FinishReason.ERROR, body, message)
-                return
-            yield self._finished(stream, reason, body)
+            yield self._server_finished(stream, body)
+
+    def _server_finished(self, stream: _Stream, body: dict) -> Finished:
+        """The Finished of a stream that ended with [DONE], from the server's finish_reason."""
+        label, word = self.connection.label, stream.finish or ""
+        if word in SERVER_END_DETAILS:
+            message = f"{label} {SERVER_END_DETAILS[word]}; the partial reply is kept."
+            return self._finished(stream, FinishReason.ERROR, body, message)
+        if word and word not in PLAIN_SERVER_WORDS:
+            message = (
+                f"{label} ended the reply with finish_reason {word!r}, which this app does not "
+                "know: the reply may be incomplete."
+            )
+            return self._finished(stream, FinishReason.ERROR, body, message)
+        reason = PLAIN_SERVER_WORDS.get(word, FinishReason.STOP)  # no word: [DONE] ended it
+        if stream.tool_calls:
+            reason = FinishReason.TOOL_CALLS  # some servers say "stop" after calls
+        elif reason == FinishReason.TOOL_CALLS:
+            reason = FinishReason.STOP  # none of the calls can be executed
+        return self._finished(stream, reason, body)
 
     def _on_event(self, event, stream: _Stream, splitter: ReasoningSplitter, body: dict):
         label = self.connection.label
@@ -739,6 +752,7 @@ def _usage(stream: _Stream) -> Usage:
         context_used=prompt + completion,
         context_limit=0,
         measured_over_network=True,
+        server_finish_reason=stream.finish or "",
     )
 
 

@@ -579,6 +579,9 @@ class MainWindow(QMainWindow):
         self.frame_timer.stop()
         if stored is not None and stored.conversation_id == self.session.conversation_id:
             self.chat_view.finish_stream(stored)
+            # the failed reply's usage and how it ended, not "generating…" (issue 31, defect 6)
+            self.selected_message_id = stored.id
+            self.usage_panel.show_usage(stored.usage, stored.finish_reason)
         if self.backends.kind == "remote" and "refused the request" in message:
             # The server refused a value of the request: its own words, where the values are.
             self.preset_panel.show_error(message, prefix="")

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QWidget
 
-from engine.types import FinishReason
+from app.finish_reasons import NOTE_STREAMING, finish_label
 
-FINISH_EXPLAINED = {
-    FinishReason.STOP: "stop (end of turn)",
-    FinishReason.STOP_SEQUENCE: "stop string matched",
-    FinishReason.LENGTH: "length limit reached",
-    FinishReason.CANCELLED: "cancelled by you",
-    FinishReason.GRAMMAR_COMPLETE: "JSON complete",
-    FinishReason.TOOL_CALLS: "tool calls made",
-    FinishReason.ERROR: "error",
-}
+IDLE_TITLE = "Usage — last reply"
+LIVE_TITLE = "Usage — generating…"
+SELECTED_TITLE = "Usage — selected reply"
 
 
 class UsagePanel(QGroupBox):
     def __init__(self, parent: QWidget | None = None):
-        super().__init__("Usage — last reply", parent)
+        super().__init__(IDLE_TITLE, parent)
         form = QFormLayout(self)
         form.setContentsMargins(8, 8, 8, 8)
         self.fields: dict[str, QLabel] = {}
@@ -53,6 +47,9 @@ class UsagePanel(QGroupBox):
         form.addRow(self.network_note)
 
     def clear(self) -> None:
+        """No reply to show (a new or empty chat, another model): nothing may still read as
+        generating."""
+        self.setTitle(IDLE_TITLE)
         self.network_note.setVisible(False)
         for label in self.fields.values():
             label.setText("—")
@@ -63,12 +60,13 @@ class UsagePanel(QGroupBox):
     def show_usage(
         self, usage: dict | None, finish_reason: str | None = None, live: bool = False
     ) -> None:
-        self.setTitle("Usage — generating…" if live else "Usage — selected reply")
         if not usage or "error" in usage:
             self.clear()
-            if usage and "error" in usage:
+            if usage and "error" in usage:  # refused before the stream (ReplyRecorder.fail)
                 self.fields["finish_reason"].setText("error")
+                self.setTitle(SELECTED_TITLE)
             return
+        self.setTitle(LIVE_TITLE if live else SELECTED_TITLE)
         f = self.fields
         self.network_note.setVisible(bool(usage.get("measured_over_network")))
         remote = bool(usage.get("measured_over_network"))
@@ -83,8 +81,11 @@ class UsagePanel(QGroupBox):
         f["cached_tokens"].setText(not_known if cached is None else str(cached))
         f["prompt_tok_s"].setText(_rate(usage.get("prompt_tok_s")))
         f["decode_tok_s"].setText(_rate(usage.get("decode_tok_s")))
-        reason = usage.get("finish_reason", finish_reason)
-        f["finish_reason"].setText(FINISH_EXPLAINED.get(reason, reason or "—"))
+        f["finish_reason"].setText(
+            NOTE_STREAMING
+            if live
+            else finish_label(finish_reason or usage.get("finish_reason"), usage)
+        )
         used, limit = int(usage.get("context_used") or 0), int(usage.get("context_limit") or 0)
         self.context_bar.setRange(0, max(limit, 1))
         self.context_bar.setValue(min(used, limit))
