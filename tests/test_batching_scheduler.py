@@ -588,6 +588,7 @@ def test_the_stand_in_forward_returns_what_the_model_forward_returns(monkeypatch
         seen["last"] = model.forward([BOS, HELLO, WORLD], cache)
         seen["rows"] = model.forward(np.array([BANG, HOW]), cache, all_logits=True)
         seen["picked"] = model.forward([ARE, YOU, A], cache, logits_at=[2, 0, 2])
+        seen["none"] = model.forward([B], cache, logits_at=[])
         seen["tokens"] = list(cache.tokens)
         try:
             model.forward([], cache)
@@ -614,9 +615,10 @@ def test_the_stand_in_forward_returns_what_the_model_forward_returns(monkeypatch
     every = reference.forward([ARE, YOU, A], cache, all_logits=True)
     assert np.array_equal(seen["picked"], every[[2, 0, 2]])
     assert seen["last"].shape == (38,) and seen["rows"].shape == (2, 38)
-    assert seen["tokens"] == [BOS, HELLO, WORLD, BANG, HOW, ARE, YOU, A]
+    assert seen["none"].shape == (0, 38)  # a call may want no logits at all
+    assert seen["tokens"] == [BOS, HELLO, WORLD, BANG, HOW, ARE, YOU, A, B]
     assert seen["capacity"] == 16 and "at least one token" in seen["empty"]
-    assert seen["overflow"] == "ContextOverflowError"  # 8 cached + 9 > 16: refused up front
+    assert seen["overflow"] == "ContextOverflowError"  # 9 cached + 9 > 16: refused up front
 
 
 # --- the prefix cache ----------------------------------------------------------------------------

@@ -81,8 +81,9 @@ class ForwardWork:
     def took(self, n: int, logits: np.ndarray) -> bool:
         """Record that a step fed n more tokens and gave these logits rows; True when done."""
         self.done += n
-        if logits.shape[0]:
-            self.rows.append(logits)
+        # kept even when empty: a call that wants no row (logits_at=[]) returns (0, n_vocab), as
+        # forward() does, and a step's empty rows are cheap to concatenate
+        self.rows.append(logits)
         if self.done < self.tokens.size:
             return False
         got = np.concatenate(self.rows, axis=0) if len(self.rows) > 1 else self.rows[0]
