@@ -42,9 +42,16 @@ MODULE_TESTS = {
     "engine/receipt.py": ["tests/test_receipt.py", "tests/test_receipt_replay.py"],
     "engine/server/protocol.py": ["tests/test_server_protocol.py"],
     "engine/server/responses.py": ["tests/test_server_protocol.py"],
-    "engine/batching/scheduler.py": ["tests/test_batching.py"],
-    "engine/batching/admission.py": ["tests/test_batching_admission.py"],
-    "engine/batching/forward_work.py": ["tests/test_batching.py"],
+    "engine/batching/scheduler.py": ["tests/test_batching_scheduler.py"],
+    "engine/batching/admission.py": [
+        "tests/test_batching_admission.py",
+        "tests/test_batching_scheduler.py",
+    ],
+    "engine/batching/forward_work.py": [
+        "tests/test_batching_forward_work.py",
+        "tests/test_batching_admission.py",
+        "tests/test_batching_scheduler.py",
+    ],
     "engine/tool_calls/hermes.py": ["tests/test_tool_call_parsers.py"],
     "engine/tool_calls/mistral.py": ["tests/test_tool_call_parsers.py"],
     "engine/tool_calls/json_scan.py": ["tests/test_tool_call_parsers.py"],
@@ -59,7 +66,8 @@ MODULE_TESTS = {
     "app/backends/openai_client.py": ["tests/test_remote_client.py"],
 }
 
-COPIED = ("engine", "app", "tests", "resources", "pyproject.toml")
+# tools: tests/conftest.py imports tools.fetch_qwen_coder (the fast-tier model guard)
+COPIED = ("engine", "app", "tests", "tools", "resources", "pyproject.toml")
 
 
 def scratch_copy(module: str, base: Path) -> Path:
