@@ -2,19 +2,110 @@
 so the engine picks one and the receipt records it) replays token for token from its receipt;
 a receipt whose preset was changed behind its back replays into a divergence, located at the
 first token where a direct run with that preset differs, and the Details view says the preset
-was changed. The JSON export carries the receipt."""
+was changed. The JSON export carries the receipt.
+
+The first test drives the path a new user takes, in the fast tier: the app's own engine bridge
+(RealEngine: preset resolution, context fit, receipts, digests, replay) over the scripted model of
+tests/fake_model.py, every setting left at its default (no max_new_tokens: an unbounded reply),
+Enter, Details, Replay."""
 
 import hashlib
 import json
+from pathlib import Path
 
+import numpy as np
 from PySide6.QtCore import Qt
 
 from app.engine_bridge import RealEngine
 from engine.cancel import CancelToken
 from engine.generate import generate
 from engine.receipt import build_receipt, replay
-from engine.types import GenerationRequest
+from engine.types import GenerationRequest, ModelInfo
 from tests.app_fakes import WAIT_MS, close_window, make_window
+from tests.fake_model import (
+    BOS,
+    EOS,
+    IM_END,
+    IM_START,
+    VOCAB_SIZE,
+    fake_lm,
+    one_hot,
+    use_fake_detokenizer,
+)
+
+
+def sampled_logits(prefix):
+    """Spread over the ordinary pieces (the default preset samples, so the reply depends on the
+    seed the engine picks), a pure function of the prefix; the reply ends after 12 tokens."""
+    if len(prefix) >= 24:
+        return one_hot(EOS)
+    logits = np.random.default_rng([len(prefix), *prefix]).normal(0.0, 1.0, VOCAB_SIZE)
+    logits[[BOS, EOS, IM_END, IM_START]] = -30.0
+    return logits.astype(np.float32)
+
+
+class ScriptedModelEngine(RealEngine):
+    """The app's engine bridge with only the model replaced by the scripted one: loading, the
+    model's description and unloading are the fake's; generate, receipts, digests and replay are
+    RealEngine's own."""
+
+    def load(self, path, *, n_ctx, n_threads, progress, cache_type="f16"):
+        progress("ready", 1.0)
+        lm = fake_lm(sampled_logits, n_ctx=n_ctx or 64, path=Path(path))
+        self._model_digests().start(lm.path)
+        return lm
+
+    def describe(self, lm):
+        return ModelInfo(
+            path=str(lm.path),
+            name=lm.path.name,
+            architecture="llama",
+            n_ctx=lm.n_ctx,
+            template=lm.chat_template.name,
+        )
+
+    def unload(self, lm):
+        pass
+
+
+def test_a_reply_with_default_settings_replays_exactly_from_details(qtbot, tmp_path, monkeypatch):
+    # Issue 31: "Replay failed: Unexpected error: TypeError: int() argument must be a string ...
+    # not 'NoneType'" on every reply made with the default settings.
+    use_fake_detokenizer(monkeypatch)
+    model = tmp_path / "scripted.gguf"
+    model.write_bytes(b"GGUF scripted model")
+    engine = ScriptedModelEngine(digest_cache=tmp_path / "digests.json")
+    window = make_window(qtbot, tmp_path, engine, model_path=str(model))
+    window.input.setPlainText("Hello")
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        qtbot.keyClick(window.input, Qt.Key_Return)
+    reply = window.store.messages(window.session.conversation_id)[-1]
+    receipt = reply.receipt
+    assert receipt["preset"]["values"]["max_new_tokens"] is None  # the default: no cap
+    assert receipt["preset"]["values"]["do_sample"] is True
+    assert receipt["preset"]["sources"]["do_sample"] == "LocalChat chat defaults"
+    assert isinstance(receipt["preset"]["seed_used"], int)
+    assert receipt["model"]["sha256"] == hashlib.sha256(b"GGUF scripted model").hexdigest()
+    assert receipt["output"]["finish_reason"] == "stop"
+    n = len(receipt["output"]["token_ids"])
+    assert n > 0 and receipt["output"]["token_ids"] == [t["token_id"] for t in reply.tokens]
+
+    window.chat_view.widgets[-1].details_button.click()
+    dialog = window.details_dialog
+    outcome = []  # the report, or the failure's text: either ends the wait
+    window.session.replayFinished.connect(lambda message_id, report: outcome.append(report))
+    window.session.replayFailed.connect(lambda message_id, text: outcome.append(text))
+    dialog.replay_button.click()
+    qtbot.waitUntil(lambda: bool(outcome), timeout=WAIT_MS)
+    report = outcome[0]
+    assert not isinstance(report, str), f"Replay failed: {report}"
+    assert report.identical and report.differences == (), report
+    assert report.replayed_tokens == n and report.replay_text == reply.content
+    assert dialog.result.text().startswith("<b style='color:#2e8b57'>✔ Reproduced exactly</b>")
+    assert f"all {n} tokens are the same" in dialog.result.text()
+    assert dialog.replay_button.isEnabled()
+    close_window(window)
+
 
 SAMPLED = {"do_sample": True, "temperature": 0.9, "top_p": 0.95, "max_new_tokens": 24}
 
@@ -96,6 +187,32 @@ def test_a_reply_replays_exactly_and_a_changed_preset_is_located(
     assert (
         exported["messages"][-1]["receipt"]["preset"]["seed_used"] == receipt["preset"]["seed_used"]
     )
+    close_window(window)
+
+
+def test_a_real_reply_with_default_settings_replays_exactly(qtbot, tmp_path, smollm2_path):
+    # The same default path on the real engine and model: nothing set, so the chat defaults
+    # sample with a seed the engine picks and the reply has no cap.
+    engine = RealEngine(digest_cache=tmp_path / "digests.json")
+    window = make_window(qtbot, tmp_path, engine, model_path=str(smollm2_path))
+    window.input.setPlainText("What is 2 + 2? Answer with one word.")
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        qtbot.keyClick(window.input, Qt.Key_Return)
+    reply = window.store.messages(window.session.conversation_id)[-1]
+    receipt = reply.receipt
+    assert receipt["preset"]["values"]["max_new_tokens"] is None
+    assert isinstance(receipt["preset"]["seed_used"], int)
+    dialog = window.show_details(reply.id)
+    outcome = []
+    window.session.replayFinished.connect(lambda message_id, report: outcome.append(report))
+    window.session.replayFailed.connect(lambda message_id, text: outcome.append(text))
+    dialog.replay_button.click()
+    qtbot.waitUntil(lambda: bool(outcome), timeout=WAIT_MS)
+    report = outcome[0]
+    assert not isinstance(report, str), f"Replay failed: {report}"
+    assert report.identical and report.differences == (), report
+    assert report.replayed_tokens == len(receipt["output"]["token_ids"])
+    assert "Reproduced exactly" in dialog.result.text()
     close_window(window)
 
 
