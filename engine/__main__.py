@@ -580,13 +580,16 @@ def cmd_score(args) -> int:
 SERVE_DEFAULT_PORT = 8080
 SERVE_MAX_CONCURRENCY = 64
 SERVE_MAX_QUEUE = 4096
+DEFAULT_REQUEST_TIMEOUT_S = 10.0  # engine.server.app's defaults (not imported: it loads Starlette)
+DEFAULT_MAX_CONNECTIONS = 100
 
 
 def serve_options(args) -> dict:
     """Check the serve flags before the model is loaded (a refused --host fails at once)."""
-    from engine.server.serve import check_bind
+    from engine.server.serve import check_bind, check_limits
 
     check_bind(args.host, args.api_key)
+    check_limits(args.max_connections, args.request_timeout)
     if not 1 <= args.max_concurrency <= SERVE_MAX_CONCURRENCY:
         raise ConfigValidationError(
             "--max-concurrency", args.max_concurrency, f"an integer in [1, {SERVE_MAX_CONCURRENCY}]"
@@ -628,6 +631,10 @@ def cmd_serve(args) -> int:
         aliases=[args.model] if args.model != lm.path.stem else [],
         api_key=args.api_key,
         cors_origin=args.cors,
+        allowed_hosts=args.allowed_host,
+        allowed_origins=args.allowed_origin,
+        request_timeout_s=args.request_timeout,
+        max_connections=args.max_connections,
     )
 
     def ready(url: str) -> None:
@@ -834,9 +841,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache memory for running requests, in MiB (default: the engine's budget)",
     )
     p.add_argument(
-        "--cors",
+        "--allowed-origin",
+        action="append",
+        default=[],
         metavar="ORIGIN",
-        help="allow browser pages from ORIGIN (e.g. http://localhost:3000); default: no CORS",
+        help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API, with CORS "
+        "headers; repeatable; '*' allows every page. Default: requests from web pages are refused",
+    )
+    p.add_argument("--cors", metavar="ORIGIN", help="the same as --allowed-origin ORIGIN")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also accept requests whose Host header is NAME (e.g. a name for this computer on "
+        "your network); repeatable; '*' accepts any. Default: the --host address, localhost, "
+        "127.0.0.1, [::1] (and any IP address when --host is 0.0.0.0 or ::)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a request's headers and body must arrive within this (default "
+        f"{DEFAULT_REQUEST_TIMEOUT_S:g}); later: 408, connection closed",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help=f"open connections at once (default {DEFAULT_MAX_CONNECTIONS}); more: 503, closed",
     )
     return parser
 

@@ -42,6 +42,7 @@ def server(smollm2_path, tmp_path_factory):
     flags = ["--n-ctx", "512", "--api-key", KEY, "--cors", ORIGIN]
     flags += ["--max-concurrency", str(MAX_CONCURRENCY), "--max-queue", str(MAX_QUEUE)]
     flags += ["--kv-budget-mb", str(KV_BUDGET_MB)]
+    flags += ["--allowed-host", "box.local", "--request-timeout", "30", "--max-connections", "50"]
     with running_server(smollm2_path, log, *flags) as started:
         yield started
 
@@ -66,6 +67,7 @@ def raw(server, method, path, body=None, *, key=KEY, headers=None):
             sent["Authorization"] = f"Bearer {key}"
         if body is not None and not isinstance(body, bytes):
             body = json.dumps(body).encode()
+        if body is not None:
             sent.setdefault("Content-Type", "application/json")
         connection.request(method, path, body=body, headers=sent)
         response = connection.getresponse()
@@ -373,7 +375,11 @@ def test_a_10_mb_body_is_refused_without_being_read(server, model_id):
             "POST",
             "/v1/chat/completions",
             body=chunks(),
-            headers={"Authorization": f"Bearer {KEY}", "Transfer-Encoding": "chunked"},
+            headers={
+                "Authorization": f"Bearer {KEY}",
+                "Content-Type": "application/json",
+                "Transfer-Encoding": "chunked",
+            },
             encode_chunked=True,
         )
         response = connection.getresponse()
@@ -410,9 +416,26 @@ def test_cors_only_for_the_named_origin(server, model_id):
     assert status == 200 and headers.get("access-control-allow-origin") == ORIGIN
     other = {**preflight, "Origin": "http://evil.example"}
     status, headers, _ = raw(server, "OPTIONS", "/v1/chat/completions", key=None, headers=other)
-    assert status == 400 and "access-control-allow-origin" not in headers
+    assert status == 403 and "access-control-allow-origin" not in headers
     status, headers, _ = raw(server, "GET", "/v1/models", headers={"Origin": "http://evil.example"})
-    assert "access-control-allow-origin" not in headers
+    assert status == 403 and "access-control-allow-origin" not in headers
+
+
+def test_the_command_line_checks_host_and_content_type(server, model_id):
+    # `python -m engine serve` itself (not only the app object): a rebound Host is refused, a
+    # text/plain body is refused, the server's own address is accepted
+    body = chat_body(model_id)
+    status, _, answer = raw(
+        server, "POST", "/v1/chat/completions", body, headers={"Host": "evil.example"}
+    )
+    assert_openai_error(status, answer, 400, code="invalid_host")
+    status, _, answer = raw(
+        server, "POST", "/v1/chat/completions", json.dumps(body).encode(),
+        headers={"Content-Type": "text/plain"},
+    )  # fmt: skip
+    assert_openai_error(status, answer, 415, code="unsupported_media_type")
+    status, _, answer = raw(server, "GET", "/v1/models", headers={"Host": "box.local:8080"})
+    assert status == 200 and answer["data"][0]["id"] == model_id  # --allowed-host box.local
 
 
 # --- cancellation, queueing, load -------------------------------------------------------------------

@@ -376,14 +376,16 @@ def test_serve_refuses_bad_flags_before_loading_the_model(flags, named, capsys):
 def test_no_cors_unless_an_origin_is_named():
     from starlette.middleware.cors import CORSMiddleware
 
+    from engine.server.access import AccessGuard
     from engine.server.app import LocalChatServer, ServerOptions, build_app
 
-    def middleware(origin):
-        server = LocalChatServer(None, None, ServerOptions(model_id="m", cors_origin=origin))
+    def middleware(**options):
+        server = LocalChatServer(None, None, ServerOptions(model_id="m", **options))
         return [m.cls for m in build_app(server).user_middleware]
 
-    assert middleware(None) == []
-    assert middleware("http://localhost:3000") == [CORSMiddleware]
+    assert middleware() == [AccessGuard]  # Host and Origin are always checked
+    assert middleware(cors_origin="http://localhost:3000") == [AccessGuard, CORSMiddleware]
+    assert middleware(allowed_origins=["http://a.b"]) == [AccessGuard, CORSMiddleware]
 
 
 # --- tools -----------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ onto a status, naming the OpenAI field they concern.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from engine import errors
@@ -25,6 +26,8 @@ ENGINE_FIELD_TO_PARAM = {
     "json_mode": "response_format",
     "prompt": "prompt",
 }
+# the engine's own name for a field a client sends under its OpenAI name, in error messages
+_ENGINE_WORDS = re.compile(r"\bmax_new_tokens\b")
 
 
 class ApiError(Exception):
@@ -68,8 +71,10 @@ class _Mapping:
 
 def from_engine_error(exc: Exception, prompt_param: str) -> ApiError:
     """The HTTP answer for an engine error raised while planning a request. `prompt_param` is
-    "messages" (chat) or "prompt" (completions): where a prompt-sized problem came from."""
-    message = str(exc)
+    "messages" (chat) or "prompt" (completions): where a prompt-sized problem came from. The
+    message names the field as the client sent it (`max_tokens`, not the engine's
+    max_new_tokens, e.g. in a context overflow)."""
+    message = _ENGINE_WORDS.sub("max_tokens", str(exc))
     mapping = _mapping_for(exc, prompt_param)
     if isinstance(exc, errors.ConfigValidationError):
         param = ENGINE_FIELD_TO_PARAM.get(exc.field, exc.field)

@@ -5,9 +5,14 @@
     POST /v1/chat/completions   chat, streamed (SSE, `data: [DONE]`) or whole
     POST /v1/completions        plain-text continuation, streamed or whole
 
-Every /v1 route checks the API key first (when one is set; constant-time comparison), then reads
-the body under a size limit: a Content-Length above it is refused with 413 before any of the body
-is read, and a body sent without one is cut off at the limit.
+Every request's Host and Origin are checked first (engine.server.access: DNS rebinding and
+cross-origin pages). Every /v1 route then checks the API key (when one is set; constant-time
+comparison), requires `Content-Type: application/json` on a body (415 otherwise: a page's
+`text/plain` form post is not an API call), then reads the body under a size limit and a deadline:
+a Content-Length above the limit is refused with 413 before any of the body is read, a body sent
+without one is cut off at the limit, and one that has not arrived within the request timeout is
+refused with 408. JSON must be standard (no NaN/Infinity); strings with lone surrogates and token
+ids outside the vocabulary are refused by engine.server.protocol, naming the field.
 
 A request is planned by `BatchScheduler.submit` on a worker thread (the chat template and the
 tokenizer may take a moment; refusals come back as typed errors, mapped by api_errors); its
@@ -38,7 +43,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -47,13 +52,18 @@ from engine.cancel import CancelToken
 from engine.errors import EngineError
 from engine.events import Finished
 from engine.model_protocol import LanguageModel
+from engine.server.access import AccessGuard, AccessPolicy
 from engine.server.api_errors import SERVER_ERROR, ApiError, error_body, from_engine_error
 from engine.server.protocol import ParsedRequest, parse_chat, parse_completion
 from engine.server.responses import ResponseWriter
 from engine.types import FinishReason
 
+_NO_FINAL_EVENT = "the request ended without a final event"
 DEFAULT_MAX_BODY_BYTES = 2**20  # 1 MiB: a long chat is a few hundred KiB of JSON
+DEFAULT_REQUEST_TIMEOUT_S = 10.0  # headers and body of a request must arrive within this
+DEFAULT_MAX_CONNECTIONS = 100  # open connections (idle, half-sent or streaming) at once
 QUEUE_POSITION_HEADER = "X-Queue-Position"
+JSON_MEDIA_TYPE = "application/json"
 
 
 @dataclasses.dataclass
@@ -61,8 +71,16 @@ class ServerOptions:
     model_id: str  # the name /v1/models lists
     aliases: Collection[str] = ()  # other names a request may use for the same model
     api_key: str | None = None
-    cors_origin: str | None = None
+    cors_origin: str | None = None  # --cors: one more allowed origin (kept for old command lines)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    bound_host: str = "127.0.0.1"  # the address listened on: a Host header may name it
+    allowed_hosts: Collection[str] = ()  # more names a Host header may carry ("*": any)
+    allowed_origins: Collection[str] = ()  # web pages that may call the API ("*": any)
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    def origins(self) -> list[str]:
+        return [*self.allowed_origins, *([self.cors_origin] if self.cors_origin else [])]
 
 
 class LocalChatServer:
@@ -81,6 +99,12 @@ class LocalChatServer:
         self._counts = {"admitted": 0, "completed": 0, "cancelled": 0, "failed": 0}
         self._refused: dict[str, int] = {}
         self._api_key = options.api_key.encode("utf-8") if options.api_key else None
+        self.vocab_size = _vocab_size(lm)
+
+    def count_refused(self, status: int) -> None:
+        with self._lock:
+            key = str(status)
+            self._refused[key] = self._refused.get(key, 0) + 1
 
     def cancel_all(self) -> None:
         """Shutdown: end every running or queued request (each still ends with its Finished)."""
@@ -116,7 +140,10 @@ class LocalChatServer:
         name = request.path_params["model"]
         if name not in self.model_names:
             raise ApiError(
-                404, f"The model {name!r} does not exist", param="model", code="model_not_found"
+                404,
+                f"The model {name[:100]!r} does not exist (GET /v1/models lists the one served)",
+                param="model",
+                code="model_not_found",
             )
         return JSONResponse(self._model_object())
 
@@ -127,25 +154,21 @@ class LocalChatServer:
         return await self._generate(request, parse_completion)
 
     # --- generation --------------------------------------------------------------------------
-    async def _generate(
-        self, request: Request, parse: Callable[[Any, Collection[str]], ParsedRequest]
-    ) -> Response:
+    async def _generate(self, request: Request, parse: Callable[..., ParsedRequest]) -> Response:
         try:
             return await self._admit_and_run(request, parse)
         except ApiError as exc:
-            with self._lock:
-                key = str(exc.status)
-                self._refused[key] = self._refused.get(key, 0) + 1
+            self.count_refused(exc.status)
             raise
 
     async def _admit_and_run(
-        self, request: Request, parse: Callable[[Any, Collection[str]], ParsedRequest]
+        self, request: Request, parse: Callable[..., ParsedRequest]
     ) -> Response:
         self._authorize(request)
         body = await self._read_json(request)
         prompt_param = "messages" if parse is parse_chat else "prompt"
         try:
-            parsed = parse(body, self.model_names)
+            parsed = parse(body, self.model_names, vocab_size=self.vocab_size)
         except EngineError as exc:
             raise from_engine_error(exc, prompt_param) from None
         cancel = CancelToken()
@@ -167,14 +190,21 @@ class LocalChatServer:
             return CancellingStreamingResponse(
                 self._sse(writer, pump, cancel), cancel, headers=headers
             )
+        failure: ApiError | None = None
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(cancel_on_disconnect, request.receive, cancel)
-                finished = await self._drain(writer, pump)
+                try:
+                    finished = await self._drain(writer, pump)
+                except ApiError as exc:  # raised here, not as a task group's ExceptionGroup
+                    failure = exc
                 group.cancel_scope.cancel()
         except BaseException:
             self._finish(cancel, None)
             raise
+        if failure is not None:
+            self._finish(cancel, None, failed=True)
+            raise failure
         self._finish(cancel, finished)
         if finished.error is not None:
             raise ApiError(500, finished.error, type=SERVER_ERROR)
@@ -186,34 +216,44 @@ class LocalChatServer:
             writer.chunks(event)
             if isinstance(event, Finished):
                 return event
-        raise ApiError(500, "the request ended without a final event", type=SERVER_ERROR)
+        raise ApiError(500, _NO_FINAL_EVENT, type=SERVER_ERROR)
 
     async def _sse(
         self, writer: ResponseWriter, pump: EventPump, cancel: CancelToken
     ) -> AsyncIterator[bytes]:
         finished = None
+        failed = False
         try:
             for chunk in writer.opening_chunks():
                 yield sse(chunk)
-            async for event in pump:
-                for chunk in writer.chunks(event):
-                    yield sse(chunk)
-                if isinstance(event, Finished):
-                    finished = event
-                    if event.error is not None:
-                        yield sse(error_body(event.error, type=SERVER_ERROR))
-                    else:
-                        for chunk in writer.closing_chunks(event):
-                            yield sse(chunk)
-                    break
+            try:
+                async for event in pump:
+                    for chunk in writer.chunks(event):
+                        yield sse(chunk)
+                    if isinstance(event, Finished):
+                        finished = event
+                        if event.error is not None:
+                            yield sse(error_body(event.error, type=SERVER_ERROR))
+                        else:
+                            for chunk in writer.closing_chunks(event):
+                                yield sse(chunk)
+                        break
+                else:
+                    raise ApiError(500, _NO_FINAL_EVENT, type=SERVER_ERROR)
+            except ApiError as exc:  # the scheduler broke its contract: say so in the stream
+                failed = True
+                yield sse(exc.body())
             yield b"data: [DONE]\n\n"
         finally:
             cancel.cancel()  # a no-op after Finished; on a stream torn down early, it ends it
-            self._finish(cancel, finished)
+            self._finish(cancel, finished, failed=failed)
 
-    def _finish(self, cancel: CancelToken, finished: Finished | None) -> None:
-        """Count how an admitted request ended (None: torn down before its final event)."""
-        if finished is None or finished.error is not None:
+    def _finish(self, cancel: CancelToken, finished: Finished | None, failed: bool = False) -> None:
+        """Count how an admitted request ended (None: torn down before its final event, or
+        `failed`: the scheduler ended it without one)."""
+        if failed:
+            outcome = "failed"
+        elif finished is None or finished.error is not None:
             outcome = "failed" if finished is not None else "cancelled"
         elif finished.finish_reason == FinishReason.CANCELLED:
             outcome = "cancelled"
@@ -241,6 +281,15 @@ class LocalChatServer:
             raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
 
     async def _read_json(self, request: Request) -> Any:
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != JSON_MEDIA_TYPE:
+            shown = repr(media_type[:100]) if media_type else "none"
+            raise ApiError(
+                415,
+                f"The request body must be JSON sent with 'Content-Type: {JSON_MEDIA_TYPE}' "
+                f"(this one's Content-Type is {shown})",
+                code="unsupported_media_type",
+            )
         limit = self.options.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None:
@@ -251,12 +300,24 @@ class LocalChatServer:
             if length > limit:
                 raise _too_large(length, limit)
         received = bytearray()
-        async for chunk in request.stream():
-            received += chunk
-            if len(received) > limit:
-                raise _too_large(len(received), limit)
+        timeout = self.options.request_timeout_s
         try:
-            return json.loads(received)
+            with anyio.fail_after(timeout):
+                async for chunk in request.stream():
+                    received += chunk
+                    if len(received) > limit:
+                        raise _too_large(len(received), limit)
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"The request body did not arrive within {timeout:g} s ({len(received)} bytes "
+                "came)",
+                code="request_timeout",
+            ) from None
+        except ClientDisconnect:  # nobody reads the answer; ends the request quietly
+            raise ApiError(400, "The client closed the connection during the body") from None
+        try:
+            return json.loads(received, parse_constant=_refuse_constant)
         except (ValueError, RecursionError) as exc:
             raise ApiError(
                 400,
@@ -275,6 +336,21 @@ class LocalChatServer:
 
     def _token_bytes(self, token_id: int) -> bytes:
         return self.lm.tokenizer.piece_bytes(token_id, special=True)
+
+
+def _vocab_size(lm: Any) -> int | None:
+    """Token ids a request may name: those both the tokenizer and the embedding table have."""
+    sizes = [
+        getattr(getattr(lm, "tokenizer", None), "vocab_size", None),
+        getattr(getattr(lm, "config", None), "n_vocab", None),
+    ]
+    known = [int(s) for s in sizes if isinstance(s, int) and not isinstance(s, bool)]
+    return min(known) if known else None
+
+
+def _refuse_constant(name: str) -> Any:
+    """json.loads reads NaN, Infinity and -Infinity, which JSON does not have."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _too_large(size: int, limit: int) -> ApiError:
@@ -386,7 +462,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
     response = JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-    if exc.status == 413:
+    if exc.status in (408, 413):
         response.headers["Connection"] = "close"  # the rest of the body is never read
     return response
 
@@ -412,12 +488,16 @@ def build_app(server: LocalChatServer) -> Starlette:
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
     ]
-    middleware = []
-    if server.options.cors_origin:
+    options = server.options
+    policy = AccessPolicy.build(options.bound_host, options.allowed_hosts, options.origins())
+    middleware = [Middleware(AccessGuard, policy=policy, on_refused=server.count_refused)]
+    if policy.origins:
+        # allowed origins only (the guard refused the others): the headers and preflight answers
+        # a browser needs to let the page read the response
         middleware.append(
             Middleware(
                 CORSMiddleware,
-                allow_origins=[server.options.cors_origin],
+                allow_origins=sorted(policy.origins),
                 allow_methods=["GET", "POST", "OPTIONS"],
                 allow_headers=["Authorization", "Content-Type"],
                 expose_headers=[QUEUE_POSITION_HEADER],

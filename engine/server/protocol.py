@@ -1,10 +1,13 @@
 """OpenAI request bodies -> engine requests.
 
-`parse_chat(body, model_names)` and `parse_completion(body, model_names)` check the fields the
+`parse_chat(body, model_names, vocab_size=N)` and `parse_completion(...)` check the fields the
 server implements and return a `ParsedRequest` (the engine's GenerationRequest plus what the
 response needs: streaming, usage chunk, logprobs). A bad value raises ConfigValidationError with
 the OpenAI field name (e.g. "max_tokens", "messages[1].content", "response_format.json_schema")
-or an ApiError; the app answers 400 in OpenAI's error shape.
+or an ApiError; the app answers 400 in OpenAI's error shape. Anywhere in the body, a string (or
+key) holding a lone UTF-16 surrogate (`"\ud800"` unpaired: JSON allows the escape, UTF-8 cannot
+encode it) is refused naming where it is; token ids (a completions prompt given as ids) must lie
+in [0, vocab_size).
 
 Fields the OpenAI API has and this server does not implement (`user`, `metadata`, `store`,
 `service_tier`, `parallel_tool_calls`, ...) are ignored, as OpenAI ignores fields it does not
@@ -76,8 +79,11 @@ class ParsedRequest:
     tools_constrained: bool = False
 
 
-def parse_chat(body: Any, model_names: Collection[str]) -> ParsedRequest:
+def parse_chat(
+    body: Any, model_names: Collection[str], *, vocab_size: int | None = None
+) -> ParsedRequest:
     fields = _object(body, "body")
+    _refuse_lone_surrogates(fields)
     model = _model(fields, model_names)
     messages = _messages(fields.get("messages"))
     logprobs = _optional_bool(fields, "logprobs") or False
@@ -101,10 +107,13 @@ def parse_chat(body: Any, model_names: Collection[str]) -> ParsedRequest:
     )
 
 
-def parse_completion(body: Any, model_names: Collection[str]) -> ParsedRequest:
+def parse_completion(
+    body: Any, model_names: Collection[str], *, vocab_size: int | None = None
+) -> ParsedRequest:
     fields = _object(body, "body")
+    _refuse_lone_surrogates(fields)
     model = _model(fields, model_names)
-    request = _completion_prompt(fields.get("prompt"))
+    request = _completion_prompt(fields.get("prompt"), vocab_size)
     top = _optional_int(fields, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
     if _optional_bool(fields, "echo"):
         raise ConfigValidationError("echo", True, "false (echoing the prompt is not supported)")
@@ -134,10 +143,12 @@ def _model(fields: dict, model_names: Collection[str]) -> str:
     if not isinstance(model, str) or not model:
         raise ConfigValidationError("model", model, "the name of the served model (GET /v1/models)")
     if model not in model_names:
+        # names only: an alias may be the model's path on this machine, not for clients to see
+        names = sorted(n for n in model_names if not any(sep in n for sep in "/\\"))
         raise ApiError(
             404,
-            f"The model {model!r} does not exist on this server; it serves "
-            f"{', '.join(repr(n) for n in sorted(model_names))} (GET /v1/models)",
+            f"The model {model[:100]!r} does not exist on this server; it serves "
+            f"{', '.join(repr(n) for n in names)} (GET /v1/models)",
             param="model",
             code="model_not_found",
         )
@@ -233,7 +244,7 @@ def _content(message: dict, where: str) -> str:
     return "".join(texts)
 
 
-def _completion_prompt(value: Any) -> GenerationRequest:
+def _completion_prompt(value: Any, vocab_size: int | None) -> GenerationRequest:
     """A string, an array of one string, or an array of token ids (one prompt per request)."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]
@@ -244,6 +255,10 @@ def _completion_prompt(value: Any) -> GenerationRequest:
         and value
         and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
     ):
+        high = None if vocab_size is None else vocab_size - 1
+        for i, token in enumerate(value):
+            if token < 0 or (high is not None and token > high):
+                raise ConfigValidationError(f"prompt[{i}]", _short(token), _id_range(high))
         return GenerationRequest(prompt_ids=list(value))
     raise ConfigValidationError(
         "prompt", _short(value), "a string, or an array of token ids (one prompt per request)"
@@ -365,6 +380,52 @@ def _int_range(low: int | None, high: int | None) -> str:
     if low is not None:
         return f"an integer >= {low}"
     return "an integer"
+
+
+def _id_range(high: int | None) -> str:
+    if high is None:
+        return "a token id >= 0"
+    return f"a token id of this model's vocabulary, in [0, {high}]"
+
+
+SURROGATE_PROBLEM = (
+    "text without lone UTF-16 surrogates (a \\ud800-\\udfff escape must be half of a pair)"
+)
+
+
+def _refuse_lone_surrogates(body: dict) -> None:
+    """Every string and key in the body must be encodable as UTF-8 (a lone surrogate is not):
+    refused here, naming where, rather than failing in the tokenizer or in the JSON answer.
+    Iterative, so a deeply nested body cannot exhaust the stack."""
+    stack: list[tuple[Any, tuple]] = [(body, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if not _encodable(value):
+                raise ConfigValidationError(_path(path), ascii(value[:40]), SURROGATE_PROBLEM)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _encodable(key):
+                    raise ConfigValidationError(_path(path), ascii(key[:40]), SURROGATE_PROBLEM)
+                stack.append((item, (*path, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, i)) for i, item in enumerate(value))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _path(path: tuple) -> str:
+    """("messages", 0, "content") -> "messages[0].content"; the body itself is "body"."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "body"
 
 
 def _short(value: Any) -> Any:
