@@ -35,6 +35,47 @@ def _dark_palette() -> QPalette:
     return p
 
 
+# Banner colours per kind: (background, text, border) for a light and for a dark window. Each
+# pair has a contrast ratio of at least 7:1 (WCAG AAA for normal text).
+BANNER_COLORS = {
+    "light": {
+        "warning": ("#fff4d6", "#3d2c00", "#e0c470"),
+        "error": ("#fde2e1", "#5c0b0b", "#e6a19c"),
+        "info": ("#e4f0fb", "#0d2a45", "#9cc3e6"),
+    },
+    "dark": {
+        "warning": ("#3d3113", "#ffe8a8", "#8a6d1f"),
+        "error": ("#4a1c1c", "#ffd6d3", "#9b3b35"),
+        "info": ("#16324d", "#d6ebff", "#3b6e9e"),
+    },
+}
+
+
+def is_dark(palette: QPalette) -> bool:
+    """Whether a palette is a dark one (light text on a dark window)."""
+    return palette.color(QPalette.Window).lightness() < 128
+
+
+def banner_colors(palette: QPalette, kind: str) -> tuple[str, str, str]:
+    """(background, text, border) of a notice banner of `kind` under `palette`."""
+    colors = BANNER_COLORS["dark" if is_dark(palette) else "light"]
+    return colors.get(kind, colors["warning"])
+
+
+# Coloured text (a reply's status, a JSON check): darker shades on a light window, lighter ones on
+# a dark window, each at least 4.5:1 against the message background (WCAG AA).
+TEXT_COLORS = {
+    "light": {"good": "#2e7d4f", "bad": "#b03021", "warn": "#a35400"},
+    "dark": {"good": "#6fd19b", "bad": "#ff8a80", "warn": "#f0a35e"},
+}
+DARK_STYLE = "QLabel#status {{ color: {warn}; }}\n"
+
+
+def text_color(palette: QPalette, meaning: str) -> str:
+    """The colour of "good", "bad" or "warn" text under `palette`."""
+    return TEXT_COLORS["dark" if is_dark(palette) else "light"][meaning]
+
+
 def wants_dark(theme: str) -> bool:
     if theme == "dark":
         return True
@@ -50,6 +91,9 @@ def apply_theme(app: QApplication, theme: str, font_size: int) -> None:
     font.setPointSize(font_size)
     app.setFont(font)
     try:
-        app.setStyleSheet(resource("styles/app.qss").read_text(encoding="utf-8"))
+        style = resource("styles/app.qss").read_text(encoding="utf-8")
     except OSError:
-        app.setStyleSheet("")  # the look degrades, the app still works
+        style = ""  # the look degrades, the app still works
+    if wants_dark(theme):  # app.qss holds the light theme's text colours
+        style += DARK_STYLE.format(**TEXT_COLORS["dark"])
+    app.setStyleSheet(style)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.store import StoredMessage
 from app.views.message_widget import MessageWidget
@@ -32,6 +32,9 @@ class ChatView(QScrollArea):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self._column = QWidget()
         self._column.setObjectName("chat_column")
+        # The column is exactly as wide as the view (there is no horizontal scroll bar): a card
+        # wider than that would be cut off at the right. Cards wrap their text to fit instead.
+        self._column.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self._layout = QVBoxLayout(self._column)
         self._layout.setContentsMargins(12, 12, 12, 12)
         self._layout.setSpacing(10)

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.schema_check import EXAMPLE_SCHEMA, check_schema
+from app.views.elided_label import ElidedLabel
 from engine.types import JsonMode
 
 MODES = (
@@ -67,13 +68,15 @@ class JsonModeBar(QWidget):
         for key, title in MODES:
             self.combo.addItem(title, key)
         self.combo.setToolTip("Force replies to be JSON (any object, or matching your schema)")
+        self.combo.setMinimumContentsLength(6)
+        self.combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.edit_button = QPushButton("Edit schema")
         self.edit_button.setVisible(False)
-        self.schema_label = QLabel()
+        # The schema's fields, shortened with "…": choosing schema mode once widened the window.
+        self.schema_label = ElidedLabel()
         layout.addWidget(self.combo)
         layout.addWidget(self.edit_button)
-        layout.addWidget(self.schema_label)
-        layout.addStretch(1)
+        layout.addWidget(self.schema_label, 1)
         self.schema_text = ""
         self.schema: dict | None = None
         self._previous_index = 0

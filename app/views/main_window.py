@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -55,6 +56,7 @@ from app.views.chat_view import ChatView
 from app.views.compare_view import CompareDialog, CompareRun
 from app.views.connections_dialog import ConnectionsDialog
 from app.views.download_panel import DownloadPanel
+from app.views.elided_label import ElidedLabel
 from app.views.json_mode_bar import JsonModeBar
 from app.views.library_dialog import LibraryDialog
 from app.views.model_bar import ModelBar
@@ -82,6 +84,12 @@ FRAME_MS = 33  # ~30 Hz: smooth enough for text, cheap enough for markdown re-re
 SAVE_RETRY_MS = 5000  # while a save fails (disk full): how often to try again
 SERVE_PORT = 8080  # "Serve this model": 127.0.0.1 only, the port `python -m engine serve` uses
 SERVER_STATUS_MS = 500  # how often the status bar reads the server's request counts
+# The smallest the window's contents ask for, whatever the font and whatever they show: the
+# window's minimum size is otherwise the sum of its widgets' (a JSON schema's fields, a long
+# model name, a 14 pt font), and Qt grows the window, even past the screen, to meet it.
+MIN_CONTENT_WIDTH, MIN_CONTENT_HEIGHT = 640, 420
+# The side panels' share of a new window's width; the conversation takes the rest.
+CHATS_SHARE, SIDE_SHARE = 0.16, 0.30
 
 
 class InputBox(QPlainTextEdit):
@@ -136,6 +144,9 @@ class MainWindow(QMainWindow):
         self._build()
         self._connect()
         self._make_actions()
+        self._fit_to_screen()
+        self._share_width()
+        self._apply_panels()
         self.frame_timer = QTimer(self)
         self.frame_timer.setInterval(FRAME_MS)
         self.frame_timer.timeout.connect(self._on_frame)
@@ -179,7 +190,7 @@ class MainWindow(QMainWindow):
             schema, _problem = check_schema(self.settings.json_schema)
             if schema is not None:
                 self.json_bar.set_schema(self.settings.json_schema, schema)
-        self.state_label = QLabel()
+        self.state_label = ElidedLabel()  # shortened with "…", never widening the window
         self.state_label.setObjectName("state_label")
         self.thinking_box = QCheckBox("Thinking")
         self.thinking_box.setChecked(True)
@@ -207,7 +218,7 @@ class MainWindow(QMainWindow):
         self.notice_banner = NoticeBanner()
         center_layout.addWidget(self.notice_banner)
         prompt_row = QHBoxLayout()
-        prompt_row.addWidget(QLabel("System prompt:"))
+        prompt_row.addWidget(ElidedLabel("System prompt:"))
         prompt_row.addWidget(self.system_prompt, 1)
         prompt_row.addWidget(self.persona_picker)
         center_layout.addLayout(prompt_row)
@@ -230,14 +241,25 @@ class MainWindow(QMainWindow):
         right_layout.addWidget(self.usage_panel)
         right_layout.addWidget(self.ttft_panel)
         right_layout.addWidget(self.tabs, 1)
+        # The right panel scrolls when it has less room than its contents (a large font, a
+        # short window) instead of squeezing its forms until they cannot be used.
+        self.side_panel = QScrollArea()
+        self.side_panel.setObjectName("side_panel")
+        self.side_panel.setWidget(right)
+        self.side_panel.setWidgetResizable(True)
+        self.side_panel.setFrameShape(QScrollArea.NoFrame)
+        self.side_panel.setMinimumWidth(180)
 
         splitter = QSplitter()
         splitter.addWidget(self.sidebar)
         splitter.addWidget(center)
-        splitter.addWidget(right)
+        splitter.addWidget(self.side_panel)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([210, 670, 400])
+        splitter.setCollapsible(1, False)  # the conversation never disappears
+        self.splitter = splitter
+        splitter.splitterMoved.connect(self._on_splitter_moved)
         root = QWidget()
+        root.setMinimumSize(MIN_CONTENT_WIDTH, MIN_CONTENT_HEIGHT)
         root_layout = QVBoxLayout(root)
         root_layout.setContentsMargins(0, 0, 0, 0)
         root_layout.setSpacing(0)
@@ -349,6 +371,7 @@ class MainWindow(QMainWindow):
     def _make_actions(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
         chat_menu = self.menuBar().addMenu("&Chat")
+        view_menu = self.menuBar().addMenu("&View")
 
         def action(menu, text, shortcut, slot, name):
             act = QAction(text, self)
@@ -380,6 +403,76 @@ class MainWindow(QMainWindow):
         action(chat_menu, "Regenerate reply", "Ctrl+R", self.regenerate, "regenerate_action")
         action(chat_menu, "Focus input", "Ctrl+L", self.input.setFocus, "focus_action")
         action(chat_menu, "Compare…", "Ctrl+K", lambda: self.open_compare(), "compare_action")
+        for text, shortcut, panel, name in (
+            ("Chats list", "Ctrl+B", "chats", "chats_panel_action"),
+            ("Side panel", "Ctrl+Alt+B", "side", "side_panel_action"),
+        ):
+            act = action(
+                view_menu, text, shortcut, lambda on, p=panel: self.show_panel(p, on), name
+            )
+            act.setCheckable(True)
+            act.setToolTip(f"Show or hide the {text.lower()} (remembered)")
+        self.model_bar.set_panel_actions(self.chats_panel_action, self.side_panel_action)
+
+    # --- the window's size and its side panels -------------------------------------------------
+    def _fit_to_screen(self) -> None:
+        """Never open larger than the screen's free area (a large font once opened the window
+        wider than the screen, with Settings off its edge)."""
+        screen = self.screen() or QApplication.primaryScreen()
+        if screen is None:
+            return
+        free = screen.availableGeometry()
+        size = self.size().boundedTo(free.size())
+        if size != self.size():
+            self.resize(size)
+            self.move(free.topLeft())
+
+    def _share_width(self) -> None:
+        """The side panels get their share of the width but the conversation gets at least
+        what it needs; the side panel gives way first (it scrolls), then the chats list."""
+        width = self.width()
+        chats_min = self.sidebar.minimumSizeHint().width()
+        side_min = self.side_panel.minimumWidth()
+        center_min = self.splitter.widget(1).minimumSizeHint().width()
+        chats = max(chats_min, int(width * CHATS_SHARE))
+        side = max(side_min, int(width * SIDE_SHARE))
+        side = max(side_min, min(side, width - chats - center_min))
+        chats = max(chats_min, min(chats, width - side - center_min))
+        self.splitter.setSizes([chats, max(center_min, width - chats - side), side])
+
+    def _panel_widget(self, panel: str) -> QWidget:
+        return self.sidebar if panel == "chats" else self.side_panel
+
+    def _apply_panels(self) -> None:
+        """Show the side panels as the settings remember them."""
+        for panel, act in (("chats", self.chats_panel_action), ("side", self.side_panel_action)):
+            shown = panel not in self.settings.collapsed_panels
+            self._panel_widget(panel).setVisible(shown)
+            index = 0 if panel == "chats" else 2
+            sizes = self.splitter.sizes()
+            if shown and sizes[index] == 0:  # dragged shut earlier: open it at its share again
+                share = CHATS_SHARE if panel == "chats" else SIDE_SHARE
+                sizes[index] = int(self.width() * share)
+                sizes[1] = max(0, sizes[1] - sizes[index])
+                self.splitter.setSizes(sizes)
+            act.setChecked(shown)  # emits toggled (the bar's button follows), not triggered
+
+    def show_panel(self, panel: str, shown: bool) -> None:
+        """Show or hide a side panel ("chats" or "side"); the choice is saved."""
+        collapsed = [p for p in self.settings.collapsed_panels if p != panel]
+        if not shown:
+            collapsed.append(panel)
+        if collapsed != self.settings.collapsed_panels:
+            self.settings.collapsed_panels = collapsed
+            self.settings_file.save(self.settings)
+        self._apply_panels()
+
+    def _on_splitter_moved(self, _pos: int, _index: int) -> None:
+        """A panel dragged shut with the splitter handle counts as hidden."""
+        sizes = self.splitter.sizes()
+        for panel, index in (("chats", 0), ("side", 2)):
+            if sizes[index] == 0 and self._panel_widget(panel).isVisible():
+                self.show_panel(panel, False)
 
     # --- model ----------------------------------------------------------------------------------
     def start(self, model_path: str | None = None) -> None:

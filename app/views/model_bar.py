@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import Signal
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -16,6 +17,8 @@ from PySide6.QtWidgets import (
     QToolButton,
     QWidget,
 )
+
+PANEL_GLYPHS = ("◧", "◨")  # the chats list (left) and the side panel (right)
 
 
 class ModelBar(QWidget):
@@ -46,6 +49,10 @@ class ModelBar(QWidget):
         self.set_remote_models([], {})
         self.model_label = QLabel("No model loaded")
         self.model_label.setObjectName("model_label")
+        # Wraps, and a file name longer than the room is cut (the tooltip has it whole) rather
+        # than widening the window past the screen with Settings off its edge.
+        self.model_label.setWordWrap(True)
+        self.model_label.setMinimumWidth(1)
         self.stage_label = QLabel()
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
@@ -61,6 +68,26 @@ class ModelBar(QWidget):
         layout.addWidget(self.stage_label)
         layout.addWidget(self.progress)
         layout.addWidget(self.settings_button)
+
+    def set_panel_actions(self, chats: QAction, side: QAction) -> None:
+        """Small buttons at either end of the bar that show or hide the window's side panels
+        (View menu actions: the buttons follow them and they follow the buttons)."""
+        self.chats_toggle = self._panel_toggle(chats, PANEL_GLYPHS[0])
+        self.side_toggle = self._panel_toggle(side, PANEL_GLYPHS[1])
+        self.layout().insertWidget(0, self.chats_toggle)
+        self.layout().addWidget(self.side_toggle)
+
+    @staticmethod
+    def _panel_toggle(action: QAction, glyph: str) -> QToolButton:
+        button = QToolButton()
+        button.setText(glyph)
+        button.setToolTip(f"{action.toolTip()} ({action.shortcut().toString()})")
+        button.setCheckable(True)
+        button.setAutoRaise(True)
+        button.setChecked(action.isChecked())
+        button.toggled.connect(lambda on: on != action.isChecked() and action.trigger())
+        action.toggled.connect(button.setChecked)
+        return button
 
     def set_recent(self, paths: list[str]) -> None:
         self.recent_menu.clear()
@@ -102,6 +129,7 @@ class ModelBar(QWidget):
 
     def show_loading(self, path: str) -> None:
         self.model_label.setText(f"Loading <b>{Path(path).name}</b>…")
+        self.model_label.setToolTip(path)
         self.stage_label.setText("starting")
         self.progress.setValue(0)
         self.progress.setVisible(True)
@@ -113,6 +141,7 @@ class ModelBar(QWidget):
 
     def show_loaded(self, name: str, detail: str) -> None:
         self.model_label.setText(f"<b>{name}</b> <span style='color:gray'>{detail}</span>")
+        self.model_label.setToolTip(f"{name} · {detail}")
         self.stage_label.setText("")
         self.progress.setVisible(False)
 

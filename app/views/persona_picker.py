@@ -22,7 +22,10 @@ class PersonaPicker(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         self.combo = QComboBox()
         self.combo.setToolTip("Persona: a saved system prompt to use in this chat")
-        self.combo.setMinimumContentsLength(12)
+        self.combo.setMinimumContentsLength(8)
+        # As wide as 8 characters at least, not as the longest persona name: a long name must
+        # not widen the window.
+        self.combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.combo.activated.connect(self._on_activated)
         self.save_button = QToolButton()
         self.save_button.setText("Save…")

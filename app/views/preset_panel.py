@@ -85,8 +85,10 @@ class PresetPanel(QWidget):
         self.reasons_label.setWordWrap(True)
         self.reasons_label.setVisible(False)
         buttons = QHBoxLayout()
-        self.save_button = QPushButton("Save as model preset")
-        self.save_button.setToolTip("Use these values every time this model is loaded")
+        self.save_button = QPushButton("Save preset")
+        self.save_button.setToolTip(
+            "Save as this model's preset: use these values every time this model is loaded"
+        )
         self.save_button.clicked.connect(self.saveRequested)
         self.reset_button = QPushButton("Reset to checkpoint")
         self.reset_button.setToolTip(

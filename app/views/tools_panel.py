@@ -42,28 +42,42 @@ class ToolsPanel(QWidget):
         self._builtins: list[dict] = []
         self._servers: list[dict] = []
 
+        # One scroll area holds it all (intro, tools, servers, the add form): with a large font
+        # or a short window the panel scrolls, where it once squeezed the add form until its
+        # fields were a few pixels tall and could not be used.
         outer = QVBoxLayout(self)
-        outer.setContentsMargins(4, 4, 4, 4)
+        outer.setContentsMargins(0, 0, 0, 0)
+        self.scroll_area = QScrollArea()
+        self.scroll_area.setWidgetResizable(True)
+        self.scroll_area.setFrameShape(QScrollArea.NoFrame)
+        outer.addWidget(self.scroll_area)
+        content = QWidget()
+        content_layout = QVBoxLayout(content)
+        content_layout.setContentsMargins(4, 4, 4, 4)
         intro = QLabel(
             "Tools the model may call in this chat. Built-in tools run without asking; "
             "MCP server tools run only after you allow each call."
         )
         intro.setWordWrap(True)
-        outer.addWidget(intro)
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
+        content_layout.addWidget(intro)
         self._list = QWidget()
         self._list_layout = QVBoxLayout(self._list)
         self._list_layout.setContentsMargins(0, 0, 0, 0)
-        scroll.setWidget(self._list)
-        outer.addWidget(scroll, 1)
+        content_layout.addWidget(self._list)
 
-        add = QGroupBox("Add an MCP server")
+        self.add_group = add = QGroupBox("Add an MCP server")
         form = QFormLayout(add)
+        # Labels above their fields: beside them, "Command or URL" at 14 pt left the field a
+        # sliver of the panel.
+        form.setRowWrapPolicy(QFormLayout.WrapAllRows)
+        form.setFieldGrowthPolicy(QFormLayout.AllNonFixedFieldsGrow)
         self.name_edit = QLineEdit()
         self.name_edit.setPlaceholderText("files")
         self.target_edit = QLineEdit()
         self.target_edit.setPlaceholderText("uvx mcp-server-fetch   or   http://127.0.0.1:8000/mcp")
+        self.target_edit.setToolTip(
+            "A command that starts a stdio MCP server, or the http(s):// URL of one"
+        )
         self.add_button = QPushButton("Add server")
         self.add_error = QLabel()
         self.add_error.setObjectName("tools_add_error")
@@ -76,7 +90,9 @@ class ToolsPanel(QWidget):
         form.addRow(self.add_error)
         self.add_button.clicked.connect(self._add)
         self.target_edit.returnPressed.connect(self._add)
-        outer.addWidget(add)
+        content_layout.addWidget(add)
+        content_layout.addStretch(1)
+        self.scroll_area.setWidget(content)
 
     # --- what to show ------------------------------------------------------------------------
     def show_tools(self, builtins: list[dict], servers: list[dict]) -> None:
@@ -104,7 +120,8 @@ class ToolsPanel(QWidget):
                 item.widget().hide()  # deleteLater alone leaves it drawn until the loop runs
                 item.widget().deleteLater()
         self.boxes, self.server_labels = {}, {}
-        builtin = QGroupBox("Built-in (run without asking)")
+        builtin = QGroupBox("Built-in")
+        builtin.setToolTip("Built-in tools run without asking")
         layout = QVBoxLayout(builtin)
         for tool in self._builtins:
             layout.addWidget(self._box(tool))
@@ -114,8 +131,8 @@ class ToolsPanel(QWidget):
         if not self._servers:
             hint = QLabel("No MCP servers yet: add one below.")
             hint.setObjectName("placeholder")
+            hint.setWordWrap(True)
             self._list_layout.addWidget(hint)
-        self._list_layout.addStretch(1)
 
     def _box(self, tool: dict) -> QCheckBox:
         box = QCheckBox(tool["name"])
@@ -126,7 +143,8 @@ class ToolsPanel(QWidget):
         return box
 
     def _server_group(self, server: dict) -> QGroupBox:
-        group = QGroupBox(f"{server['name']} (MCP, asks before each call)")
+        group = QGroupBox(f"{server['name']} (MCP)")
+        group.setToolTip("An MCP server: LocalChat asks you before each call to its tools")
         layout = QVBoxLayout(group)
         target = QLabel(server["target"])
         target.setObjectName("tools_server_target")

@@ -1,0 +1,413 @@
+"""The window's layout at any size (issue 31): no chat card wider than the chat, a window that
+never grows by itself nor opens past the screen, readable banners in both themes, an MCP form
+that stays usable at a large font, side panels that collapse and stay so, message actions in a
+"⋯" menu, code lines that scroll inside their message.
+
+Fast tier: a scripted engine (tests/app_fakes.py), the offscreen platform, no model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtCore import QPoint
+from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QWidget
+
+from app.settings import SettingsFile
+from app.theme import apply_theme
+from engine.errors import ContextOverflowError
+from engine.types import MessageStatus
+from tests.app_fakes import WAIT_MS, FakeEngine, ToolCallReply, close_window, make_window
+
+LONG_ERROR = (
+    "The prompt does not fit: 9,000 prompt tokens + max_tokens 256 > context 8,192 of "
+    "/models/a-model-with-a-rather-long-file-name-Q4_K_M.gguf; shorten the chat or raise the "
+    "context size in Settings"
+)
+# A JSON reply with one long line (a string value with no spaces): it cannot wrap.
+JSON_REPLY = json.dumps({"city": "Paris", "country": "France", "note": "x" * 300})
+
+
+@pytest.fixture
+def look():
+    """apply_theme(theme, font size) for one test; the application's look is restored after."""
+    app = QApplication.instance()
+    saved = (app.style().name(), QPalette(app.palette()), QFont(app.font()), app.styleSheet())
+    yield lambda theme, size: apply_theme(app, theme, size)
+    app.setStyle(saved[0])
+    app.setPalette(saved[1])
+    app.setFont(saved[2])
+    app.setStyleSheet(saved[3])
+
+
+@pytest.fixture
+def dialogs(monkeypatch):
+    shown = []
+    monkeypatch.setattr(
+        QMessageBox, "critical", lambda parent, title, text, *a, **k: shown.append((title, text))
+    )
+    return shown
+
+
+def settle() -> None:
+    """Let Qt run the layout requests the last change posted."""
+    for _ in range(3):
+        QApplication.processEvents()
+
+
+def layout_problems(window) -> list[str]:
+    """Every way a chat card does not fit the chat: wider than the view, a visible part of it
+    past the view's right edge, or wrapped text cut off at the bottom."""
+    view = window.chat_view
+    port = view.viewport()
+    right = port.width()
+    problems = []
+    for card in view.widgets:
+        name = f"{card.message.role} card {card.message.id} ({card.message.status})"
+        if card.width() > right:
+            problems.append(f"{name} is {card.width()} px wide in a {right} px chat")
+        for part in [card, *card.findChildren(QWidget)]:
+            if not part.isVisible():
+                continue
+            edge = part.mapTo(port, QPoint(part.width(), 0)).x()
+            if edge > right:
+                problems.append(
+                    f"{name}: {type(part).__name__} {part.objectName()!r} ends at {edge} px, "
+                    f"past the chat's {right} px"
+                )
+            if isinstance(part, QLabel) and part.wordWrap() and part.text():
+                needed = part.heightForWidth(part.width())
+                if part.height() < needed:
+                    problems.append(f"{name}: {part.text()[:30]!r} cut off ({part.height()} px)")
+    return problems
+
+
+def send(qtbot, window, text: str) -> None:
+    with qtbot.waitSignal(
+        window.session.busyChanged, timeout=WAIT_MS, check_params_cb=lambda busy: busy is False
+    ):
+        window.input.setPlainText(text)
+        window.send()
+
+
+def check_fits(window, state: str) -> None:
+    settle()
+    problems = layout_problems(window)
+    for card in window.chat_view.widgets:  # and with each card's hover buttons showing
+        if hasattr(card, "show_hover_actions"):
+            card.show_hover_actions(True)
+            settle()
+            problems += [f"(hovered) {p}" for p in layout_problems(window)]
+            card.show_hover_actions(False)
+    assert not problems, f"after {state}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+@pytest.mark.parametrize("font_size", [10, 16])
+@pytest.mark.parametrize("width", [None, 1280])  # as opened (fitted to the screen), and 1280
+def test_no_card_is_wider_than_the_chat(qtbot, tmp_path, look, dialogs, theme, font_size, width):
+    look(theme, font_size)
+    engine = FakeEngine(
+        replies=[
+            "The story of a lighthouse keeper is a tale of resilience, sacrifice, and hope.",
+            "(never sent: this request fails)",
+            ToolCallReply(calls=(("calculator", {"expression": "6*7"}),)),
+            "It is 42.",
+            JSON_REPLY,
+        ],
+        pause_after=3,
+    )
+    window = make_window(qtbot, tmp_path, engine)
+    if width is not None:
+        window.resize(width, 800)
+    try:
+        # 1. a cancelled reply: its header says so ("■ cancelled — partial reply kept")
+        window.input.setPlainText("Tell me a long story about a lighthouse keeper.")
+        window.send()
+        qtbot.waitUntil(
+            lambda: (
+                window.chat_view.streaming_widget is not None
+                and len(window.chat_view.streaming_widget.text.split()) == 3
+            ),
+            timeout=WAIT_MS,
+        )
+        with qtbot.waitSignal(window.session.busyChanged, timeout=WAIT_MS):
+            window.cancel()
+            engine.gate.set()
+        assert window.chat_view.widgets[-1].message.status == MessageStatus.CANCELLED
+        check_fits(window, "a cancelled reply")
+
+        # 2. a failed reply, with a long error
+        engine.fail_generate_with = ContextOverflowError(LONG_ERROR)
+        send(qtbot, window, "And another one, please.")
+        engine.fail_generate_with = None
+        assert dialogs and window.chat_view.widgets[-1].message.status == MessageStatus.ERROR
+        check_fits(window, "a failed reply")
+
+        # 3. a reply that calls a tool (the built-in calculator) and then answers
+        from app.tool_registry import builtin_key
+
+        window.session.set_tool_enabled(builtin_key("calculator"), True)
+        send(qtbot, window, "What is 6*7?")
+        qtbot.waitUntil(lambda: len(engine.requests) == 4 and not window.session.busy)
+        assert [w.message.role for w in window.chat_view.widgets][-3:] == [
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        check_fits(window, "a tool-calling reply")
+
+        # 4. a JSON reply with a line too long to wrap
+        window.json_bar.combo.setCurrentIndex(1)  # any JSON object
+        send(qtbot, window, "Paris as JSON, please.")
+        json_card = window.chat_view.widgets[-1]
+        assert json_card.json_status.isVisible() and json_card.message.json_mode != "off"
+        check_fits(window, "a JSON reply")
+        # the long line scrolls inside the message instead
+        assert json_card.body.horizontalScrollBar().maximum() > 0
+
+        # and again when the chat is opened anew
+        cid, shown = window.session.conversation_id, len(window.chat_view.widgets)
+        window.session.new_conversation()
+        window.session.open_conversation(cid)
+        assert len(window.chat_view.widgets) == shown
+        check_fits(window, "reopening the chat")
+    finally:
+        close_window(window)
+
+
+def test_choosing_json_schema_mode_does_not_widen_the_window(qtbot, tmp_path, look):
+    look("light", 14)
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    try:
+        window.resize(1280, 800)
+        settle()
+        before = (window.width(), window.minimumWidth())
+        schema = {
+            "type": "object",
+            "properties": {name: {"type": "string"} for name in ("city", "country", "region")},
+        }
+        window.json_bar.set_schema(json.dumps(schema), schema)
+        window.json_bar.combo.setCurrentIndex(2)  # JSON schema…
+        settle()
+        assert window.json_bar.edit_button.isVisible()
+        assert window.json_bar.schema_label.text() == "fields: city, country, region"
+        assert (window.width(), window.minimumWidth()) == before
+        # nor does a long status line
+        window.state_label.setText("Replaying a reply from its receipt… (Esc to stop) " * 4)
+        settle()
+        assert (window.width(), window.minimumWidth()) == before
+    finally:
+        close_window(window)
+
+
+@pytest.mark.parametrize("font_size", [14, 20])
+def test_a_large_font_window_opens_inside_the_screen(qtbot, tmp_path, look, font_size):
+    look("light", font_size)
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    try:
+        settle()
+        free = window.screen().availableGeometry()
+        assert window.width() <= free.width() and window.height() <= free.height()
+        # Settings, at the far right of the model bar, is inside the window
+        button = window.model_bar.settings_button
+        assert button.isVisible()
+        assert button.mapTo(window, QPoint(button.width(), 0)).x() <= window.width()
+    finally:
+        close_window(window)
+
+
+def _contrast(first: QColor, second: QColor) -> float:
+    """WCAG 2 contrast ratio of two colours (https://www.w3.org/TR/WCAG21/#dfn-contrast-ratio)."""
+
+    def luminance(color: QColor) -> float:
+        channels = []
+        for value in (color.red(), color.green(), color.blue()):
+            c = value / 255
+            channels.append(c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4)
+        return 0.2126 * channels[0] + 0.7152 * channels[1] + 0.0722 * channels[2]
+
+    high, low = sorted((luminance(first), luminance(second)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def painted_contrast(widget: QWidget) -> float:
+    """The contrast between the most common colour a widget paints (its background) and the
+    colour furthest from it (the core of its text's glyphs)."""
+    image = widget.grab().toImage()
+    counts: dict[int, int] = {}
+    for y in range(image.height()):
+        for x in range(image.width()):
+            rgb = image.pixel(x, y)
+            counts[rgb] = counts.get(rgb, 0) + 1
+    background = QColor.fromRgb(max(counts, key=counts.get))
+    return max(_contrast(background, QColor.fromRgb(rgb)) for rgb in counts)
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+@pytest.mark.parametrize("kind", ["warning", "error", "info"])
+def test_banners_are_readable_in_both_themes(qtbot, tmp_path, look, theme, kind):
+    look(theme, 11)
+    window = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    try:
+        window.notice_banner.show_notice(
+            "startup-0", "The data directory is read-only: nothing you do here is saved.", kind
+        )
+        settle()
+        assert window.notice_banner.isVisible()
+        assert painted_contrast(window.notice_banner.label) >= 4.5  # WCAG AA for body text
+    finally:
+        close_window(window)
+
+
+def test_banner_follows_a_theme_change(qtbot, tmp_path, look):
+    look("light", 11)
+    window = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    try:
+        window.notice_banner.show_notice("storage", "The disk is full.", "error")
+        settle()
+        look("dark", 11)  # Settings > Theme, while the banner shows
+        settle()
+        assert painted_contrast(window.notice_banner.label) >= 4.5
+    finally:
+        close_window(window)
+
+
+def test_mcp_form_is_usable_at_a_large_font(qtbot, tmp_path, look):
+    look("light", 14)
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    try:
+        window.tabs.setCurrentWidget(window.tools_panel)
+        panel = window.tools_panel
+        settle()
+        panel.scroll_area.ensureWidgetVisible(panel.add_button)
+        settle()
+        fields = (panel.name_edit, panel.target_edit, panel.add_button)
+        for field in fields:
+            hint = field.minimumSizeHint()
+            assert field.isVisible()
+            assert field.height() >= hint.height() and field.width() >= hint.width(), (
+                f"{type(field).__name__} squeezed to {field.size()} (needs {hint})"
+            )
+        # one above the other, none overlapping another
+        tops = [f.mapTo(panel, QPoint(0, 0)).y() for f in fields]
+        assert all(a + f.height() <= b for a, f, b in zip(tops, fields, tops[1:], strict=False))
+        # the field for a command or URL has room for a typical one
+        sample = "uvx mcp-server-fetch"
+        assert panel.target_edit.width() >= panel.target_edit.fontMetrics().horizontalAdvance(
+            sample
+        )
+    finally:
+        close_window(window)
+
+
+def test_side_panels_collapse_and_are_remembered(qtbot, tmp_path):
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    try:
+        window.resize(1280, 800)
+        settle()
+        assert window.sidebar.isVisible() and window.side_panel.isVisible()
+        chat_width = window.chat_view.width()
+        # the conversation is the widest thing on screen
+        assert chat_width > max(window.sidebar.width(), window.side_panel.width())
+        window.chats_panel_action.trigger()
+        window.model_bar.side_toggle.click()  # the bar's button does the same as the menu
+        settle()
+        assert not window.sidebar.isVisible() and not window.side_panel.isVisible()
+        assert not window.side_panel_action.isChecked()
+        assert window.chat_view.width() > chat_width
+        assert SettingsFile(tmp_path / "settings.json").load().collapsed_panels == [
+            "chats",
+            "side",
+        ]
+    finally:
+        close_window(window)
+    window = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    try:
+        settle()
+        assert not window.sidebar.isVisible() and not window.side_panel.isVisible()
+        assert not window.chats_panel_action.isChecked()
+        window.side_panel_action.trigger()
+        settle()
+        assert window.side_panel.isVisible() and window.side_panel.width() > 0
+        assert SettingsFile(tmp_path / "settings.json").load().collapsed_panels == ["chats"]
+    finally:
+        close_window(window)
+
+
+def test_message_actions_are_in_a_menu_and_show_on_hover(qtbot, tmp_path):
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=["Paris."]))
+    try:
+        window.resize(1280, 800)
+        send(qtbot, window, "Capital of France?")
+        user, reply = window.chat_view.widgets
+        assert reply.menu_entries() == ["Copy", "Regenerate", "Details", "Branch"]
+        assert user.menu_entries() == ["Copy", "Edit", "Compare answers", "Branch"]
+        # no card shows its action buttons until the pointer is over it
+        assert not reply.hover_actions.isVisible() and reply.menu_button.isVisible()
+        reply.show_hover_actions(True)
+        assert reply.hover_actions.isVisible() and reply.details_button.isVisible()
+        reply.show_hover_actions(False)
+        assert not reply.hover_actions.isVisible()
+        # a menu entry does what its button does
+        with qtbot.waitSignal(window.chat_view.detailsRequested, timeout=WAIT_MS) as details:
+            next(a for a in reply.actions_menu.actions() if a.text() == "Details").trigger()
+        assert details.args == [reply.message.id]
+        window.details_dialog.close()
+    finally:
+        close_window(window)
+
+
+def test_hover_buttons_stay_hidden_on_a_card_too_narrow_for_them(qtbot, tmp_path):
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=["Paris."]))
+    try:
+        send(qtbot, window, "Capital of France?")
+        reply = window.chat_view.widgets[-1]
+        window.splitter.setSizes([400, 300, 400])  # a narrow chat column
+        settle()
+        reply.show_hover_actions(True)
+        settle()
+        assert reply.width() <= window.chat_view.viewport().width()
+        if reply.hover_actions.isVisible():  # shown only where they fit
+            assert reply.minimumSizeHint().width() <= reply.width()
+        assert not layout_problems(window)
+    finally:
+        close_window(window)
+
+
+def test_streaming_reply_offers_no_regenerate(qtbot, tmp_path):
+    engine = FakeEngine(replies=["one two three four five"], pause_after=2)
+    window = make_window(qtbot, tmp_path, engine)
+    try:
+        window.input.setPlainText("count")
+        window.send()
+        qtbot.waitUntil(lambda: window.chat_view.streaming_widget is not None, timeout=WAIT_MS)
+        assert window.chat_view.streaming_widget.menu_entries() == ["Copy"]
+        with qtbot.waitSignal(window.session.busyChanged, timeout=WAIT_MS):
+            engine.gate.set()
+        assert "Regenerate" in window.chat_view.widgets[-1].menu_entries()
+    finally:
+        close_window(window)
+
+
+def test_a_long_code_line_scrolls_inside_its_message(qtbot, tmp_path):
+    code = "```python\nvalues = [" + ", ".join(str(i) for i in range(200)) + "]\n```"
+    prose = "A list of numbers, written out in full so that you can copy it. " * 4
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=[prose + "\n\n" + code]))
+    try:
+        send(qtbot, window, "numbers")
+        settle()
+        reply = window.chat_view.widgets[-1]
+        assert not layout_problems(window)
+        body = reply.body
+        assert body.horizontalScrollBar().isVisible() and body.horizontalScrollBar().maximum() > 0
+        # the prose still wraps at the view's width: its first line ends before the edge
+        first_line = body.document().firstBlock().layout().lineAt(0)
+        assert first_line.naturalTextWidth() <= body.viewport().width()
+        # and the last line of the code is not hidden under the scroll bar
+        assert (
+            body.height() >= body.document().size().height() + body.horizontalScrollBar().height()
+        )
+    finally:
+        close_window(window)
