@@ -376,15 +376,23 @@ class RealEngine:
         from engine.receipt import model_file_note, replay
 
         loaded = self._digest(lm)
+        run = None
+        if self._scheduler is not None and self._scheduler_lm is lm:
+            # served (or compared on): its scheduler's thread runs every forward pass on lm
+            scheduler = self._scheduler
+
+            def run(request, cancel):
+                return scheduler.submit(request, cancel).events()
+
         wanted = (receipt.get("model") or {}).get("sha256")
         if not isinstance(wanted, str) or wanted == loaded:
-            return replay(lm, receipt, original_tokens, loaded, cancel)
+            return replay(lm, receipt, original_tokens, loaded, cancel, run)
         # Not the loaded model's file (a reply from another machine, or made with another model):
         # a file here with the receipt's sha256 replays it exactly, loaded for this replay only;
         # without one the replay runs on the loaded model and says the receipt's file is not here.
         known = self._model_digests().path_for(wanted)
         if known is None:
-            report = replay(lm, receipt, original_tokens, loaded, cancel)
+            report = replay(lm, receipt, original_tokens, loaded, cancel, run)
         else:
             with load_model(known, n_ctx=None, n_threads=None) as other:
                 report = replay(other, receipt, original_tokens, wanted, cancel)

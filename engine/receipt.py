@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
@@ -395,13 +395,20 @@ def replay(
     original_tokens: Sequence[dict],
     model_sha256: str | None,
     cancel: CancelToken | None = None,
+    run: Callable[[GenerationRequest, CancelToken], Iterable[object]] | None = None,
 ) -> ReplayReport:
     """Run the receipt again on `lm` and compare with the original reply.
 
     `original_tokens` are the reply's stored token records (engine TokenSampled as dicts:
     index, token_id, text, logprob, top) for the probabilities at a divergence; the token ids
-    compared are the receipt's own `output.token_ids`. Stops at the first divergence."""
-    from engine.generate import generate
+    compared are the receipt's own `output.token_ids`. Stops at the first divergence.
+    `run(request, cancel)` gives the replay's events: engine.generate.generate on `lm` unless
+    another path owns the model (a batch scheduler serving it runs every forward pass)."""
+    if run is None:
+        from engine.generate import generate
+
+        def run(request: GenerationRequest, cancel: CancelToken) -> Iterable[object]:
+            return generate(lm, request, cancel)
 
     cancel = cancel or CancelToken()
     try:
@@ -416,7 +423,7 @@ def replay(
     replayed: list[TokenSampled] = []
     finished: Finished | None = None
     divergence_at: int | None = None
-    for event in generate(lm, request, cancel):
+    for event in run(request, cancel):
         if isinstance(event, TokenSampled):
             replayed.append(event)
             i = len(replayed) - 1

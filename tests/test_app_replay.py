@@ -12,6 +12,7 @@ Enter, Details, Replay."""
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from PySide6.QtCore import Qt
@@ -188,6 +189,34 @@ def test_a_reply_replays_exactly_and_a_changed_preset_is_located(
         exported["messages"][-1]["receipt"]["preset"]["seed_used"] == receipt["preset"]["seed_used"]
     )
     close_window(window)
+
+
+def test_a_replay_of_a_served_model_runs_on_its_scheduler(tmp_path, monkeypatch):
+    # While the model is served, the scheduler's thread runs every forward pass on it
+    # (ARCHITECTURE.md, thread ownership): a replay must not run generate beside it.
+    use_fake_detokenizer(monkeypatch)
+    model = tmp_path / "scripted.gguf"
+    model.write_bytes(b"GGUF scripted model")
+    engine = ScriptedModelEngine(digest_cache=tmp_path / "digests.json")
+    lm = engine.load(str(model), n_ctx=64, n_threads=None, progress=lambda *a: None)
+    request = GenerationRequest(messages=({"role": "user", "content": "Hello"},))
+    receipt = list(engine.generate(lm, request, CancelToken()))[-1].receipt
+    submitted = []
+
+    class Scheduler:
+        """Stands for the BatchScheduler serving lm: takes the request, runs it as its own."""
+
+        def submit(self, request, cancel, preset=None):
+            submitted.append(request)
+            return SimpleNamespace(events=lambda: generate(lm, request, cancel))
+
+    engine._scheduler, engine._scheduler_lm = Scheduler(), lm
+    report = engine.replay(lm, receipt, [], CancelToken())
+    assert report.identical and report.differences == (), report
+    assert [list(r.prompt_ids) for r in submitted] == [receipt["prompt"]["token_ids"]]
+    engine._scheduler_lm = object()  # serving another model: this one is the worker's own
+    assert engine.replay(lm, receipt, [], CancelToken()).identical
+    assert len(submitted) == 1
 
 
 def test_a_real_reply_with_default_settings_replays_exactly(qtbot, tmp_path, smollm2_path):
