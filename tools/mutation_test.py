@@ -63,7 +63,7 @@ MODULE_TESTS = {
     "engine/tool_calls/json_lines.py": ["tests/test_tool_call_parsers.py"],
     "engine/tool_calls/fallback.py": ["tests/test_tool_call_parsers.py"],
     "engine/tool_calls/grammar.py": ["tests/test_tool_call_parsers.py"],
-    "app/backends/openai_client.py": ["tests/test_remote_client.py"],
+    "app/backends/openai_client.py": ["tests/test_remote_client_branches.py"],
 }
 
 # tools: tests/conftest.py imports tools.fetch_qwen_coder (the fast-tier model guard)

@@ -516,10 +516,10 @@ class OpenAIClient:
                 label, f"{label} did not accept a connection within {CONNECT_TIMEOUT_S:g} s."
             )
         if isinstance(exc, httpx.TimeoutException):
-            what = "a first answer" if stream is None or stream.first_at is None else "more"
+            what = "no answer" if stream is None or stream.first_at is None else "nothing more"
             return RemoteTimeoutError(
                 label,
-                f"{label} sent no {what} within {timeout:g} s while {doing} (the connection's "
+                f"{label} sent {what} within {timeout:g} s while {doing} (the connection's "
                 "timeout; raise it in Settings > Connections for slow servers).",
             )
         if isinstance(exc, httpx.ConnectError):
@@ -586,6 +586,9 @@ def _arguments_problem(arguments: object, name: str, schema: dict) -> str | None
     from jsonschema.exceptions import SchemaError
 
     try:
+        # A schema that is not one makes iter_errors raise anything (TypeError for {"type": 12}):
+        # checked first, it is named instead of ending the stream with a traceback.
+        Draft202012Validator.check_schema(schema)
         errors = sorted(
             Draft202012Validator(schema).iter_errors(arguments), key=lambda e: list(e.path)
         )
