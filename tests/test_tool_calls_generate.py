@@ -6,6 +6,7 @@ model are in test_qwen_coder_tools.py."""
 from __future__ import annotations
 
 import jsonschema
+import numpy as np
 import pytest
 
 from engine.errors import ConfigValidationError
@@ -83,9 +84,61 @@ def test_tools_need_chat_messages_and_a_required_call_excludes_json_mode(smollm2
         )
 
 
+class _ForcedReply:
+    """SmolLM2 whose reply is forced to `text` (then end of turn): the real forward pass runs
+    (the KV cache and the prompt are real), but the logits of every generated position make the
+    next token of `text` the only choice. Records the prompt the model was given."""
+
+    def __init__(self, lm, text: str):
+        self._lm = lm
+        tokenizer = lm.tokenizer
+        self._opener = tokenizer.token_id("<|im_start|>")
+        self._header = tokenizer.encode("assistant\n", add_special=False)
+        self._script = [*tokenizer.encode(text, add_special=False), tokenizer.eos_id]
+        self.prompt: list[int] = []
+
+    def __getattr__(self, name):  # everything but forward is the real model's
+        return getattr(self._lm.model, name)
+
+    def forward(self, tokens, cache, *, all_logits=False, cancel=None):
+        rows = self._lm.model.forward(tokens, cache, all_logits=all_logits, cancel=cancel)
+        history = list(cache.tokens)
+        start = len(history) - 1 - history[::-1].index(self._opener) + 1 + len(self._header)
+        self.prompt, generated = history[:start], history[start:]
+        assert generated == self._script[: len(generated)], "the reply left the script"
+        forced = np.full(rows.shape[-1], -1e9, dtype=np.float32)
+        forced[self._script[len(generated)]] = 0.0
+        if all_logits:
+            rows[-1] = forced
+            return rows
+        return forced
+
+
+class _WithModel:
+    def __init__(self, lm, model):
+        self._lm, self.model = lm, model
+
+    def __getattr__(self, name):
+        return getattr(self._lm, name)
+
+
 def test_tool_choice_none_offers_nothing_and_parses_nothing(smollm2):
-    done = events_of(smollm2, messages=QUESTION, tools=TOOLS, tool_choice="none")[-1]
-    assert done.tool_calls == () and done.finish_reason != FinishReason.TOOL_CALLS
+    # the reply is a well-formed call of an offered tool: "auto" parses it (the control), so
+    # "none" has a call in front of it that it must leave as text
+    call_text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    model = _ForcedReply(smollm2, call_text)
+    forced = _WithModel(smollm2, model)
+    auto = events_of(forced, messages=QUESTION, tools=TOOLS, tool_choice="auto")[-1]
+    assert auto.finish_reason == FinishReason.TOOL_CALLS, auto
+    assert [(c.name, c.arguments) for c in auto.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert "get_weather" in smollm2.tokenizer.decode(model.prompt)  # offered with "auto"
+
+    events = events_of(forced, messages=QUESTION, tools=TOOLS, tool_choice="none")
+    done = events[-1]
+    assert "get_weather" not in smollm2.tokenizer.decode(model.prompt)  # offers nothing
+    assert done.tool_calls == () and done.finish_reason == FinishReason.STOP
+    assert not [e for e in events if isinstance(e, (ToolCallStarted, ToolCallMalformed))]
+    assert done.text == call_text  # the model's words come back as its answer
 
 
 @pytest.fixture(scope="module")
