@@ -109,7 +109,12 @@ def mutmut(directory: Path, *args: str) -> subprocess.CompletedProcess:
 def survivors_and_total(directory: Path) -> tuple[list[str], int]:
     listing = mutmut(directory, "results", "--all", "true").stdout
     rows = [line.strip() for line in listing.splitlines() if ": " in line]
-    survived = [row.split(":", 1)[0] for row in rows if row.endswith(": survived")]
+    # A mutant that no mapped test reaches ("no tests") is not killed: it survives unseen.
+    survived = [
+        row.split(":", 1)[0]
+        for row in rows
+        if row.endswith(": survived") or row.endswith(": no tests")
+    ]
     scored = [row for row in rows if not row.endswith(": skipped")]
     return survived, len(scored)
 
