@@ -233,9 +233,11 @@ def _contrast(first: QColor, second: QColor) -> float:
 
 
 def painted_contrast(widget: QWidget) -> float:
-    """The contrast between the most common colour a widget paints (its background) and the
-    colour furthest from it (the core of its text's glyphs)."""
-    image = widget.grab().toImage()
+    """The contrast between the most common colour painted where a widget is (its background)
+    and the colour furthest from it (the core of its text's glyphs). Grabbed from the parent:
+    the label alone would be painted on its own palette's background, not the banner's."""
+    parent = widget.parentWidget()
+    image = parent.grab(widget.geometry()).toImage()
     counts: dict[int, int] = {}
     for y in range(image.height()):
         for x in range(image.width()):
