@@ -433,3 +433,38 @@ class _NoKeys:
 
 def _quiet(_stage, _fraction):
     pass
+
+
+def test_our_server_stopped_mid_reply_is_no_clean_end(smollm2_path, tmp_path):
+    """Issue 31, defect 2, end to end: `python -m engine serve` stopped normally (Ctrl-C) while it
+    streams a reply ends that reply with finish_reason "cancelled" and a [DONE]. The client used
+    to take any word it did not know for a normal stop, so the cut reply read "stop (end of
+    turn)"; it must be an error that names the server's cancel, with the partial reply kept."""
+    from tests.engine_server import start_server, stop_server
+
+    server = start_server(smollm2_path, tmp_path / "stderr.txt", "--n-ctx", "2048")
+    events: list = []
+    codes: list = []
+    stopper = threading.Thread(target=lambda: codes.append(stop_server(server.process)))
+    try:
+        with _client(server.base_url) as client:
+            params = {"temperature": 0, "max_tokens": 1500}
+            for event in client.chat(server.model, LONG, params, CancelToken()):
+                events.append(event)
+                if not stopper.ident and len(_text_deltas(events)) == 3:
+                    stopper.start()  # SIGINT, as Ctrl-C in its terminal
+    finally:
+        if stopper.ident:
+            stopper.join()
+        else:
+            codes.append(stop_server(server.process))
+    assert codes == [0], server.log_path.read_text()
+    finished = _finished(events)
+    assert finished.usage.server_finish_reason == "cancelled"
+    assert finished.finish_reason == FinishReason.ERROR
+    assert "cut the reply short (finish_reason 'cancelled'" in finished.error
+    assert finished.text and finished.text == _text(events)
+
+
+def _text_deltas(events) -> list[TextDelta]:
+    return [e for e in events if isinstance(e, TextDelta)]
