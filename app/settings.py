@@ -49,6 +49,9 @@ class Settings:
     # MCP servers the user added (Tools panel): {"name", "command": [argv] | "url": str}
     mcp_servers: list[dict] = field(default_factory=list)
     collapsed_panels: list[str] = field(default_factory=list)  # PANELS members the user hid
+    # base models (model paths) the user chats with in plain completion: the typed text is
+    # continued as it is, without a chat template (app/session.py)
+    completion_models: list[str] = field(default_factory=list)
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -84,6 +87,8 @@ class Settings:
         ]
         self.mcp_servers = [s for s in _list(self.mcp_servers) if _usable_server(s)]
         self.collapsed_panels = [p for p in PANELS if p in _list(self.collapsed_panels)]
+        paths = [p for p in _list(self.completion_models) if isinstance(p, str) and p]
+        self.completion_models = list(dict.fromkeys(paths))[:1000]
         return self
 
     def remember_model(self, path: str) -> None:

@@ -550,8 +550,38 @@ class MainWindow(QMainWindow):
             )
             self.token_inspector.hint.setText(LOCAL_TOKENS_HINT)
         self.thinking_box.setVisible(info.thinking_switch)
+        self._show_base_model_notice(info)
         self._set_busy(self.session.busy)
         self.input.setFocus()
+
+    def _show_base_model_notice(self, info: ModelInfo) -> None:
+        """A base model (no chat template of its own) continues text instead of answering, and
+        in a chat it tends to repeat the question: say so, and offer plain completion."""
+        chat_hint = "Message the model — Enter to send, Shift+Enter for a new line"
+        if not info.base_model:
+            self.notice_banner.clear_notice("base-model")
+            self.input.setPlaceholderText(chat_hint)
+            return
+        said = f"{info.name} is a base model without a chat template: it continues text"
+        if self.session.plain_completion:
+            text = (
+                f"{said}. Plain completion: what you send is continued as it is (no chat "
+                "template, no system prompt, no earlier turns)."
+            )
+            action = ("Chat instead", lambda: self._set_plain_completion(info, False))
+            self.input.setPlaceholderText("Text for the model to continue — Enter to send")
+        else:
+            text = (
+                f"{said} rather than answering, and in a chat it tends to repeat the question. "
+                "Plain completion continues what you type as it is."
+            )
+            action = ("Use plain completion", lambda: self._set_plain_completion(info, True))
+            self.input.setPlaceholderText(chat_hint)
+        self.notice_banner.show_notice("base-model", text, "info", action)
+
+    def _set_plain_completion(self, info: ModelInfo, on: bool) -> None:
+        self.session.set_plain_completion(on)
+        self._show_base_model_notice(info)
 
     def _on_load_failed(self, path: str, message: str) -> None:
         previous = self.backends.model
