@@ -11,18 +11,21 @@ Enter, Details, Replay."""
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 from PySide6.QtCore import Qt
 
+from app.backends.remote import REMOTE_ARCHITECTURE
 from app.engine_bridge import RealEngine
+from app.views.receipt_dialog import NO_RECEIPT
 from engine.cancel import CancelToken
 from engine.generate import generate
 from engine.receipt import build_receipt, replay
 from engine.types import GenerationRequest, ModelInfo
-from tests.app_fakes import WAIT_MS, close_window, make_window
+from tests.app_fakes import WAIT_MS, FakeEngine, close_window, make_window
 from tests.fake_model import (
     BOS,
     EOS,
@@ -54,13 +57,16 @@ class ScriptedModelEngine(RealEngine):
         progress("ready", 1.0)
         lm = fake_lm(sampled_logits, n_ctx=n_ctx or 64, path=Path(path))
         self._model_digests().start(lm.path)
+        self.lm = lm
         return lm
+
+    architecture = "llama"
 
     def describe(self, lm):
         return ModelInfo(
             path=str(lm.path),
             name=lm.path.name,
-            architecture="llama",
+            architecture=self.architecture,
             n_ctx=lm.n_ctx,
             template=lm.chat_template.name,
         )
@@ -188,6 +194,130 @@ def test_a_reply_replays_exactly_and_a_changed_preset_is_located(
     assert (
         exported["messages"][-1]["receipt"]["preset"]["seed_used"] == receipt["preset"]["seed_used"]
     )
+    close_window(window)
+
+
+def scripted_window(qtbot, tmp_path, monkeypatch, engine=None):
+    """A window over ScriptedModelEngine with one reply (recorded with its receipt)."""
+    use_fake_detokenizer(monkeypatch)
+    model = tmp_path / "scripted.gguf"
+    model.write_bytes(b"GGUF scripted model")
+    engine = engine or ScriptedModelEngine(digest_cache=tmp_path / "digests.json")
+    window = make_window(qtbot, tmp_path, engine, model_path=str(model))
+    window.input.setPlainText("Hello")
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        qtbot.keyClick(window.input, Qt.Key_Return)
+    return window, window.store.messages(window.session.conversation_id)[-1]
+
+
+def click_replay(qtbot, window, dialog):
+    """Replay from the dialog -> ReplayReport, or the failure's text."""
+    outcome = []
+    window.session.replayFinished.connect(lambda message_id, report: outcome.append(report))
+    window.session.replayFailed.connect(lambda message_id, text: outcome.append(text))
+    dialog.replay_button.click()
+    qtbot.waitUntil(lambda: bool(outcome), timeout=WAIT_MS)
+    return outcome[0]
+
+
+def test_an_edited_receipt_replays_into_a_divergence_shown_in_details(qtbot, tmp_path, monkeypatch):
+    window, reply = scripted_window(qtbot, tmp_path, monkeypatch)
+    receipt = json.loads(json.dumps(reply.receipt))
+    n = len(receipt["output"]["token_ids"])
+    real = receipt["output"]["token_ids"][1]
+    receipt["output"]["token_ids"][1] = 30 if real != 30 else 29  # "z" or "y"
+    window.store.set_receipt(reply.id, receipt)
+    dialog = window.show_details(reply.id)
+    report = click_replay(qtbot, window, dialog)
+    assert not report.identical and report.divergence.index == 1
+    text = dialog.result.text()
+    assert "✖ Did not reproduce." in text
+    assert f"First difference at token 2 of {n}" in text
+    assert "the receipt&#x27;s output was changed after it was recorded" in text
+    assert window.state_label.text() == "Replay diverged"
+    assert dialog.replay_button.isEnabled()
+    close_window(window)
+
+
+def test_a_receipt_that_cannot_be_replayed_says_why_in_details(qtbot, tmp_path, monkeypatch):
+    window, reply = scripted_window(qtbot, tmp_path, monkeypatch)
+    receipt = dict(reply.receipt)
+    del receipt["output"]
+    window.store.set_receipt(reply.id, receipt)
+    dialog = window.show_details(reply.id)
+    failure = click_replay(qtbot, window, dialog)
+    assert isinstance(failure, str) and "the receipt has no recorded output tokens" in failure
+    assert dialog.result.text().startswith("<b>Replay failed:</b> ")
+    assert "no recorded output tokens" in dialog.result.text()
+    assert window.state_label.text() == "Replay failed"
+    assert dialog.replay_button.isEnabled()  # another try is possible
+    close_window(window)
+
+
+def test_a_reply_without_a_receipt_cannot_be_replayed(qtbot, tmp_path):
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=["Hi there."]))
+    window.input.setPlainText("Hello")
+    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+        qtbot.keyClick(window.input, Qt.Key_Return)
+    reply = window.store.messages(window.session.conversation_id)[-1]
+    assert reply.receipt is None  # the scripted engine records none
+    dialog = window.show_details(reply.id)
+    assert not dialog.replay_button.isEnabled()
+    assert NO_RECEIPT in dialog.body.toPlainText()
+    with qtbot.waitSignal(window.session.replayFailed, timeout=WAIT_MS) as failed:
+        assert window.session.replay(reply.id) is False
+    assert failed.args == [reply.id, "This reply has no receipt to replay from."]
+    assert dialog.result.text() == (
+        "<b>Replay failed:</b> This reply has no receipt to replay from."
+    )
+    close_window(window)
+
+
+def test_a_remote_model_does_not_replay_a_local_reply(qtbot, tmp_path, monkeypatch):
+    class RemoteLooking(ScriptedModelEngine):
+        architecture = REMOTE_ARCHITECTURE
+
+    engine = RemoteLooking(digest_cache=tmp_path / "digests.json")
+    window, reply = scripted_window(qtbot, tmp_path, monkeypatch, engine)
+    dialog = window.show_details(reply.id)
+    assert dialog.replay_button.isEnabled()
+    failure = click_replay(qtbot, window, dialog)
+    assert failure == (
+        "Replay runs on the local engine: open this reply's model file, then replay."
+    )
+    assert "Replay runs on the local engine" in dialog.result.text()
+    assert not window.controller.replaying
+    close_window(window)
+
+
+def test_stopping_a_replay_gives_no_verdict_and_a_second_waits(qtbot, tmp_path, monkeypatch):
+    window, reply = scripted_window(qtbot, tmp_path, monkeypatch)
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold(call):  # the replay's first forward pass waits until the test lets it go
+        entered.set()
+        gate.wait(WAIT_MS / 1000)
+
+    window.controller.bridge.lm.model.on_forward = hold
+    dialog = window.show_details(reply.id)
+    outcome = []
+    window.session.replayFinished.connect(lambda message_id, report: outcome.append(report))
+    window.session.replayFailed.connect(lambda message_id, text: outcome.append(text))
+    with qtbot.waitSignal(window.session.replayStarted, timeout=WAIT_MS):
+        dialog.replay_button.click()
+    assert not dialog.replay_button.isEnabled()
+    assert dialog.result.text() == "Replaying… (Esc in the main window stops it)"
+    qtbot.waitUntil(entered.is_set, timeout=WAIT_MS)
+    assert window.session.replay(reply.id) is False  # one replay at a time
+    window.cancel_button.click()
+    gate.set()
+    qtbot.waitUntil(lambda: bool(outcome), timeout=WAIT_MS)
+    report = outcome[0]
+    assert not isinstance(report, str), report
+    assert report.stopped and not report.identical and report.replayed_tokens == 0
+    assert dialog.result.text().startswith("<b>Replay stopped</b> after 0 of ")
+    assert window.state_label.text() == "Replay stopped"
+    assert len(outcome) == 1
     close_window(window)
 
 
