@@ -45,7 +45,8 @@ def test_a_base_model_is_named_and_plain_completion_sends_the_text_as_it_is(
     try:
         assert window.backends.model.base_model
         banner = window.notice_banner
-        assert "base-model" in banner.keys() and banner.isVisible()
+        shown = banner.keys()  # the banner's notices, in order (a list, not a dict)
+        assert "base-model" in shown and banner.isVisible()
         assert "base model without a chat template" in banner.text
         assert banner.action_button.isVisible()
         assert banner.action_button.text() == "Use plain completion"
@@ -108,7 +109,8 @@ def test_a_chat_model_gets_no_base_model_notice_and_no_plain_completion(qtbot, t
     engine = FakeEngine()
     window = make_window(qtbot, tmp_path, engine, model_path=path)
     try:
-        assert "base-model" not in window.notice_banner.keys()
+        shown = window.notice_banner.keys()
+        assert "base-model" not in shown
         assert not window.notice_banner.action_button.isVisible()
         assert not window.session.plain_completion
         window.session.set_plain_completion(True)  # not for a chat model
