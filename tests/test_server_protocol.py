@@ -522,3 +522,369 @@ def test_a_whole_response_carries_the_calls_and_null_content_when_only_calls():
         }
     ]
     assert body["choices"][0]["finish_reason"] == "tool_calls"
+
+
+# --- every refusal, word for word --------------------------------------------------------------
+# The messages are what a client shows its user; each is written out here by hand.
+FUNCTION_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def _assistant_calls(*calls):
+    return {"messages": [{"role": "assistant", "content": None, "tool_calls": list(calls)}]}
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"model": None}, "model=None is invalid: must be the name of the served model (GET /v1/models)"),
+        ({"model": ""}, "model='' is invalid: must be the name of the served model (GET /v1/models)"),
+        ({"messages": "hi"}, "messages='hi' is invalid: must be a non-empty array of messages"),
+        ({"messages": []}, "messages=[] is invalid: must be a non-empty array of messages"),
+        ({"messages": USER * 4097}, "messages=4097 is invalid: must be at most 4096 messages"),
+        ({"messages": ["hi"]}, "messages[0]='hi' is invalid: must be a JSON object"),
+        (
+            {"messages": [{"role": "critic", "content": "x"}]},
+            "messages[0].role='critic' is invalid: must be one of assistant, developer, system, "
+            "tool, user",
+        ),
+        (
+            {"messages": [{"role": "tool", "content": "x", "tool_call_id": ""}]},
+            "messages[0].tool_call_id='' is invalid: must be the id of the call it answers",
+        ),
+        (
+            {"messages": [{"role": "tool", "content": "x", "tool_call_id": 7}]},
+            "messages[0].tool_call_id=7 is invalid: must be the id of the call it answers",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": None, "tool_calls": {"id": "x"}}]},
+            "messages[0].tool_calls={'id': 'x'} is invalid: must be an array of tool calls",
+        ),
+        (_assistant_calls("x"), "messages[0].tool_calls[0]='x' is invalid: must be a JSON object"),
+        (
+            _assistant_calls({**FUNCTION_CALL, "id": ""}),
+            "messages[0].tool_calls[0].id='' is invalid: must be a non-empty string",
+        ),
+        (
+            _assistant_calls({**FUNCTION_CALL, "id": 5}),
+            "messages[0].tool_calls[0].id=5 is invalid: must be a non-empty string",
+        ),
+        (
+            _assistant_calls(FUNCTION_CALL, {**FUNCTION_CALL, "type": "code"}),
+            "messages[0].tool_calls[1].type='code' is invalid: must be \"function\"",
+        ),
+        (
+            _assistant_calls({"id": "c1", "function": "f"}),
+            "messages[0].tool_calls[0].function='f' is invalid: must be a JSON object",
+        ),
+        (
+            _assistant_calls({"id": "c1", "function": {"name": 3}}),
+            "messages[0].tool_calls[0].function.name=3 is invalid: must be a non-empty string",
+        ),
+        (
+            _assistant_calls({"id": "c1", "function": {"name": ""}}),
+            "messages[0].tool_calls[0].function.name='' is invalid: must be a non-empty string",
+        ),
+        (
+            _assistant_calls({"id": "c1", "function": {"name": "f", "arguments": ["a"]}}),
+            "messages[0].tool_calls[0].function.arguments=['a'] is invalid: must be a JSON text "
+            "(string)",
+        ),
+        (
+            {"messages": [{"role": "user", "content": None}]},
+            "messages[0].content=None is invalid: must be a string or text parts",
+        ),
+        (
+            {"messages": [{"role": "user", "content": {"text": "x"}}]},
+            "messages[0].content={'text': 'x'} is invalid: must be a string or text parts",
+        ),
+        (
+            {"messages": [{"role": "user", "content": ["x"]}]},
+            "messages[0].content[0].type='x' is invalid: must be 'text' (this server reads text "
+            "only)",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]},
+            "messages[0].content[1].type='image_url' is invalid: must be 'text' (this server "
+            "reads text only)",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages[0].content[0].text=5 is invalid: must be a string",
+        ),
+        ({"top_logprobs": 3}, "top_logprobs=3 is invalid: must be used together with logprobs: true"),
+        (
+            {"logprobs": True, "top_logprobs": 21},
+            "top_logprobs=21 is invalid: must be an integer in [0, 20]",
+        ),
+        (
+            {"logprobs": True, "top_logprobs": -1},
+            "top_logprobs=-1 is invalid: must be an integer in [0, 20]",
+        ),
+        (
+            {"logprobs": True, "top_logprobs": 1.5},
+            "top_logprobs=1.5 is invalid: must be an integer in [0, 20]",
+        ),
+        (
+            {"logprobs": True, "top_logprobs": float("inf")},
+            "top_logprobs=inf is invalid: must be an integer in [0, 20]",
+        ),
+        (
+            {"logprobs": True, "top_logprobs": True},
+            "top_logprobs=True is invalid: must be an integer in [0, 20]",
+        ),
+        ({"logprobs": "yes"}, "logprobs='yes' is invalid: must be true or false"),
+        (
+            {"functions": [{"name": "f"}]},
+            "functions='[...]' is invalid: must be absent (not supported by this server)",
+        ),
+        (
+            {"function_call": "auto"},
+            "function_call='[...]' is invalid: must be absent (not supported by this server)",
+        ),
+        ({"n": 2}, "n=2 is invalid: must be 1 (one choice per request)"),
+        ({"n": "1"}, "n='1' is invalid: must be an integer"),
+        (
+            {"logit_bias": {"50256": -100}},
+            "logit_bias='{...}' is invalid: must be empty or absent (not supported)",
+        ),
+        ({"response_format": "json"}, "response_format='json' is invalid: must be a JSON object"),
+        (
+            {"response_format": {"type": "xml"}},
+            "response_format.type='xml' is invalid: must be one of text, json_object, json_schema",
+        ),
+        (
+            {"response_format": {}},
+            "response_format.type=None is invalid: must be one of text, json_object, json_schema",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": []}},
+            "response_format.json_schema=[] is invalid: must be an object {\"name\", \"schema\"}",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema=None is invalid: must be a JSON schema object",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {}, "strict": "yes"},
+                }
+            },
+            "response_format.json_schema.strict='yes' is invalid: must be a boolean",
+        ),
+        ({"stream": 1}, "stream=1 is invalid: must be true or false"),
+        ({"stream_options": "usage"}, "stream_options='usage' is invalid: must be a JSON object"),
+        (
+            {"stream_options": {"include_usage": 1}},
+            "stream_options.include_usage=1 is invalid: must be true or false",
+        ),
+    ],
+)  # fmt: skip
+def test_each_chat_refusal_says_what_the_field_must_be(fields, message):
+    with pytest.raises(ConfigValidationError) as info:
+        parse_chat({"model": "smol", "messages": USER, **fields}, NAMES)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"prompt": 5}, "prompt=5 is invalid: must be a string, or an array of token ids (one prompt per request)"),
+        ({"prompt": []}, "prompt=[] is invalid: must be a string, or an array of token ids (one prompt per request)"),
+        ({"prompt": [True, 2]}, "prompt=[True, 2] is invalid: must be a string, or an array of token ids (one prompt per request)"),
+        ({"prompt": [1, "a"]}, "prompt=[1, 'a'] is invalid: must be a string, or an array of token ids (one prompt per request)"),
+        ({"prompt": [[]]}, "prompt=[] is invalid: must be a string, or an array of token ids (one prompt per request)"),
+        ({"prompt": [1, -3]}, "prompt[1]=-3 is invalid: must be a token id >= 0"),
+        ({"prompt": "x", "echo": True}, "echo=True is invalid: must be false (echoing the prompt is not supported)"),
+        ({"prompt": "x", "echo": "no"}, "echo='no' is invalid: must be true or false"),
+        ({"prompt": "x", "suffix": "end"}, "suffix='end' is invalid: must be null (insertion is not supported)"),
+        ({"prompt": "x", "best_of": 2}, "best_of=2 is invalid: must be 1 (one completion per request)"),
+        ({"prompt": "x", "best_of": 0}, "best_of=0 is invalid: must be an integer >= 1"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs=21 is invalid: must be an integer in [0, 20]"),
+        ({"prompt": "x", "logprobs": True}, "logprobs=True is invalid: must be an integer in [0, 20]"),
+        ({"prompt": "x", "response_format": {"type": "yaml"}}, "response_format.type='yaml' is invalid: must be one of text, json_object, json_schema"),
+        ({"prompt": "x", "stream": "yes"}, "stream='yes' is invalid: must be true or false"),
+        ({"prompt": "x", "n": 3}, "n=3 is invalid: must be 1 (one choice per request)"),
+    ],
+)  # fmt: skip
+def test_each_completion_refusal_says_what_the_field_must_be(fields, message):
+    with pytest.raises(ConfigValidationError) as info:
+        parse_completion({"model": "smol", **fields}, NAMES)
+    assert str(info.value) == message
+
+
+def test_token_ids_must_lie_in_the_vocabulary():
+    def ids(prompt, vocab_size):
+        return parse_completion({"model": "smol", "prompt": prompt}, NAMES, vocab_size=vocab_size)
+
+    assert ids([0, 99], 100).request.prompt_ids == [0, 99]
+    assert ids([[7]], 100).request.prompt_ids == [7]  # an array of one prompt
+    for prompt, message in [
+        ([5, 100], "prompt[1]=100 is invalid: must be a token id of this model's vocabulary, in [0, 99]"),
+        ([-1], "prompt[0]=-1 is invalid: must be a token id of this model's vocabulary, in [0, 99]"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigValidationError) as info:
+            ids(prompt, 100)
+        assert str(info.value) == message
+    assert ids([10**6], None).request.prompt_ids == [10**6]  # no vocabulary known: no upper bound
+
+
+def test_sampling_values_are_checked_by_the_engine_under_the_openai_name():
+    with pytest.raises(ConfigValidationError) as info:
+        chat(repeat_penalty=-1)
+    # the field the client sent, the value, and the engine's own allowed range
+    assert info.value.field == "repeat_penalty" and info.value.value == -1
+    assert str(info.value).startswith("repeat_penalty=-1 is invalid: must be ")
+    assert "repetition_penalty" not in str(info.value)
+    with pytest.raises(ConfigValidationError) as info:
+        chat(max_completion_tokens=0)
+    assert str(info.value).startswith("max_completion_tokens=0 is invalid: must be ")
+
+
+def test_long_values_are_cut_in_messages():
+    with pytest.raises(ConfigValidationError) as info:
+        chat(messages="x" * 100)
+    assert info.value.value == "'" + "x" * 76 + "..."
+    with pytest.raises(ConfigValidationError) as info:
+        chat(messages="x" * 78)  # its repr is 80 characters: shown whole
+    assert info.value.value == "x" * 78
+
+
+def test_lone_surrogates_are_refused_where_they_are():
+    problem = "must be text without lone UTF-16 surrogates (a \\ud800-\\udfff escape must be half of a pair)"
+    for body, field in [
+        ({"messages": [{"role": "user", "content": "a\ud800"}]}, "messages[0].content"),
+        ({"messages": [USER[0], {"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+         "messages[1].content[0].text"),
+        ({"stop": ["ok", "\udfff"]}, "stop[1]"),
+        ({"metadata": {"k\ud800": 1}}, "metadata"),
+        ({"\ud800": 1}, "body"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigValidationError) as info:
+            parse_chat({"model": "smol", "messages": USER, **body}, NAMES)
+        assert info.value.field == field
+        assert str(info.value).endswith(problem)
+        str(info.value).encode("utf-8")  # the message itself can be sent
+    with pytest.raises(ConfigValidationError) as info:
+        parse_completion({"model": "smol", "prompt": "\ud800x"}, NAMES)
+    assert info.value.field == "prompt" and info.value.value == "'\\ud800x'"
+    # a surrogate pair is one character, not a lone surrogate
+    assert (
+        chat(messages=[{"role": "user", "content": "\U0001f600"}]).request.messages[0]["content"]
+        == "\U0001f600"
+    )
+    deep: list = []
+    for _ in range(5000):  # nesting far past Python's recursion limit: no RecursionError
+        deep = [deep]
+    chat(metadata=deep)
+
+
+def test_an_unknown_model_is_named_with_the_served_names_only():
+    names = {"smol", "default", "/home/me/models/smol.gguf", "C:\\models\\smol.gguf"}
+    with pytest.raises(ApiError) as info:
+        parse_chat({"model": "gpt-4o", "messages": USER}, names)
+    assert info.value.message == (
+        "The model 'gpt-4o' does not exist on this server; it serves 'default', 'smol' "
+        "(GET /v1/models)"
+    )
+    assert (info.value.status, info.value.param, info.value.code) == (
+        404,
+        "model",
+        "model_not_found",
+    )
+    with pytest.raises(ApiError) as info:
+        parse_completion({"model": "m" * 300, "prompt": "x"}, names)
+    assert "'" + "m" * 100 + "'" in info.value.message and "m" * 101 not in info.value.message
+    # every name the server answers to still works, the path too
+    assert parse_chat({"model": "/home/me/models/smol.gguf", "messages": USER}, names).model == (
+        "/home/me/models/smol.gguf"
+    )
+
+
+def test_what_a_chat_request_may_leave_out_or_send_empty():
+    parsed = chat(functions=[], function_call=None, logit_bias={}, n=1.0, suffix="ignored in chat")
+    assert parsed.request.overrides == {}
+    assert not parsed.stream and not parsed.include_usage and not parsed.logprobs
+    assert parsed.top_logprobs == 0 and parsed.request.top_logprobs == 0
+    assert parsed.request.json_mode == JsonMode.OFF and parsed.request.json_schema is None
+    assert parsed.request.tools is None and parsed.request.tool_choice == "auto"
+    assert parsed.model == "smol" and parsed.kind == CHAT
+    parsed = chat(
+        logprobs=True, top_logprobs=2.0, stream=False, stream_options={"include_usage": False}
+    )
+    assert parsed.logprobs and parsed.top_logprobs == 2 and not parsed.include_usage
+    assert chat(stream=True, stream_options={}).include_usage is False
+    assert chat(logprobs=False).logprobs is False
+
+
+def test_every_sampling_field_reaches_the_engine_under_its_own_name():
+    parsed = chat(repeat_penalty=1.2, repeat_last_n=32, stop=["a", "b"], temperature=1.5)
+    assert parsed.request.overrides == {
+        "repetition_penalty": 1.2,
+        "repeat_last_n": 32,
+        "stop": ["a", "b"],
+        "temperature": 1.5,
+        "do_sample": True,
+    }
+    assert chat(max_tokens=9).request.overrides == {"max_new_tokens": 9}
+
+
+def test_tool_choice_and_the_history_shapes_clients_send():
+    parsed = chat(tools=[WEATHER], tool_choice="none")
+    assert parsed.request.tool_choice == "none" and not parsed.tools_constrained
+    assert chat(tools=[], tool_choice="required").tools_constrained is False
+    assert chat(tools=[WEATHER], tool_choice="required").tools_constrained is True
+    history = [
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [
+                {"id": "a", "function": {"name": "f", "arguments": {"x": 1}}},  # an object
+                {"id": "b", "function": {"name": "g"}},  # no arguments, no type
+            ],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "1", "name": "f"},
+        {"role": "tool", "tool_call_id": "b", "content": "2", "name": 7},
+        {"role": "assistant", "content": "done", "tool_calls": None},
+        {"role": "system", "content": "s"},
+    ]
+    messages = chat(messages=history).request.messages
+    assert messages[0]["tool_calls"] == [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+        {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+    ]
+    assert messages[0]["content"] == "Checking."
+    assert messages[1] == {"role": "tool", "content": "1", "tool_call_id": "a", "name": "f"}
+    assert messages[2] == {"role": "tool", "content": "2", "tool_call_id": "b"}
+    assert messages[3] == {"role": "assistant", "content": "done"}
+    assert messages[4] == {"role": "system", "content": "s"}
+
+
+def test_what_a_completion_request_may_send():
+    parsed = parse_completion(
+        {
+            "model": "smol",
+            "prompt": ["Once"],
+            "echo": False,
+            "suffix": "",
+            "best_of": 1,
+            "logprobs": 0,
+            "max_tokens": 5,
+            "response_format": {"type": "json_object"},
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        NAMES,
+    )
+    assert parsed.kind == COMPLETION and parsed.request.prompt == "Once"
+    assert parsed.logprobs is True and parsed.top_logprobs == 0  # logprobs 0: the token's own
+    assert parsed.request.overrides == {"max_new_tokens": 5}
+    assert parsed.request.json_mode == JsonMode.OBJECT
+    assert parsed.stream and parsed.include_usage and not parsed.tools_constrained
+    assert parse_completion({"model": "smol", "prompt": [1, 2]}, NAMES).request.prompt_ids == [1, 2]
+    strict_false = {
+        "type": "json_schema",
+        "json_schema": {"schema": {"type": "object"}, "strict": False},
+    }
+    assert chat(response_format=strict_false).request.json_mode == JsonMode.SCHEMA

@@ -108,6 +108,8 @@ class ResponseWriter:
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        # a stream's objects: OpenAI's legacy completions stream sends "text_completion" chunks
+        self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
         self.tokens: list[TokenSampled] = []  # every sampled token (for logprobs)
         self._unsent_tokens: list[TokenSampled] = []
         self._role_sent = False
@@ -159,7 +161,7 @@ class ResponseWriter:
         if self._malformed:  # our extra field, on the chunk that closes the choice
             out[0]["choices"][0]["malformed_tool_calls"] = list(self._malformed)
         if self.parsed.include_usage:
-            usage_chunk = self._envelope(self.object + ".chunk")
+            usage_chunk = self._envelope(self.chunk_object)
             usage_chunk["choices"] = []
             usage_chunk["usage"] = usage_object(finished.usage)
             out.append(usage_chunk)
