@@ -30,6 +30,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The tool-call modules share their tests: the parsers on the templates' own call texts, each
+# module piece by piece, and the request side (tools, tool_choice, prompt, grammar).
+TOOL_CALL_TESTS = [
+    "tests/test_tool_call_parsers.py",
+    "tests/test_tool_call_units.py",
+    "tests/test_tool_call_request.py",
+]
+
 # Module -> the fast test files that exercise it. Restricting each run to these keeps a mutant's
 # test run to seconds; a mutant that only a slow end-to-end test could see counts as a survivor.
 MODULE_TESTS = {
@@ -52,17 +60,17 @@ MODULE_TESTS = {
         "tests/test_batching_admission.py",
         "tests/test_batching_scheduler.py",
     ],
-    "engine/tool_calls/hermes.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/mistral.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/json_scan.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/stream.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/call_body.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/items.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/spec.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/formats.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/json_lines.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/fallback.py": ["tests/test_tool_call_parsers.py"],
-    "engine/tool_calls/grammar.py": ["tests/test_tool_call_parsers.py"],
+    "engine/tool_calls/hermes.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/mistral.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/json_scan.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/stream.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/call_body.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/items.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/spec.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/formats.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/json_lines.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/fallback.py": TOOL_CALL_TESTS,
+    "engine/tool_calls/grammar.py": TOOL_CALL_TESTS,
     "app/backends/openai_client.py": ["tests/test_remote_client_branches.py"],
 }
 

@@ -6,11 +6,14 @@ object may sit in a Markdown code fence (```json ... ```), as small models often
 
 An object at the start of a line is held back until it is known to be a call: its name and an
 arguments key appear in that order (then it streams as a call), or it closes, and is a call if
-json.loads finds a "name" and arguments in it. Any other object (the user asked for JSON, say)
-is released as text unchanged, with its fence.
+json.loads finds a "name" in it and no key a call does not have (arguments may be left out for a
+tool without parameters). Any other object (the user asked for JSON, say) is released as text
+unchanged, with its fence.
 """
 
 from __future__ import annotations
+
+import json
 
 from engine.tool_calls.call_body import CallBody
 from engine.tool_calls.items import CallArguments, CallOpened, Item, Text, cut_off, feed_body
@@ -157,6 +160,14 @@ class JsonLinesParser:
         return items
 
 
+# The keys a call object may hold ("type": "function" and an "id" as Llama 3.2 and some
+# fine-tunes add them). An object with any other key is the answer's own JSON, not a call: a
+# reply of {"name": "Bob", "age": 30} asked for by the user stays text.
+_CALL_KEYS = frozenset({"name", "arguments", "parameters", "type", "id"})
+
+
 def _decodes_as_call(body: CallBody) -> bool:
     name, arguments, _ = body.decode()
-    return bool(name) and arguments is not None and '"name"' in body.raw
+    if not name or arguments is None:
+        return False
+    return set(json.loads(body.raw)) <= _CALL_KEYS  # decode read it as an object
