@@ -24,7 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import ConfigValidationError, ConstraintError, EngineError, InputFileError
+from engine.errors import (
+    ConfigValidationError,
+    ConstraintError,
+    ContextOverflowError,
+    EngineError,
+    InputFileError,
+)
 from engine.input_files import MAX_SCHEMA_BYTES, read_text_file, require_regular_file
 from engine.model_protocol import LanguageModel
 from engine.types import DEFAULT_KV_CACHE_TYPE, KV_CACHE_TYPES, JsonMode
@@ -422,6 +428,8 @@ def cmd_generate(args) -> int:
         if request.tools is None or not str(exc.field).startswith(("tools", "tool_choice")):
             raise
         raise InputFileError("--tools", args.tools, str(exc)) from None
+    except ContextOverflowError as exc:  # the engine's field name -> the flag the user typed
+        raise ContextOverflowError(str(exc).replace("max_new_tokens", "--max-tokens")) from None
     sampled = []
     malformed = []
     previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: cancel.cancel())

@@ -108,6 +108,8 @@ def test_invalid_generate_values_exit_nonzero_with_the_message_on_stderr(
 def test_context_overflow_is_reported_not_crashed(capsys, tiny):
     code, _, err = run_cli(capsys, "generate", tiny, "Hi", "--max-tokens", 10**6, "--n-ctx", 64)
     assert code == 1 and "context window" in err
+    # named as the flag the user typed, not the engine's field
+    assert "--max-tokens (1000000)" in err and "max_new_tokens" not in err
 
 
 def test_missing_model_file_is_a_usage_error_naming_the_path_once(capsys, tmp_path):

@@ -364,6 +364,9 @@ def test_a_host_beyond_loopback_needs_an_api_key():
         (["--max-queue", "-1"], "--max-queue"),
         (["--kv-budget-mb", "0"], "--kv-budget-mb"),
         (["--port", "70000"], "--port"),
+        (["--max-connections", "0"], "--max-connections"),
+        (["--request-timeout", "0"], "--request-timeout"),
+        (["--request-timeout", "nan"], "--request-timeout"),
     ],
 )
 def test_serve_refuses_bad_flags_before_loading_the_model(flags, named, capsys):
@@ -888,3 +891,17 @@ def test_what_a_completion_request_may_send():
         "json_schema": {"schema": {"type": "object"}, "strict": False},
     }
     assert chat(response_format=strict_false).request.json_mode == JsonMode.SCHEMA
+
+
+def test_the_serve_flags_defaults_are_the_servers():
+    from engine.__main__ import build_parser
+    from engine.server.app import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S
+
+    args = build_parser().parse_args(["serve", "m.gguf"])
+    assert args.request_timeout == DEFAULT_REQUEST_TIMEOUT_S
+    assert args.max_connections == DEFAULT_MAX_CONNECTIONS
+    assert args.allowed_host == [] and args.allowed_origin == [] and args.cors is None
+    args = build_parser().parse_args(
+        ["serve", "m.gguf", "--allowed-host", "a", "--allowed-host", "b", "--allowed-origin", "o"]
+    )
+    assert args.allowed_host == ["a", "b"] and args.allowed_origin == ["o"]
