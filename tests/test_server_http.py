@@ -533,3 +533,41 @@ def test_a_kept_alive_connection_gets_a_fresh_deadline_for_each_request(impatien
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half")
         answer = read_until_closed(sock)
     assert status_of(answer) == 408, answer
+
+
+# --- the policy itself -----------------------------------------------------------------------------
+def test_host_names_are_compared_without_port_case_brackets_or_trailing_dot():
+    from engine.server.access import host_name
+
+    assert host_name("LocalHost:8080") == "localhost"
+    assert host_name("localhost.") == "localhost"
+    assert host_name("[::1]:8080") == "::1" and host_name("[::1]") == "::1"
+    assert host_name("::1") == "::1"  # unbracketed IPv6 (no port possible)
+    assert host_name(" 127.0.0.1 ") == "127.0.0.1"
+    assert host_name("[::1]x") == "[::1]x"  # malformed: matches nothing allowed
+    assert host_name("[::1") == "[::1"
+
+
+def test_the_policy_for_each_kind_of_bound_address():
+    from engine.server.access import AccessPolicy
+
+    def allowed(policy, host):
+        return policy.check([host], []) is None
+
+    loopback = AccessPolicy.build("127.0.0.1")
+    assert all(allowed(loopback, h) for h in ("127.0.0.1:1", "localhost", "[::1]:1"))
+    assert not allowed(loopback, "192.168.1.4:8080")  # an address, but not this server's
+    assert not allowed(loopback, "127.0.0.2")
+    named = AccessPolicy.build("192.168.1.4", ["Box.Local."])
+    assert allowed(named, "192.168.1.4:8080") and allowed(named, "box.local:8080")
+    assert not allowed(named, "10.0.0.1") and not allowed(named, "other.local")
+    wildcard = AccessPolicy.build("0.0.0.0")
+    assert allowed(wildcard, "10.0.0.7:8080") and allowed(wildcard, "[fe80::1]:8080")
+    assert not allowed(wildcard, "attacker.example") and not allowed(wildcard, "0.0.0.0.nip.io")
+    assert AccessPolicy.build("::").any_ip and not loopback.any_ip
+    assert loopback.check([], []).code == "invalid_host"
+    assert loopback.check(["localhost", "localhost"], []).code == "invalid_host"
+    origins = AccessPolicy.build("127.0.0.1", allowed_origins=["HTTP://Localhost:3000/"])
+    assert origins.check(["localhost"], ["http://localhost:3000"]) is None
+    refusal = origins.check(["localhost"], ["http://localhost:3000", "http://evil.example"])
+    assert (refusal.status, refusal.code) == (403, "origin_not_allowed")
