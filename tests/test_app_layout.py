@@ -12,7 +12,7 @@ import json
 import pytest
 from PySide6.QtCore import QPoint
 from PySide6.QtGui import QColor, QFont, QPalette
-from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QWidget
+from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel, QMessageBox, QWidget
 
 from app.settings import SettingsFile
 from app.theme import apply_theme
@@ -80,6 +80,14 @@ def layout_problems(window) -> list[str]:
                 needed = part.heightForWidth(part.width())
                 if part.height() < needed:
                     problems.append(f"{name}: {part.text()[:30]!r} cut off ({part.height()} px)")
+            elif isinstance(part, (QLabel, QAbstractButton)) and part.text():
+                # a line that does not wrap, squeezed narrower than its text: cut off, or
+                # drawn over its neighbour
+                if part.width() < part.minimumSizeHint().width():
+                    problems.append(
+                        f"{name}: {part.text()[:30]!r} squeezed to {part.width()} px "
+                        f"(needs {part.minimumSizeHint().width()})"
+                    )
     return problems
 
 

@@ -38,3 +38,9 @@ class ElidedLabel(QLabel):
             self.shown_text(),
             self.foregroundRole(),
         )
+
+
+def let_shrink(widget: QWidget, chars: int) -> None:
+    """Let a widget (a combo box) be squeezed down to about `chars` characters when room is
+    short, while it still asks for its whole contents when there is room."""
+    widget.setMinimumWidth(widget.fontMetrics().averageCharWidth() * chars + 32)

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.schema_check import EXAMPLE_SCHEMA, check_schema
-from app.views.elided_label import ElidedLabel
+from app.views.elided_label import ElidedLabel, let_shrink
 from engine.types import JsonMode
 
 MODES = (
@@ -68,8 +68,7 @@ class JsonModeBar(QWidget):
         for key, title in MODES:
             self.combo.addItem(title, key)
         self.combo.setToolTip("Force replies to be JSON (any object, or matching your schema)")
-        self.combo.setMinimumContentsLength(6)
-        self.combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        let_shrink(self.combo, 6)
         self.edit_button = QPushButton("Edit schema")
         self.edit_button.setVisible(False)
         # The schema's fields, shortened with "…": choosing schema mode once widened the window.

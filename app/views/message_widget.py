@@ -286,8 +286,14 @@ class MessageWidget(QFrame):
         """Show the action buttons, but only if the card is wide enough for them: they are a
         shortcut to the "⋯" menu and must never make the card wider than the chat."""
         self.hover_actions.setVisible(shown)
-        if shown and self.minimumSizeHint().width() > self.width():
-            self.hover_actions.setVisible(False)
+        if shown:
+            # Room for the header at its natural width (the status on one line, the buttons'
+            # whole words), not merely at its minimum: squeezed, the status wraps into a
+            # column and the buttons' labels are cut ("Re…te").
+            margins = self.layout().contentsMargins()
+            natural = self._header.sizeHint().width() + margins.left() + margins.right()
+            if natural > self.contentsRect().width():
+                self.hover_actions.setVisible(False)
 
     # --- content --------------------------------------------------------------------------------
     @property

@@ -7,6 +7,8 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QToolButton, QWidget
 
+from app.views.elided_label import let_shrink
+
 NO_PERSONA = "(no persona)"
 CUSTOM = "(custom prompt)"
 
@@ -22,10 +24,9 @@ class PersonaPicker(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         self.combo = QComboBox()
         self.combo.setToolTip("Persona: a saved system prompt to use in this chat")
-        self.combo.setMinimumContentsLength(8)
-        # As wide as 8 characters at least, not as the longest persona name: a long name must
-        # not widen the window.
-        self.combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.combo.setMinimumContentsLength(12)
+        # It may be squeezed to 8 characters: a long persona name must not widen the window.
+        let_shrink(self.combo, 8)
         self.combo.activated.connect(self._on_activated)
         self.save_button = QToolButton()
         self.save_button.setText("Save…")
