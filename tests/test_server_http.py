@@ -58,13 +58,25 @@ class Stats:
     kv_budget_bytes: int = 2**20
 
 
+HOLD = object()  # in a reply: wait here until the request is cancelled, then end "cancelled"
+
+
 class ScriptedTicket:
-    def __init__(self, events, queue_position=0):
+    def __init__(self, events, cancel, scheduler, queue_position=0):
         self.queue_position = queue_position
         self._events = events
+        self._cancel = cancel
+        self._scheduler = scheduler
 
     def events(self):
-        yield from self._events
+        for event in self._events:
+            if event is HOLD:
+                self._scheduler.holding.set()
+                assert self._cancel._event.wait(WAIT_S), "the request was never cancelled"
+                self._scheduler.saw_cancel.set()
+                yield Finished(FinishReason.CANCELLED, usage(), text="")
+                return
+            yield event
 
 
 @dataclass
@@ -76,6 +88,8 @@ class ScriptedScheduler:
     refusal: Exception | None = None
     queue_position: int = 0
     submitted: list = field(default_factory=list)
+    holding: threading.Event = field(default_factory=threading.Event)
+    saw_cancel: threading.Event = field(default_factory=threading.Event)
 
     def submit(self, request, cancel):
         self.submitted.append(request)
@@ -85,7 +99,7 @@ class ScriptedScheduler:
         if max_new and 10 + max_new > self.lm.n_ctx:
             # the engine's own check and message, for a prompt of 10 positions
             check_ceilings(self.lm, 10, max_new, 2**40)
-        return ScriptedTicket(list(self.reply), self.queue_position)
+        return ScriptedTicket(list(self.reply), cancel, self, self.queue_position)
 
     def stats(self):
         return Stats()
@@ -147,6 +161,8 @@ def fresh_script(request):
         s.scheduler.refusal = None
         s.scheduler.queue_position = 0
         s.scheduler.submitted.clear()
+        s.scheduler.holding.clear()
+        s.scheduler.saw_cancel.clear()
 
 
 def request(s: Served, method, path, body=None, headers=None, *, json_type=True):
@@ -571,3 +587,112 @@ def test_the_policy_for_each_kind_of_bound_address():
     assert origins.check(["localhost"], ["http://localhost:3000"]) is None
     refusal = origins.check(["localhost"], ["http://localhost:3000", "http://evil.example"])
     assert (refusal.status, refusal.code) == (403, "origin_not_allowed")
+
+
+# --- keys, routes, disconnects ---------------------------------------------------------------------
+def test_the_api_key_and_how_it_may_be_sent():
+    with serving(api_key="s3cret") as s:
+        status, headers, body = request(s, "POST", "/v1/chat/completions", CHAT)
+        assert status == 401 and headers["www-authenticate"] == "Bearer"
+        assert body["error"]["message"] == "Missing API key: send it as 'Authorization: Bearer KEY'"
+        assert body["error"]["code"] == "invalid_api_key"
+        for header in ("Bearer wrong", "Basic s3cret", "s3cret", "Bearer s3cret2"):
+            status, _, body = request(s, "GET", "/v1/models", headers={"Authorization": header})
+            assert status == 401, header
+            assert body["error"]["message"] == "Incorrect API key provided"
+        for header in ("Bearer s3cret", "bearer s3cret", "Bearer  s3cret "):
+            status, _, body = request(s, "GET", "/v1/models", headers={"Authorization": header})
+            assert status == 200, header
+        assert request(s, "GET", "/health")[0] == 200  # no key needed
+        assert request(s, "GET", f"/v1/models/{MODEL}")[0] == 401
+
+
+def test_models_health_and_unknown_routes(served):
+    status, _, body = request(served, "GET", "/v1/models")
+    assert status == 200 and body["object"] == "list"
+    (model,) = body["data"]
+    assert {k: v for k, v in model.items() if k != "created"} == {
+        "id": MODEL,
+        "object": "model",
+        "owned_by": "localchat",
+        "context_length": 64,
+    }
+    health = request(served, "GET", "/health")[2]
+    assert health["status"] == "ok" and health["model"] == MODEL
+    assert health["kv_budget_bytes"] == 2**20 and health["running"] == 0
+    status, _, body = request(served, "GET", "/v1/nothing-here")
+    assert status == 404 and body["error"]["code"] == "http_404"
+    status, _, body = request(served, "GET", "/v1/chat/completions")
+    assert status == 405 and body["error"]["code"] == "http_405"
+
+
+def test_an_unexpected_exception_is_a_500_naming_it(served):
+    served.scheduler.refusal = RuntimeError("boom")
+    status, _, body = request(served, "POST", "/v1/chat/completions", CHAT)
+    assert status == 500
+    assert body["error"] == {
+        "message": "RuntimeError: boom",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+
+
+def _send_and_wait_until_running(s: Served, body: dict) -> socket.socket:
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((s.host, s.port), timeout=WAIT_S)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(data)).encode()
+        + b"\r\n\r\n"
+        + data
+    )
+    assert s.scheduler.holding.wait(WAIT_S), "the request never started"
+    return sock
+
+
+def _wait_for_count(s: Served, outcome: str, expected: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while request(s, "GET", "/health")[2]["requests"][outcome] != expected:
+        assert time.monotonic() < deadline, f"{outcome} never reached {expected}"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_cancels_its_request(served, stream):
+    served.scheduler.reply = [TextDelta("partial"), HOLD]
+    before = request(served, "GET", "/health")[2]["requests"]["cancelled"]
+    sock = _send_and_wait_until_running(served, {**CHAT, "stream": stream})
+    sock.close()
+    assert served.scheduler.saw_cancel.wait(WAIT_S), "leaving did not cancel the request"
+    _wait_for_count(served, "cancelled", before + 1)
+    assert request(served, "GET", "/health")[2]["requests"]["in_flight"] == 0
+
+
+def test_cancel_all_ends_a_running_request_as_cancelled(served):
+    served.scheduler.reply = [TextDelta("partial"), HOLD]
+    with _send_and_wait_until_running(served, CHAT) as sock:
+        assert served.server.in_flight() == 1
+        served.server.cancel_all()
+        answer = read_until_closed_or_whole(sock)
+    assert status_of(answer) == 200
+    assert body_of(answer)["choices"][0]["finish_reason"] == "cancelled"
+    assert served.server.in_flight() == 0
+
+
+def read_until_closed_or_whole(sock: socket.socket) -> bytes:
+    """A kept-alive response: read its head, then Content-Length bytes of body."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(
+        next(
+            line.split(b":", 1)[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
