@@ -14,7 +14,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.recovery import database_problem, is_damage, recover_database, recover_in_memory
+from app.recovery import (
+    database_problem,
+    is_damage,
+    keep_aside,
+    recover_database,
+    recover_in_memory,
+)
+from app.regular_files import is_special
 from app.settings import Settings, SettingsFile
 from app.store import Store, StoreError, create_private_dir
 
@@ -43,7 +50,12 @@ def open_app_data(
     settings = settings_file.load()
     if settings_file.problem:
         notices.append(settings_file.problem)
-    if read_only:
+    special = is_special(db_path)
+    if special is not None:
+        # A FIFO would block every open and a device never ends (a symlink to /dev/zero was
+        # "recovered" by copying 7 GB): it is never opened, only moved aside when allowed.
+        store = _replace_special(db_path, special, read_only, notices)
+    elif read_only:
         settings_file.read_only = True
         store = Store.in_memory_copy(db_path)
         notices.append(
@@ -66,6 +78,26 @@ def open_app_data(
     for notice in notices:
         print(f"LocalChat: {notice}", file=sys.stderr)
     return AppData(store, settings, settings_file, notices)
+
+
+def _replace_special(db_path: Path, kind: str, read_only: bool, notices: list[str]) -> Store:
+    """A fresh database in place of the non-regular file at `db_path`, which is moved aside;
+    an empty in-memory store when it must stay (another window owns the directory, or it
+    cannot be moved)."""
+    what = f"The chats database {db_path} is {kind}, not a regular file, and was not opened."
+    if read_only:
+        notices.append(f"{what} Chats in this window are not saved.")
+        return Store.in_memory_copy(db_path)
+    try:
+        kept = keep_aside(db_path)
+        store = Store(db_path)
+    except (OSError, sqlite3.Error) as exc:
+        notices.append(
+            f"{what} It could not be replaced ({exc}). Chats in this window are not saved."
+        )
+        return Store.in_memory_copy(db_path)
+    notices.append(f"{what} It was moved aside to {kept} and a new, empty database was created.")
+    return store
 
 
 def _open_or_recover(db_path: Path, notices: list[str]) -> Store:

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sqlite3
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.regular_files import NotRegularFileError, check_regular, is_special
 from app.store import (
     SCHEMA_VERSION,
     STATUS_INTERRUPTED,
@@ -99,8 +102,9 @@ def database_problem(path: Path) -> str | None:
     when the trouble is not damage (missing, locked, unreadable, from a newer version of the app:
     Store reports those)."""
     try:
-        with open(path, "rb") as f:
-            header = f.read(len(SQLITE_MAGIC))
+        # Never a FIFO (the open would block) nor a device (it never ends): app_data moves
+        # those aside before asking; here they read as "cannot tell".
+        header = _header(path)
     except OSError:
         return None
     if not header:
@@ -135,6 +139,16 @@ def database_problem(path: Path) -> str | None:
     finally:
         if db is not None:
             db.close()
+
+
+def _header(path: Path) -> bytes:
+    """The first bytes of the regular file at `path` (OSError for anything else, unopened)."""
+    check_regular(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO swapped in: no wait
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise NotRegularFileError(path, "not a regular file")
+        return f.read(len(SQLITE_MAGIC))
 
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:
@@ -229,9 +243,11 @@ def _working_copy(damaged: Path, scratch: Path) -> sqlite3.Connection | None:
     counts the missing pages and SQLite then refuses the whole file; the copy's header is
     corrected to the pages actually present."""
     copy = scratch / "copy.sqlite3"
+    if is_special(damaged) is not None:
+        return None  # a device would be copied without end, a FIFO would block: nothing to read
     shutil.copyfile(damaged, copy)
     wal = damaged.with_name(damaged.name + "-wal")
-    if wal.exists():
+    if wal.exists() and is_special(wal) is None:
         shutil.copyfile(wal, scratch / "copy.sqlite3-wal")
     db = _open_checked(copy)
     if db is None and _fix_page_count(copy):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import platformdirs
 
+from app.regular_files import FileTooLargeError, NotRegularFileError, read_regular
 from engine.types import DEFAULT_KV_CACHE_TYPE, KV_CACHE_TYPES
 
 THEMES = ("system", "light", "dark")
@@ -24,6 +25,9 @@ FONT_SIZE_RANGE = (8, 28)
 CONTEXT_SIZE_RANGE = (256, 131072)
 MAX_PERSONAS = 200
 MAX_PERSONA_CHARS = 100_000  # a system prompt longer than this is not a persona but a document
+# The largest settings file read (200 personas of 100,000 ASCII characters take 20 MB); a larger
+# file is not one this app wrote, and reading it whole would cost its size in memory.
+MAX_SETTINGS_BYTES = 128 * 2**20
 PANELS = ("chats", "side")  # the window's side panels that collapse: chats list, right panel
 
 
@@ -127,9 +131,17 @@ class SettingsFile:
         does not overwrite it, and `problem` says so; start-up never fails on it."""
         self.problem = self.kept_as = None
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text = read_regular(self.path, MAX_SETTINGS_BYTES).decode("utf-8")
         except FileNotFoundError:
             return Settings()
+        except NotRegularFileError as exc:
+            # Never read (a FIFO blocked start-up, /dev/zero filled memory); moved aside so
+            # that saving writes a real file in its place.
+            return self._unusable(f"is {exc.kind}, not a regular file, and was not read")
+        except FileTooLargeError:
+            return self._unusable(
+                f"is larger than {MAX_SETTINGS_BYTES // 2**20} MiB, too large to be settings"
+            )
         except (OSError, UnicodeDecodeError) as exc:
             return self._unusable(f"cannot be read ({exc})", keep_aside=False)
         try:
