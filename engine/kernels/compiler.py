@@ -16,8 +16,9 @@ entry carries an HMAC-SHA256 over (cache key, object bytes) under a per-install 
 0600 file next to the cache directory (`jit.key`); signed entries are `<module>-<key>.jit`, so
 unsigned `.o` files of older builds are never read. A truncated, zeroed or bit-flipped entry, or a
 valid object planted under another module's name, fails the check and is recompiled (one warning
-per process); an unreadable key or an unwritable cache only costs a compile in memory. Entries are
-written 0600 in 0700 directories.
+per process); an unreadable key or an unwritable cache only costs a compile in memory. A damaged
+key (wrong length, a FIFO or device in its place) is replaced by a new one, and a FIFO is never
+opened for reading (it would block the launch). Entries are written 0600 in 0700 directories.
 
 MCJIT takes ownership of the target machine it is given, so every engine gets its own.
 `llvm.initialize()` must not be called on llvmlite >= 0.45 (it raises); only the native target
@@ -33,6 +34,7 @@ import hmac
 import logging
 import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 _ENTRY_MAGIC = b"LCJIT1\0"  # entry = magic + HMAC-SHA256(key, cache_key \0 object) + object
 _TAG_BYTES = hashlib.sha256().digest_size
 _KEY_BYTES = 32
+# The largest cache entry read back: the biggest module's object is a few MB; a larger file is
+# not an entry this code wrote.
+MAX_ENTRY_BYTES = 256 * 2**20
 _rejected_warned = False
 
 _init_lock = threading.Lock()
@@ -298,34 +303,71 @@ def _write_private(path: Path, data: bytes) -> Path:
     return tmp
 
 
+def _read_regular(path: Path, max_bytes: int) -> bytes | None:
+    """The bytes of the regular file at `path` (FileNotFoundError if absent), or None when it is
+    not a regular file or is longer than `max_bytes`. A FIFO is never opened for a blocking read
+    (it hung start-up until a writer came), and a device is never read to its (absent) end."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return None
+    # O_NONBLOCK: a FIFO swapped in after the stat does not block the open; fstat refuses it.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        data = f.read(max_bytes + 1)
+    return data if len(data) <= max_bytes else None
+
+
+def _create_key(key_path: Path, replace: bool) -> bytes:
+    """Write a new random key at `key_path` and return the key the file then holds. Without
+    `replace`, link() fails if another process created the key first, and theirs is used; with
+    it (repairing a damaged key), the new key replaces whatever is there."""
+    _make_private_dirs(key_path.parent)
+    tmp = _write_private(key_path, secrets.token_bytes(_KEY_BYTES))
+    try:
+        if replace:
+            os.replace(tmp, key_path)
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, key_path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    key = _read_regular(key_path, _KEY_BYTES)
+    if key is None or len(key) != _KEY_BYTES:
+        raise OSError(f"{key_path} does not hold a {_KEY_BYTES}-byte key after writing it")
+    return key
+
+
 def load_or_create_cache_key(key_path: Path) -> bytes | None:
     """The per-install secret that signs cache entries, created on first use; None when it cannot
-    be read or created (the caller then compiles in memory and caches nothing)."""
+    be read or created (the caller then compiles in memory and caches nothing).
+
+    A damaged key (wrong length, empty, a FIFO or device in its place) is replaced by a new one:
+    keeping it disabled the cache for good, a full compile (31 s) on every launch. Entries signed
+    with the old key then fail their check once and are recompiled and signed anew."""
     try:
-        key = key_path.read_bytes()
+        key = _read_regular(key_path, _KEY_BYTES)
     except FileNotFoundError:
-        key = None
+        missing = True
     except OSError as exc:
         log.warning("JIT cache disabled: cannot read its key %s (%s)", key_path, exc)
         return None
-    if key is None:
-        try:
-            _make_private_dirs(key_path.parent)
-            tmp = _write_private(key_path, secrets.token_bytes(_KEY_BYTES))
-            try:
-                # link() fails if another process created the key first; then theirs is used.
-                with contextlib.suppress(FileExistsError):
-                    os.link(tmp, key_path)
-            finally:
-                tmp.unlink()
-            key = key_path.read_bytes()
-        except OSError as exc:
-            log.warning("JIT cache disabled: cannot create its key %s (%s)", key_path, exc)
-            return None
-    if len(key) != _KEY_BYTES:
-        log.warning("JIT cache disabled: its key %s is not a %d-byte key", key_path, _KEY_BYTES)
+    else:
+        if key is not None and len(key) == _KEY_BYTES:
+            return key
+        missing = False
+        log.warning(
+            "JIT cache key %s is damaged (not a %d-byte regular file); writing a new one, so "
+            "cached kernels are compiled once more",
+            key_path,
+            _KEY_BYTES,
+        )
+    try:
+        return _create_key(key_path, replace=not missing)
+    except OSError as exc:
+        log.warning("JIT cache disabled: cannot create its key %s (%s)", key_path, exc)
         return None
-    return key
 
 
 def _warn_rejected_once(path: Path, reason: str) -> None:
@@ -456,11 +498,14 @@ class KernelLibrary:
         if self._key is None:
             return None
         try:
-            entry = path.read_bytes()
+            entry = _read_regular(path, MAX_ENTRY_BYTES)
         except FileNotFoundError:
             return None
         except OSError as exc:
             _warn_rejected_once(path, f"unreadable: {exc}")
+            return None
+        if entry is None:  # a FIFO or device (never read) or an absurd size: _store replaces it
+            _warn_rejected_once(path, f"not a regular file of at most {MAX_ENTRY_BYTES} bytes")
             return None
         header = len(_ENTRY_MAGIC) + _TAG_BYTES
         if len(entry) <= header or not entry.startswith(_ENTRY_MAGIC):
