@@ -307,55 +307,152 @@ def _copy_conversations(db: sqlite3.Connection, store: Store, report: RecoveryRe
         report.conversations += 1
 
 
+@dataclass
+class _Key:
+    """What placing a message in the recovered tree needs: its ids and tree columns as read."""
+
+    rowid: int
+    id: int
+    chat: int | None  # its conversation_id as stored (None: unreadable)
+    position: int  # its depth on its branch (version 1 had none: 0, id order is the order)
+    parent: (
+        int | None
+    )  # parent_id as stored; None for a first message or a database before the tree
+    in_tree: bool  # the database has the tree columns (schema 3+)
+    selected: bool
+
+
+@dataclass
+class _Placed:
+    key: _Key
+    parent: int | None
+    selected: bool
+
+
 def _recover_messages(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> None:
-    # Order first (keys only, so a large database is not held in memory), then copy in batches.
-    key_columns = "id, conversation_id"
-    if "position" in _column_names(db, "messages"):
-        key_columns += ", position"
-    keys = []
+    # The tree columns of every readable row first (keys only, so a large database is not held
+    # in memory), the recovered tree planned from them, then the rows copied in batches.
+    names = _column_names(db, "messages")
+    columns = ["id", "conversation_id"] + [
+        c for c in ("position", "parent_id", "selected") if c in names
+    ]
+    in_tree = "parent_id" in names
+    by_chat: dict[int | None, list[_Key]] = {}
     for rowid in _row_ids(db, "messages", report):
-        record = _read_row(db, "messages", rowid, report, columns=key_columns)
-        if record is not None:
-            key = (
-                _int(record.get("conversation_id")) or 0,
-                _int(record.get("position")) or 0,  # version 1 had none: id order was the order
-                int(record["id"]),
-            )
-            keys.append((key, rowid))
-    keys.sort()
+        record = _read_row(db, "messages", rowid, report, columns=", ".join(columns))
+        if record is None:
+            continue
+        selected = record.get("selected")
+        key = _Key(
+            rowid=rowid,
+            id=int(record["id"]),
+            chat=_int(record.get("conversation_id")),
+            position=_int(record.get("position")) or 0,
+            parent=_int(record.get("parent_id")),
+            in_tree=in_tree,
+            selected=selected is None or bool(_int(selected)),
+        )
+        by_chat.setdefault(key.chat, []).append(key)
     restored_chats = {c.id for c in store.list_conversations()}
-    orphans_chat: int | None = None
-    # The tree (schema 3): a message keeps its parent when that parent was restored into the same
-    # chat; otherwise (a version 1/2 database, or its parent was unreadable) it follows the last
-    # message restored in its chat, which keeps a linear chat linear and loses nothing.
-    restored: dict[int, tuple[int, int]] = {}  # message id -> (conversation id, position)
-    last_in_chat: dict[int, int] = {}
-    for start in range(0, len(keys), RESTORE_BATCH):
+    lost_chats = 0
+    plan: list[tuple[int, _Placed]] = []  # (chat id in the store, placement), parents first
+    for chat in sorted(by_chat, key=lambda c: (c is None, c or 0)):
+        target = chat
+        if chat is None or chat not in restored_chats:
+            # Its conversation row is lost: its messages get a chat of their own. (All of them
+            # in one chat made every lost chat's first message a version of one message, so
+            # all but one chat were hidden on side branches.)
+            lost_chats += 1
+            title = ORPHANS_TITLE if lost_chats == 1 else f"{ORPHANS_TITLE} ({lost_chats})"
+            target = store.create_conversation(title)
+        plan.extend((target, placed) for placed in _plan_tree(by_chat[chat]))
+    # Parents are restored before their children; a row that cannot be read now hands its
+    # children to its own parent, so nothing below it is lost.
+    restored: dict[int, int] = {}  # message id -> position it was restored at
+    stand_in: dict[int, int | None] = {}  # unreadable message id -> its parent's id
+    for start in range(0, len(plan), RESTORE_BATCH):
         with store.restoring():
-            for _key, rowid in keys[start : start + RESTORE_BATCH]:
-                record = _read_row(db, "messages", rowid, report)
+            for conversation_id, placed in plan[start : start + RESTORE_BATCH]:
+                parent = placed.parent
+                while parent is not None and parent not in restored:
+                    parent = stand_in.get(parent)
+                record = _read_row(db, "messages", placed.key.rowid, report)
                 if record is None:
+                    stand_in[placed.key.id] = parent
                     continue
-                conversation_id = _int(record.get("conversation_id"))
-                if conversation_id not in restored_chats:
-                    if orphans_chat is None:
-                        orphans_chat = store.create_conversation(ORPHANS_TITLE)
-                        restored_chats.add(orphans_chat)
-                    conversation_id = orphans_chat
-                parent = _int(record.get("parent_id"))
-                is_first = "parent_id" in record and record["parent_id"] is None
-                if is_first:
-                    parent = None
-                elif parent not in restored or restored[parent][0] != conversation_id:
-                    parent = last_in_chat.get(conversation_id)
-                position = restored[parent][1] + 1 if parent is not None else 0
+                position = restored[parent] + 1 if parent is not None else 0
                 message = _message(record, conversation_id, position, report)
-                message.parent_id = parent
-                selected = record.get("selected")
-                store.restore_message(message, selected=selected is None or bool(_int(selected)))
-                restored[message.id] = (conversation_id, position)
-                last_in_chat[conversation_id] = message.id
+                message.id, message.parent_id = placed.key.id, parent
+                store.restore_message(message, selected=placed.selected)
+                restored[message.id] = position
                 report.messages += 1
+
+
+def _first_selected(siblings: list[_Key]) -> _Key:
+    """The version a group shows: its first selected one, else its newest (Store._branch_of)."""
+    return next((k for k in siblings if k.selected), siblings[-1])
+
+
+def _plan_tree(keys: list[_Key]) -> list[_Placed]:
+    """Where each readable message of one chat goes, parents before children, keeping the chat's
+    visible branch visible.
+
+    A message keeps its parent when the parent was read and sits one level above it (position is
+    the depth, so a damaged parent_id or position shows as a mismatch). The others are detached:
+    those sharing a lost parent stay versions of each other and go back where their depth says,
+    as the continuation of the visible branch when it ends above that depth (the rows between
+    are lost), else as hidden versions at that depth (they were on a side branch). A database
+    before the tree has no parents: its messages continue the branch one after another in order.
+    Every group of versions ends with exactly one selected."""
+    keys = sorted(keys, key=lambda k: (k.position, k.id))
+    by_id = {k.id: k for k in keys}
+    children: dict[int | None, list[_Key]] = {}
+    detached: dict[tuple, list[_Key]] = {}
+    for k in keys:
+        parent = by_id.get(k.parent) if k.parent is not None else None
+        if not k.in_tree:
+            detached[("row", k.id)] = [k]
+        elif k.parent is None:
+            children.setdefault(None, []).append(k)
+        elif parent is not None and parent.position == k.position - 1:
+            children.setdefault(k.parent, []).append(k)
+        else:
+            detached.setdefault(("lost", k.parent), []).append(k)
+    for siblings in children.values():
+        siblings.sort(key=lambda k: k.id)
+    chosen: dict[int | None, int] = {p: _first_selected(s).id for p, s in children.items()}
+
+    branch: list[int] = []  # the visible branch as planned so far
+
+    def extend_branch(node: int | None) -> None:
+        while node in chosen:
+            node = chosen[node]
+            branch.append(node)
+
+    extend_branch(None)
+    for group in sorted(detached.values(), key=lambda g: (g[0].position, g[0].id)):
+        group.sort(key=lambda k: k.id)
+        depth = group[0].position
+        if group[0].in_tree and len(branch) > depth:  # a message at this depth: a side branch
+            anchor = branch[depth - 1] if depth > 0 else None
+            children.setdefault(anchor, []).extend(group)
+            children[anchor].sort(key=lambda k: k.id)
+        else:  # lost rows end the branch above this depth: continue it here
+            tail = branch[-1] if branch else None
+            children.setdefault(tail, []).extend(group)
+            chosen[tail] = _first_selected(group).id
+            extend_branch(tail)
+
+    plan: list[_Placed] = []
+    level: list[int | None] = [None]
+    while level:  # breadth first: every parent is placed before its children
+        below: list[int | None] = []
+        for parent in level:
+            for k in children.get(parent, ()):
+                plan.append(_Placed(k, parent, selected=chosen.get(parent) == k.id))
+                below.append(k.id)
+        level = below
+    return plan
 
 
 def _message(record: dict, conversation_id: int, position: int, report) -> StoredMessage:
