@@ -422,7 +422,9 @@ def test_close_cancels_running_and_queued_requests_and_refuses_new_ones():
     lm = batched_fake_lm(script_replies({P1: [A] * 40, P2: [B]}), n_ctx=64)
     pause = Pause()
     on_steps(lm.model, {3: pause})
+    before = set(threading.enumerate())
     scheduler = BatchScheduler(lm, max_concurrency=1)
+    (thread,) = [t for t in set(threading.enumerate()) - before if t.name == "batch-scheduler"]
     running = scheduler.submit(request(P1, 40), CancelToken())
     pause.wait_entered()
     queued = scheduler.submit(request(P2, 3), CancelToken())
@@ -432,12 +434,12 @@ def test_close_cancels_running_and_queued_requests_and_refuses_new_ones():
     pause.go.set()
     closer.join(DEADLINE)
     assert not closer.is_alive()
+    assert not thread.is_alive()  # close() returned after the scheduler thread ended
     done_running = finished(running)
     assert done_running.finish_reason == "cancelled"
     assert done_running.token_ids == (A,) * 3  # sampled after steps 0, 1, 2; step 3 fed the 3rd
     assert running.cancel.cancelled and queued.cancel.cancelled
     assert done_queued.finish_reason == "cancelled" and done_queued.usage.prompt_tokens == 2
-    assert not any(t.name == "batch-scheduler" and t.is_alive() for t in threading.enumerate())
     with pytest.raises(SchedulerClosedError, match="closed"):
         scheduler.submit(request(P2, 3), CancelToken())
     assert scheduler.stats().running == 0
@@ -479,12 +481,28 @@ def test_close_from_the_scheduler_thread_itself_cancels_without_deadlock():
 
 
 def test_the_scheduler_thread_never_keeps_the_process_alive():
+    before = set(threading.enumerate())
     scheduler = BatchScheduler(batched_fake_lm(script_replies({})))
     try:
-        (thread,) = [t for t in threading.enumerate() if t.name == "batch-scheduler"]
-        assert thread.daemon
+        (thread,) = [t for t in set(threading.enumerate()) - before if t.is_alive()]
+        assert thread.daemon and thread.name == "batch-scheduler"
     finally:
         scheduler.close()
+
+
+def test_an_idle_scheduler_wakes_for_a_submit_and_for_close(monkeypatch):
+    # with its idle poll an hour long, only the wake-ups of submit() and close() can move it
+    monkeypatch.setattr(scheduler_module, "_IDLE_POLL_SECONDS", 3600.0)
+    lm = batched_fake_lm(script_replies({P1: [A]}))
+    before = set(threading.enumerate())
+    scheduler = BatchScheduler(lm)
+    (thread,) = [t for t in set(threading.enumerate()) - before if t.name == "batch-scheduler"]
+    assert finished(scheduler.submit(request(P1, 2), CancelToken())).token_ids == (A,)
+    assert finished(scheduler.submit(request(P1, 2), CancelToken())).token_ids == (A,)
+    closer = threading.Thread(target=scheduler.close, daemon=True)
+    closer.start()
+    closer.join(DEADLINE)
+    assert not closer.is_alive() and not thread.is_alive()
 
 
 def test_defaults_four_running_sixteen_queued_half_the_memory():
@@ -533,6 +551,31 @@ def test_a_failed_step_ends_the_requests_in_it_with_an_error_and_the_scheduler_g
     assert after.token_ids == (C, C) and after.finish_reason == "stop"
     assert (stats.running, stats.kv_bytes_reserved) == (0, 0)
     assert stats.steps == len(model.steps) - 1  # the failed step is not counted
+
+
+def test_a_step_failing_after_a_slice_ran_takes_that_slice_back_out():
+    lm = batched_fake_lm(script_replies({P1: [B] * 30, LONG: [C]}), n_ctx=256, max_batch=32)
+    model = lm.model
+    pause = Pause()
+
+    def fail():
+        raise MemoryError("no room for the activations")
+
+    on_steps(model, {1: pause, 3: fail})  # step 2 runs the long prompt's first slice
+    with BatchScheduler(lm, max_concurrency=2) as scheduler:
+        runner = scheduler.submit(request(P1, 30), CancelToken())
+        pause.wait_entered()
+        ticket = scheduler.submit(request(LONG, 4), CancelToken())
+        pause.go.set()
+        done, kept = finished(ticket), finished(runner)
+    long_cache = caches_in_order(model)[1]
+    assert model.tokens_fed_to(long_cache) == [A] * 62  # two slices of 31 went in (step 2, 3)
+    assert long_cache.n_tokens == 0  # the committed one is taken back out with the failed one
+    assert (
+        done.finish_reason == "error" and done.error == "MemoryError: no room for the activations"
+    )
+    # the runner was in the failed step too; it keeps what it sampled after steps 0, 1 and 2
+    assert kept.finish_reason == "error" and kept.token_ids == (B, B, B)
 
 
 def test_a_token_id_outside_the_vocabulary_ends_that_request_with_an_error():
