@@ -39,7 +39,7 @@ from typing import Any
 
 from engine.cancel import CancelToken
 from engine.errors import EngineError
-from engine.events import Finished, TokenSampled
+from engine.events import FINISH_CANCELLED, Finished, TokenSampled
 from engine.types import (
     Divergence,
     GenerationRequest,
@@ -435,18 +435,24 @@ def replay(
                 cancel.cancel()  # the rest of the replay says nothing more
         elif isinstance(event, Finished):
             finished = event
-    if finished is not None and finished.error:
+    if finished is None:  # every stream ends with one; without it nothing can be concluded
+        raise ReceiptError("the replay failed: its stream ended without a Finished event")
+    if finished.error:
         raise ReceiptError(f"the replay failed: {finished.error}")
     replay_ids = [t.token_id for t in replayed]
-    if divergence_at is None and cancel.cancelled and len(replay_ids) < len(original_ids):
-        # stopped by the user, not by a divergence: the tokens so far matched, no verdict
+    # Stopped by the user (a divergence cancels too, and is a verdict) before the replay could
+    # tell: short of the original's tokens, or all of them but not whether it ends there too.
+    undecided = len(replay_ids) < len(original_ids) or (
+        ended and finished.finish_reason == FINISH_CANCELLED
+    )
+    if divergence_at is None and cancel.cancelled and undecided:
         return ReplayReport(
             identical=False,
             original_tokens=len(original_ids),
             replayed_tokens=len(replay_ids),
             divergence=None,
             differences=tuple(receipt_differences(receipt, now)),
-            replay_text=finished.text if finished else "",
+            replay_text=finished.text,
             stopped=True,
         )
     if divergence_at is None:
@@ -454,7 +460,7 @@ def replay(
             # the original was stopped early: a replay that matches it so far reproduces it
             replay_ids = replay_ids[: len(original_ids)]
         divergence_at = first_divergence(original_ids, replay_ids)
-    differences = receipt_differences(receipt, now, finished.preset if finished else None)
+    differences = receipt_differences(receipt, now, finished.preset)
     n_ctx, n_prompt = getattr(lm, "n_ctx", None), len(request.prompt_ids or ())
     if n_ctx is not None and int(n_ctx) - n_prompt < len(original_ids):
         differences.append(
@@ -471,7 +477,7 @@ def replay(
         replayed_tokens=len(replay_ids),
         divergence=divergence,
         differences=tuple(differences),
-        replay_text=finished.text if finished else "",
+        replay_text=finished.text,
     )
 
 

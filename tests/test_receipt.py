@@ -120,7 +120,8 @@ def test_a_hash_in_the_background_is_waited_for_not_repeated(tmp_path, monkeypat
     real = receipt_mod.file_sha256
 
     def slow(path):
-        calls.append(threading.current_thread().name)
+        thread = threading.current_thread()
+        calls.append((thread.name, thread.daemon))  # a daemon: never keeps the app from exiting
         release.wait(30)
         return real(path)
 
@@ -128,12 +129,56 @@ def test_a_hash_in_the_background_is_waited_for_not_repeated(tmp_path, monkeypat
     digests = ModelDigests(None)
     digests.start(model)
     digests.start(model)  # already running: not a second thread
-    release.set()
+
+    class Running(dict):
+        """digest() looks the running hash up here: let it finish only then."""
+
+        def get(self, key, default=None):
+            looked_up.append(key)
+            release.set()
+            return super().get(key, default)
+
+    looked_up = []
+    digests._running = Running(digests._running)
     assert digests.digest(model) == hashlib.sha256(b"GGUF big").hexdigest()
-    assert calls == ["model-sha256"]
+    assert calls == [("model-sha256", True)]  # waited for, not hashed a second time
+    assert looked_up == [f"{model.resolve()}|8|{model.stat().st_mtime_ns}"]
     digests.start(model)  # known now
-    assert calls == ["model-sha256"]
-    assert all(t.name != "model-sha256" or t.daemon for t in threading.enumerate())
+    assert digests.digest(model) == hashlib.sha256(b"GGUF big").hexdigest()
+    assert len(calls) == 1
+
+
+def test_the_cache_file_is_read_once_per_instance(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    cache = tmp_path / "digests.json"
+    digests = ModelDigests(cache)
+    digests.digest(model)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"other")
+    key = f"{other.resolve()}|5|{other.stat().st_mtime_ns}"
+    cache.write_text(json.dumps({key: "written-by-another-process"}), encoding="utf-8")
+    assert digests.path_for("written-by-another-process") is None  # not read again
+    assert ModelDigests(cache).path_for("written-by-another-process") == other.resolve()
+
+
+def test_a_path_with_the_key_separator_in_it_is_found(tmp_path):
+    model = tmp_path / "odd|name|here.gguf"
+    model.write_bytes(b"GGUF")
+    digests = ModelDigests(tmp_path / "digests.json")
+    digest = digests.digest(model)
+    assert digests.path_for(digest) == model.resolve()
+
+
+def test_an_unusable_path_in_the_cache_does_not_hide_a_good_one(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    digest = hashlib.sha256(b"GGUF").hexdigest()
+    too_long = f"{tmp_path / ('x' * 300)}|4|1"  # stat fails: the name is too long
+    good = f"{model.resolve()}|4|{model.stat().st_mtime_ns}"
+    cache = tmp_path / "digests.json"
+    cache.write_text(json.dumps({too_long: digest, good: digest}), encoding="utf-8")
+    assert ModelDigests(cache).path_for(digest) == model.resolve()
 
 
 def test_a_file_is_found_by_its_digest_only_while_unchanged(tmp_path):
@@ -151,9 +196,11 @@ def test_a_file_is_found_by_its_digest_only_while_unchanged(tmp_path):
 
 
 def test_the_digest_cache_lives_in_the_user_cache_directory():
-    path = receipt_mod.default_digest_cache()
-    assert path.name == "model-sha256.json"
-    assert path.parent.name == "LocalChat" or "localchat" in str(path.parent).lower()
+    import platformdirs
+
+    expected = Path(platformdirs.user_cache_dir("LocalChat")) / "model-sha256.json"
+    assert receipt_mod.default_digest_cache() == expected
+    assert receipt_mod.default_digest_cache().parent.name == "LocalChat"
 
 
 # --- digests of receipt sections ----------------------------------------------------------------
@@ -327,6 +374,20 @@ def test_a_receipt_of_a_raw_prompt_with_no_preset_and_no_model_file():
     assert r["preset"] == {"values": {}, "sources": {}, "notes": [], "seed_used": None}
 
 
+def test_a_model_object_without_path_format_or_template_names_still_describes():
+    # a model as some engines hand it over: no path, no GGUF handle, a template object that
+    # carries neither a name nor a source
+    r = environment(SimpleNamespace(chat_template=SimpleNamespace()), "ee" * 32)
+    assert r["model"] == {
+        "file_name": "",
+        "sha256": "ee" * 32,
+        "size_bytes": None,
+        "architecture": "",
+    }
+    assert r["chat_template"] == {"name": "chat template", "sha256": sha("")}
+    assert r["engine"]["kernels"] == "numpy"
+
+
 def test_a_model_file_gone_since_the_load_has_no_size(tmp_path):
     r = environment(FakeLM(tmp_path / "gone.gguf"), None)
     assert r["model"]["file_name"] == "gone.gguf" and r["model"]["size_bytes"] is None
@@ -405,6 +466,14 @@ def test_the_replay_fits_the_context_window_it_runs_in(recorded, n_tokens, n_ctx
     r = make_receipt()
     r["preset"]["values"]["max_new_tokens"] = recorded
     assert replay_request(r, n_tokens, n_ctx).overrides["max_new_tokens"] == expected
+
+
+def test_a_receipt_without_a_seed_value_replays_with_its_seed_used():
+    r = make_receipt()
+    del r["preset"]["values"]["seed"]
+    assert replay_request(r).overrides["seed"] == 42
+    r["preset"].pop("seed_used")
+    assert "seed" not in replay_request(r).overrides
 
 
 def test_a_greedy_reply_replays_without_a_seed():

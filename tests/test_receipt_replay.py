@@ -9,6 +9,7 @@ before its first token), one that failed midway, JSON mode; and what a replay re
 not reproduce (a changed seed, an edited output, another model, a smaller context, a stop)."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -367,3 +368,110 @@ def test_a_receipt_without_its_output_cannot_be_replayed(damage):
     damage(receipt)
     with pytest.raises(ReceiptError, match="the receipt has no recorded output tokens"):
         replay(lm, receipt, tokens, SHA)
+
+
+# --- the replay's own stream -------------------------------------------------------------------
+def usage():
+    return list(generate(fake_lm(script_tokens(2, [])), GenerationRequest(prompt="Hello")))[
+        -1
+    ].usage
+
+
+def stream(token_ids, finish="stop", cancel_after=None):
+    """A `run` for replay: `token_ids` as TokenSampled events then a Finished with `finish`
+    (None: no Finished at all); the user presses Stop after `cancel_after` tokens."""
+    asked = []
+
+    def run(request, cancel):
+        asked.append(request)
+        for i, t in enumerate(token_ids):
+            yield TokenSampled(i, t, f"<{t}>", -0.5)
+            if cancel_after is not None and i + 1 == cancel_after:
+                cancel.cancel()
+        if finish is not None:
+            text = "".join(f"<{t}>" for t in token_ids)
+            yield Finished(finish, usage(), text, token_ids=tuple(token_ids))
+
+    run.asked = asked
+    return run
+
+
+# a model object with no chat template that knows none of n_ctx, path, gguf (a stand-in for
+# another engine's): replay asks only what it needs
+BARE = SimpleNamespace(chat_template=None)
+
+
+def scripted_receipt(token_ids, finish_reason):
+    lm = fake_lm(script_tokens(2, ids("Hello", " world", "!")))
+    receipt, tokens, done = record(lm, GenerationRequest(prompt="Hello"))
+    receipt["output"] = {"token_ids": token_ids, "finish_reason": finish_reason}
+    receipt.pop("checks")
+    return receipt
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "asked"),
+    [
+        ("stop", 4),  # one past the original: does the replay end there too?
+        ("length", 4),
+        ("grammar_complete", 4),
+        ("tool_calls", 4),
+        ("stop_sequence", 4),
+        ("cancelled", 3),  # stopped by the user: as far as it went, no further
+        ("error", 3),  # failed midway: the same
+    ],
+)
+def test_the_replay_asks_one_token_past_an_original_that_ended_by_itself(finish_reason, asked):
+    run = stream([5, 6, 7], "length")
+    report = replay(BARE, scripted_receipt([5, 6, 7], finish_reason), [], SHA, None, run)
+    assert run.asked[0].overrides["max_new_tokens"] == asked
+    assert report.identical and report.replayed_tokens == 3
+
+
+def test_a_stream_without_its_finished_event_is_a_failed_replay():
+    run = stream([5, 6, 7], finish=None)
+    with pytest.raises(ReceiptError, match="its stream ended without a Finished event"):
+        replay(BARE, scripted_receipt([5, 6, 7], "stop"), [], SHA, None, run)
+
+
+def test_a_stop_after_every_token_matched_but_before_the_end_gives_no_verdict():
+    receipt = scripted_receipt([5, 6, 7], "stop")
+    run = stream([5, 6, 7], "cancelled", cancel_after=3)
+    report = replay(BARE, receipt, [], SHA, None, run)
+    assert report.stopped is True and report.identical is False and report.divergence is None
+    assert report.replayed_tokens == 3 and report.replay_text == "<5><6><7>"
+
+
+def test_a_stop_pressed_after_the_replay_ended_keeps_its_verdict():
+    receipt = scripted_receipt([5, 6, 7], "stop")
+    report = replay(BARE, receipt, [], SHA, None, stream([5, 6, 7], "stop", 3))
+    assert report.identical is True and report.stopped is False
+    stopped_original = scripted_receipt([5, 6, 7], "cancelled")
+    run = stream([5, 6, 7], "cancelled", cancel_after=3)
+    report = replay(BARE, stopped_original, [], SHA, None, run)
+    assert report.identical is True and report.stopped is False  # it went as far as the original
+
+
+def test_a_stop_mid_replay_reports_what_was_replayed():
+    receipt = scripted_receipt([5, 6, 7], "stop")
+    report = replay(BARE, receipt, [], SHA, None, stream([5], "cancelled", 1))
+    assert report.stopped is True and report.identical is False
+    assert (report.replayed_tokens, report.original_tokens, report.replay_text) == (1, 3, "<5>")
+    assert report.differences == ()
+
+
+def test_a_replay_without_a_context_size_or_model_file_still_compares():
+    receipt = scripted_receipt([5, 6], "stop")
+    report = replay(BARE, receipt, [], SHA, None, stream([5, 9], "stop"))
+    assert not report.identical and report.divergence.index == 1
+    assert report.divergence.original.text == "<6>"  # no vocabulary: the id is shown
+
+
+def test_a_preset_field_the_receipt_lacks_is_named_as_resolved_by_the_replay():
+    # A receipt from an engine version before a preset field existed: the replay resolves it
+    # from today's defaults, and says so.
+    lm = fake_lm(wandering(), n_ctx=64)
+    receipt, tokens, done = record(lm, chat(overrides={"seed": 8}))
+    del receipt["preset"]["values"]["repeat_last_n"]
+    report = replay(fake_lm(wandering(), n_ctx=64), receipt, tokens, SHA)
+    assert "preset repeat_last_n: None in the receipt, 64 in the replay" in report.differences
