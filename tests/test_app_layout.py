@@ -150,7 +150,9 @@ def test_no_card_is_wider_than_the_chat(qtbot, tmp_path, look, dialogs, theme, f
         engine.fail_generate_with = ContextOverflowError(LONG_ERROR)
         send(qtbot, window, "And another one, please.")
         engine.fail_generate_with = None
-        assert dialogs and window.chat_view.widgets[-1].message.status == MessageStatus.ERROR
+        failed = window.chat_view.widgets[-1]
+        assert dialogs and failed.message.status == MessageStatus.ERROR
+        assert not failed.body.isVisible()  # no text: no empty band above the error line
         check_fits(window, "a failed reply")
 
         # 3. a reply that calls a tool (the built-in calculator) and then answers

@@ -372,7 +372,9 @@ class MessageWidget(QFrame):
         self.status_label.setProperty("status", status)
         self._show_tool_calls(streaming)
         # A reply that is only tool calls has no text to frame.
-        self.body.setVisible(bool(self.text) or streaming or not m.tool_calls)
+        # A reply with no text (only tool calls, or failed before its first token) has nothing
+        # to frame: an empty body left a blank band in the card.
+        self.body.setVisible(bool(self.text) or streaming)
         self.usage_label.setText(_usage_line(m.usage) if not streaming else "")
         self.usage_label.setVisible(bool(self.usage_label.text()))
 

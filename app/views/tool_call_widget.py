@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from app.store import StoredMessage
 from app.tool_runner import REPEATED
+from app.views.elided_label import WrappingLabel
 from engine.types import MessageStatus, ToolApproval
 
 APPROVAL_NOTES = {
@@ -50,7 +51,9 @@ ERROR_NAMES = {  # the named failures of app/tools/errors.py, as the user reads 
 def _mono_box(text: str) -> QPlainTextEdit:
     box = QPlainTextEdit(text)
     box.setReadOnly(True)
-    box.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
+    font = QFontDatabase.systemFont(QFontDatabase.FixedFont)
+    font.setPointSizeF(box.font().pointSizeF())  # the user's font size, not the system's
+    box.setFont(font)
     box.setLineWrapMode(QPlainTextEdit.WidgetWidth)
     lines = max(1, min(12, text.count("\n") + 1))
     box.setFixedHeight(box.fontMetrics().lineSpacing() * lines + 14)
@@ -78,11 +81,11 @@ class ToolCallWidget(QFrame):
         )
         number = f" #{tool['number']}" if isinstance(tool.get("number"), int) else ""
         name = html.escape(str(tool.get("name", "?")))
-        self.title = QLabel(f"<b>Tool call{number}: {name}</b>{where} —")
+        self.title = WrappingLabel(f"<b>Tool call{number}: {name}</b>{where} —")
         self.status_label = QLabel()
         self.status_label.setObjectName("tool_status")
-        # Both wrap: a tool card, like every card, must fit the chat's width (issue 31, defect 3)
-        self.title.setWordWrap(True)
+        # Both wrap when short of room: a tool card, like every card, must fit the chat's width
+        # (issue 31, defect 3).
         self.status_label.setWordWrap(True)
         header.addWidget(self.title)
         header.addWidget(self.status_label, 1)
