@@ -349,29 +349,28 @@ def test_a_replay_of_a_served_model_runs_on_its_scheduler(tmp_path, monkeypatch)
     assert len(submitted) == 1
 
 
-def test_a_real_reply_with_default_settings_replays_exactly(qtbot, tmp_path, smollm2_path):
+def test_real_replies_with_default_settings_replay_exactly(qtbot, tmp_path, smollm2_path):
     # The same default path on the real engine and model: nothing set, so the chat defaults
-    # sample with a seed the engine picks and the reply has no cap.
+    # sample with a seed the engine picks and the reply has no cap. The second turn's prompt
+    # was partly served from the prefix cache; its replay prefills all of it and must still
+    # give the same tokens.
     engine = RealEngine(digest_cache=tmp_path / "digests.json")
     window = make_window(qtbot, tmp_path, engine, model_path=str(smollm2_path))
-    window.input.setPlainText("What is 2 + 2? Answer with one word.")
-    with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
-        qtbot.keyClick(window.input, Qt.Key_Return)
-    reply = window.store.messages(window.session.conversation_id)[-1]
-    receipt = reply.receipt
-    assert receipt["preset"]["values"]["max_new_tokens"] is None
-    assert isinstance(receipt["preset"]["seed_used"], int)
-    dialog = window.show_details(reply.id)
-    outcome = []
-    window.session.replayFinished.connect(lambda message_id, report: outcome.append(report))
-    window.session.replayFailed.connect(lambda message_id, text: outcome.append(text))
-    dialog.replay_button.click()
-    qtbot.waitUntil(lambda: bool(outcome), timeout=WAIT_MS)
-    report = outcome[0]
-    assert not isinstance(report, str), f"Replay failed: {report}"
-    assert report.identical and report.differences == (), report
-    assert report.replayed_tokens == len(receipt["output"]["token_ids"])
-    assert "Reproduced exactly" in dialog.result.text()
+    for question in ("What is 2 + 2? Answer with one word.", "And 3 + 3? One word."):
+        window.input.setPlainText(question)
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+            qtbot.keyClick(window.input, Qt.Key_Return)
+        reply = window.store.messages(window.session.conversation_id)[-1]
+        receipt = reply.receipt
+        assert receipt["preset"]["values"]["max_new_tokens"] is None
+        assert isinstance(receipt["preset"]["seed_used"], int)
+        dialog = window.show_details(reply.id)
+        report = click_replay(qtbot, window, dialog)
+        assert not isinstance(report, str), f"Replay failed: {report}"
+        assert report.identical and report.differences == (), report
+        assert report.replayed_tokens == len(receipt["output"]["token_ids"])
+        assert "Reproduced exactly" in dialog.result.text()
+    assert reply.usage["cached_tokens"], "the second turn did not reuse the first one's prefix"
     close_window(window)
 
 
