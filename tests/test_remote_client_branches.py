@@ -215,6 +215,7 @@ def test_models_listed_with_their_context_lengths_and_the_key_sent(serve):
         {"id": "e", "meta": {"n_ctx_train": 512}},
         {"id": "f", "context_length": 0, "n_ctx": -1, "meta": {"n_ctx_train": "x"}},
         {"id": 7, "owned_by": None, "context_length": "4096", "meta": "none"},
+        {"id": "g", "n_ctx": 1},
     ]
     server = serve(json_answer(200, {"object": "list", "data": rows}))
     with client_for(server, KEY) as client:
@@ -227,6 +228,7 @@ def test_models_listed_with_their_context_lengths_and_the_key_sent(serve):
         RemoteModel("e", "", 512),
         RemoteModel("f", "", None),
         RemoteModel("7", "", None),
+        RemoteModel("g", "", 1),
     ]
     method, path, headers, _ = server.requests[0]
     assert (method, path) == ("GET", "/v1/models")
@@ -244,17 +246,17 @@ def test_a_bare_list_of_models_and_no_key_header_without_a_key(serve):
 @pytest.mark.parametrize(
     "body, problem",
     [
-        (b"<html>not json</html>", "JSONDecodeError"),
-        (b'{"data": [{"name": "no id"}]}', "KeyError"),
-        (b'{"data": 5}', "TypeError"),
-        (b'{"models": []}', "KeyError"),
+        (b"<html>not json</html>", "JSONDecodeError: Expecting value: line 1 column 1 (char 0))"),
+        (b'{"data": [{"name": "no id"}]}', "KeyError: 'id')"),
+        (b'{"data": 5}', "TypeError: 'int' object is not iterable)"),
+        (b'{"models": []}', "KeyError: 'data')"),
     ],
 )
 def test_a_model_list_that_is_not_one_is_named(serve, body, problem):
     server = serve(json_answer(200, body))
     with client_for(server) as client, pytest.raises(MalformedChunkError) as caught:
         client.list_models()
-    assert str(caught.value).startswith(
+    assert str(caught.value) == (
         f"{label(server)} answered /models with something that is not an OpenAI model list "
         f"({problem}"
     )
@@ -274,6 +276,33 @@ def test_model_list_errors_are_named(serve):
     assert str(caught.value) == (
         f"{label(server)} does not know this endpoint (HTTP 404): no such route. Pick another "
         "model."
+    )
+
+
+def test_more_model_list_errors_are_named(serve):
+    server = serve(json_answer(400, {"error": {"message": "bad request"}}))
+    with client_for(server) as client, pytest.raises(RequestRejectedError) as caught:
+        client.list_models()
+    assert str(caught.value) == f"{label(server)} refused the request (HTTP 400): bad request"
+    assert caught.value.host == label(server)
+    server = serve(json_answer(429, {"error": {"message": "busy"}}, **{"Retry-After": "5"}))
+    with client_for(server) as client, pytest.raises(RateLimitedError) as caught:
+        client.list_models()
+    assert caught.value.retry_after_s == 5
+    assert str(caught.value).endswith("(HTTP 429): busy. Try again in 5 s.")
+    server = serve(json_answer(200, b"[1]"))
+    with client_for(server) as client, pytest.raises(MalformedChunkError) as caught:
+        client.list_models()
+    assert caught.value.host == label(server)
+
+
+def test_a_model_list_that_takes_too_long_says_what_was_being_done(serve):
+    server = serve(Answer(hold_s=30))
+    with client_for(server, timeout_s=0.3) as client, pytest.raises(RemoteTimeoutError) as caught:
+        client.list_models()
+    assert str(caught.value) == (
+        f"{label(server)} sent no answer within 0.3 s while listing its models (the "
+        "connection's timeout; raise it in Settings > Connections for slow servers)."
     )
 
 
@@ -373,10 +402,12 @@ def test_a_refused_json_schema_goes_again_in_llama_cpps_form(serve):
     assert finished(events).text == "{}"
 
 
-@pytest.mark.parametrize("status", [422, 500])
-def test_the_json_schema_fallback_also_on_422_and_llama_cpp_pythons_500(serve, status):
+@pytest.mark.parametrize(
+    "status, said", [(422, "response_format bad"), (500, "unknown type json_schema")]
+)
+def test_the_json_schema_fallback_also_on_422_and_llama_cpp_pythons_500(serve, status, said):
     params = {"response_format": {"type": "json_schema", "json_schema": {}}}
-    server = serve(json_answer(status, {"detail": "response_format bad"}), stream(DONE))
+    server = serve(json_answer(status, {"detail": said}), stream(DONE))
     chat(server, params)
     assert server.bodies()[1]["response_format"] == {"type": "json_object", "schema": {}}
 
@@ -481,9 +512,9 @@ def test_an_optional_field_not_in_the_request_is_not_blamed(serve):
         ),
         (
             400,
-            {"error": {"detail": [{"loc": ["x", 0], "msg": "m"}, {"loc": []}]}},
+            {"error": {"detail": [{"loc": ["x", 0], "msg": "m"}, {"loc": []}, {"loc": ["a"]}]}},
             RequestRejectedError,
-            "{L} refused the request (HTTP 400): x.0: m; {{'loc': []}}",
+            "{L} refused the request (HTTP 400): x.0: m; {{'loc': []}}; a:",
         ),
         (
             400,
@@ -504,6 +535,18 @@ def test_an_optional_field_not_in_the_request_is_not_blamed(serve):
             "{L} refused the request (HTTP 400): top detail",
         ),
         (400, {"error": {"code": 1}}, RequestRejectedError, 'REJ {{"error": {{"code": 1}}}}'),
+        (
+            400,
+            {"error": None, "detail": "top, beside a null error"},
+            RequestRejectedError,
+            "REJ top, beside a null error",
+        ),
+        (
+            400,
+            {"error": 0, "detail": [{"loc": ["body", "n"], "msg": "m"}, {"msg": "o"}]},
+            RequestRejectedError,
+            "REJ n: m; o",
+        ),
         (400, {"other": 1}, RequestRejectedError, 'REJ {{"other": 1}}'),
         (400, [1, 2], RequestRejectedError, "REJ [1, 2]"),
         (400, {"error": {"message": 5}}, RequestRejectedError, 'REJ {{"error": {{"message": 5}}}}'),
@@ -516,6 +559,7 @@ def test_http_errors_in_the_servers_own_words(serve, status, body, kind, text):
         chat(server)
     expected = text.replace("REJ ", "{L} refused the request (HTTP 400): ").format(L=label(server))
     assert str(caught.value) == expected
+    assert caught.value.host == label(server)
 
 
 def test_an_error_text_is_cut_to_its_limit_and_never_shows_the_key(serve):
@@ -715,48 +759,73 @@ def test_a_stream_quiet_before_its_first_delta_says_no_answer(serve):
     assert done.error.startswith(f"{label(server)} sent no answer within 0.3 s while streaming")
 
 
+# Stop must not wait for the server: it holds its answer (or its next chunk) for HOLD_S, and the
+# client's own timeout is as long, so only the interrupt (the socket shut down) can end the
+# request early. A generous bound, far below HOLD_S, tells the two apart.
+HOLD_S = 120.0
+EARLY_S = 60.0
+
+
 def test_stop_mid_stream_ends_at_once_with_the_partial_reply(serve):
-    server = serve(stream(chunk(content="one"), chunk(content=" two"), hold_after=60))
+    server = serve(stream(chunk(content="one"), chunk(content=" two"), hold_after=HOLD_S))
     cancel = CancelToken()
     events = []
     started = time.monotonic()
-    with client_for(server) as client:
+    with client_for(server, timeout_s=HOLD_S) as client:
         for event in client.chat("m1", QUESTION, {}, cancel):
             events.append(event)
             if len(of(TextDelta, events)) == 2:
                 cancel.cancel()
                 client.interrupt()
-    assert time.monotonic() - started < 30  # not the server's 60 s
+    assert time.monotonic() - started < EARLY_S
     done = finished(events)
     assert (done.finish_reason, done.text, done.error) == (FinishReason.CANCELLED, "one two", None)
 
 
 def test_stop_before_the_first_byte_does_not_wait_for_it(serve):
-    server = serve(Answer(hold_s=60))
+    server = serve(Answer(hold_s=HOLD_S))
     cancel = CancelToken()
-    with client_for(server) as client:
+    with client_for(server, timeout_s=HOLD_S) as client:
         timer = threading.Timer(0.3, lambda: (cancel.cancel(), client.interrupt()))
         timer.start()
         started = time.monotonic()
         events = list(client.chat("m1", QUESTION, {}, cancel))
         timer.join()
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < EARLY_S
     assert finished(events).finish_reason == FinishReason.CANCELLED
 
 
-def test_an_interrupt_before_the_connection_shuts_it_as_soon_as_it_connects(serve):
-    """A Stop that lands between chat() starting and the socket connecting: the trace hook
-    shuts the fresh socket down, so the request ends without waiting for the server."""
-    server = serve(Answer(hold_s=60))
+def test_a_stop_before_the_socket_exists_shuts_it_as_soon_as_it_connects(serve):
+    """A Stop that lands after chat() checked its CancelToken but before the socket connected:
+    the trace hook shuts the fresh socket down, so the request ends without waiting."""
+    server = serve(Answer(hold_s=HOLD_S))
     cancel = CancelToken()
-    with client_for(server) as client:
-        events = client.chat("m1", QUESTION, {}, cancel)
-        client.interrupt()  # before the generator has run: the flag is set first
-        cancel.cancel()
+    with client_for(server, timeout_s=HOLD_S) as client:
+        send = client._client.send
+
+        def stop_then_send(request, **kw):
+            cancel.cancel()
+            client.interrupt()  # no socket yet: only the flag is set
+            return send(request, **kw)
+
+        client._client.send = stop_then_send  # type: ignore[method-assign]
         started = time.monotonic()
-        out = list(events)
-    assert time.monotonic() - started < 30
-    assert finished(out).finish_reason == FinishReason.CANCELLED
+        events = list(client.chat("m1", QUESTION, {}, cancel))
+    assert time.monotonic() - started < EARLY_S
+    assert finished(events).finish_reason == FinishReason.CANCELLED
+    assert len(server.requests) <= 1
+
+
+def test_a_stop_from_before_the_request_still_counts(serve):
+    """Stop pressed before the request started (the token already cancelled): nothing is sent."""
+    server = serve(Answer(hold_s=HOLD_S))
+    cancel = CancelToken()
+    cancel.cancel()
+    with client_for(server, timeout_s=HOLD_S) as client:
+        client.interrupt()
+        events = list(client.chat("m1", QUESTION, {}, cancel))
+    assert finished(events).finish_reason == FinishReason.CANCELLED
+    assert server.requests == []
 
 
 def test_interrupt_with_no_request_in_flight_is_harmless(serve):
@@ -1194,3 +1263,75 @@ def test_the_timeouts_come_from_the_connection():
     with OpenAIClient(Connection("c1", "srv", "http://127.0.0.1:1/v1", 3.0)) as client:
         assert client._client.timeout.connect == 3.0
         assert client._client.trust_env is False
+
+
+def test_the_first_schema_problem_is_the_one_nearest_the_start(serve):
+    """Two arguments wrong: the problem named is the first by path (a before b), whatever order
+    the validator finds them in; a nested one is named by its whole path."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "t",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "b": {"type": "integer"},
+                    "a": {"type": "object", "properties": {"c": {"type": "integer"}}},
+                },
+            },
+        },
+    }
+    server = serve(
+        stream(chunk(tool_calls=[call_delta(0, "c", "t", '{"b": "x", "a": {"c": "y"}}')]), DONE)
+    )
+    (bad,) = of(ToolCallMalformed, chat(server, {"tools": [tool]}))
+    assert (
+        bad.problem == "the arguments do not match t's schema at a/c: 'y' is not of type 'integer'"
+    )
+
+
+def test_a_reply_of_only_tool_calls_is_timed_and_counted_by_its_deltas(serve):
+    server = serve(
+        stream(
+            chunk(tool_calls=[call_delta(0, "c", "calc", "")]),
+            chunk(tool_calls=[call_delta(0, arguments='{"x": 1}')]),
+            chunk(tool_calls=[call_delta(1, "d", "calc", '{"x": 2}')]),
+            chunk("tool_calls"),
+            DONE,
+        )
+    )
+    u = finished(chat(server, {"tools": [CALC]})).usage
+    assert u.completion_tokens == 3  # no usage chunk: one per delta
+    assert u.ttft_ms > 0 and u.decode_ms > 0
+
+
+def test_transport_errors_name_their_host(serve):
+    import httpx
+
+    with (
+        failing_client(httpx.ConnectTimeout("slow")) as client,
+        pytest.raises(RemoteTimeoutError) as caught,
+    ):
+        client.list_models()
+    assert caught.value.host == "srv (example.invalid:1)"
+    with (
+        failing_client(httpx.ReadError("x")) as client,
+        pytest.raises(UnreachableHostError) as caught,
+    ):
+        client.list_models()
+    assert caught.value.host == "srv (example.invalid:1)"
+    server = serve(Answer(hold_s=30))
+    with client_for(server, timeout_s=0.3) as client, pytest.raises(RemoteTimeoutError) as caught:
+        client.list_models()
+    assert caught.value.host == label(server)
+    url = server.base_url.replace("http://", "https://")
+    with OpenAIClient(Connection("c1", "srv", url)) as client, pytest.raises(TlsError) as caught:
+        client.list_models()
+    assert caught.value.host == label(server)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    connection = Connection("c1", "srv", f"http://127.0.0.1:{port}/v1")
+    with OpenAIClient(connection) as client, pytest.raises(UnreachableHostError) as caught:
+        client.list_models()
+    assert caught.value.host == f"srv (127.0.0.1:{port})"
