@@ -7,8 +7,6 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QToolButton, QWidget
 
-from app.views.elided_label import let_shrink
-
 NO_PERSONA = "(no persona)"
 CUSTOM = "(custom prompt)"
 
@@ -24,19 +22,18 @@ class PersonaPicker(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         self.combo = QComboBox()
         self.combo.setToolTip("Persona: a saved system prompt to use in this chat")
-        self.combo.setMinimumContentsLength(12)
-        # It may be squeezed to 8 characters: a long persona name must not widen the window.
-        let_shrink(self.combo, 8)
+        # As wide as 10 characters whatever the names (the list shows them whole): the system
+        # prompt beside it is what needs the room, and a long name must not widen the window.
+        self.combo.setMinimumContentsLength(10)
+        self.combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.combo.activated.connect(self._on_activated)
         self.save_button = QToolButton()
         self.save_button.setText("Save…")
         self.save_button.setToolTip("Save this chat's system prompt as a persona")
         self.save_button.clicked.connect(self.saveRequested)
         self.delete_button = QToolButton()
-        self.delete_button.setText("Delete")
-        self.delete_button.setToolTip(
-            "Delete the selected persona (chats using it keep their prompt)"
-        )
+        self.delete_button.setText("✕")
+        self.delete_button.setToolTip("Delete this persona (chats using it keep their prompt)")
         self.delete_button.clicked.connect(
             lambda: self.deleteRequested.emit(self.combo.currentData() or "")
         )
