@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from PySide6.QtCore import QPoint
-from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtCore import QEvent, QPoint, QPointF
+from PySide6.QtGui import QColor, QEnterEvent, QFont, QPalette
 from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel, QMessageBox, QWidget
 
 from app.settings import SettingsFile
@@ -80,14 +80,17 @@ def layout_problems(window) -> list[str]:
                 needed = part.heightForWidth(part.width())
                 if part.height() < needed:
                     problems.append(f"{name}: {part.text()[:30]!r} cut off ({part.height()} px)")
-            elif isinstance(part, (QLabel, QAbstractButton)) and part.text():
+            elif (
+                isinstance(part, (QLabel, QAbstractButton))
+                and part.text()
+                and part.width() < part.minimumSizeHint().width()
+            ):
                 # a line that does not wrap, squeezed narrower than its text: cut off, or
                 # drawn over its neighbour
-                if part.width() < part.minimumSizeHint().width():
-                    problems.append(
-                        f"{name}: {part.text()[:30]!r} squeezed to {part.width()} px "
-                        f"(needs {part.minimumSizeHint().width()})"
-                    )
+                problems.append(
+                    f"{name}: {part.text()[:30]!r} squeezed to {part.width()} px "
+                    f"(needs {part.minimumSizeHint().width()})"
+                )
     return problems
 
 
@@ -228,6 +231,21 @@ def test_a_large_font_window_opens_inside_the_screen(qtbot, tmp_path, look, font
         close_window(window)
 
 
+def test_a_larger_font_chosen_later_does_not_grow_the_window(qtbot, tmp_path, look):
+    look("light", 10)
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=["Paris."]))
+    try:
+        send(qtbot, window, "Capital of France?")
+        settle()
+        before = window.size()
+        look("light", 20)  # Settings > Font size, applied to the running window
+        settle()
+        assert window.size() == before
+        assert not layout_problems(window)
+    finally:
+        close_window(window)
+
+
 def _contrast(first: QColor, second: QColor) -> float:
     """WCAG 2 contrast ratio of two colours (https://www.w3.org/TR/WCAG21/#dfn-contrast-ratio)."""
 
@@ -358,9 +376,11 @@ def test_message_actions_are_in_a_menu_and_show_on_hover(qtbot, tmp_path):
         assert user.menu_entries() == ["Copy", "Edit", "Compare answers", "Branch"]
         # no card shows its action buttons until the pointer is over it
         assert not reply.hover_actions.isVisible() and reply.menu_button.isVisible()
-        reply.show_hover_actions(True)
+        inside = QPointF(10, 10)
+        QApplication.sendEvent(reply, QEnterEvent(inside, inside, reply.mapToGlobal(inside)))
         assert reply.hover_actions.isVisible() and reply.details_button.isVisible()
-        reply.show_hover_actions(False)
+        assert not user.hover_actions.isVisible()
+        QApplication.sendEvent(reply, QEvent(QEvent.Leave))
         assert not reply.hover_actions.isVisible()
         # a menu entry does what its button does
         with qtbot.waitSignal(window.chat_view.detailsRequested, timeout=WAIT_MS) as details:
