@@ -482,7 +482,7 @@ class Vocabulary:
         return self._id if text == "[TOOL_CALLS]" else None
 
     def piece_bytes(self, token_id):
-        return self._piece
+        return self._piece if token_id == self._id else b"?"
 
 
 def test_marker_token_texts():
@@ -495,11 +495,14 @@ def test_marker_token_texts():
 
 
 def test_stream_text_keeps_inner_whitespace_and_drops_layout_around_calls():
+    assert ToolCallStream(H, SPECS).ended_on_call is False
     stream, events = events_for(H, "Hello ", "world", "\n")
     assert events == [TextDelta("Hello"), TextDelta(" world"), TextDelta("\n")]
-    assert stream.text == ["Hello", " world", "\n"] and not stream.ended_on_call
-    stream, events = events_for(H, " ", "x")
-    assert events == [TextDelta(" x")]
+    assert stream.text == ["Hello", " world", "\n"] and stream.ended_on_call is False
+    stream, events = events_for(H, " ", " ", "x")
+    assert events == [TextDelta("  x")]
+    assert events_for(H, "  ")[1] == [TextDelta("  ")]  # a reply of only whitespace keeps it
+    assert stream.flush() == []  # flushed once: nothing is left to give
     call = '<tool_call>{"name": "get_current_datetime", "arguments": {}}</tool_call>'
     stream, events = events_for(H, "Hi\n", call, "\n")
     assert events[0] == TextDelta("Hi") and stream.ended_on_call
@@ -509,7 +512,7 @@ def test_stream_text_keeps_inner_whitespace_and_drops_layout_around_calls():
         ToolCallFinished,
     ]
     stream, events = events_for(H, call, "\n", "Done.")
-    assert events[-1] == TextDelta("\nDone.") and not stream.ended_on_call
+    assert events[-1] == TextDelta("\nDone.") and stream.ended_on_call is False
     assert stream.push("") == []
 
 
@@ -524,6 +527,21 @@ def test_stream_call_events_share_one_id_and_are_recorded():
     assert stream.malformed == []
 
 
+def test_each_call_of_a_reply_has_its_own_id_in_the_formats_style():
+    two = (
+        '<tool_call>{"name": "get_current_datetime", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "get_current_datetime", "arguments": {}}</tool_call>'
+    )
+    stream, _ = events_for(H, two)
+    first, second = stream.calls
+    assert first.id != second.id
+    stream, events = events_for(
+        ToolCallFormat.MISTRAL, '[TOOL_CALLS] [{"name": "get_current_datetime", "arguments": {}}]'
+    )
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", stream.calls[0].id)  # Mistral's template needs this
+    assert {e.id for e in events} == {stream.calls[0].id}
+
+
 def test_stream_call_read_when_it_closes_gets_started_and_its_arguments():
     stream, events = events_for(
         ToolCallFormat.LLAMA3_JSON, '{"parameters": {"city": "Rome"}, "name": "get_weather"}'
@@ -531,6 +549,7 @@ def test_stream_call_read_when_it_closes_gets_started_and_its_arguments():
     started, delta, finished = events
     assert (type(started), started.name) == (ToolCallStarted, "get_weather")
     assert (type(delta), delta.text) == (ToolCallArgumentsDelta, '{"city": "Rome"}')
+    assert delta.id == started.id
     assert finished == ToolCallFinished(started.id, "get_weather", {"city": "Rome"})
 
 
@@ -548,6 +567,7 @@ def test_stream_unknown_tool_names_the_offered_ones():
     call = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
     _, events = events_for(H, call)
     bad = events[-1]
+    assert (bad.id, bad.name) == (events[0].id, "rm_rf") and bad.id.startswith("call_")
     assert bad.problem == "no tool is named 'rm_rf' (offered: get_weather, get_current_datetime)"
     assert bad.text == '{"name": "rm_rf", "arguments": {}}'  # stripped of the layout
     _, events = events_for(H, call, specs=())
@@ -559,6 +579,7 @@ def test_stream_schema_problems_name_the_first_place_in_path_order():
         text = json.dumps({"name": specs[0].name, "arguments": arguments})
         _, events = events_for(H, f"<tool_call>{text}</tool_call>", specs=specs)
         assert not any(isinstance(e, ToolCallFinished) for e in events)
+        assert events[-1].id == events[0].id and events[-1].name == specs[0].name
         return events[-1].problem
 
     assert problem({"city": 7}) == (
@@ -595,5 +616,6 @@ def test_stream_cut_off_call_is_started_once_and_malformed():
     _, events = events_for(H, '<tool_call>{"name": "get_weather", "arguments": {"ci')
     assert [type(e) for e in events] == [ToolCallStarted, ToolCallArgumentsDelta, ToolCallMalformed]
     assert events[-1].problem == CUT_OFF and events[-1].name == "get_weather"
+    assert events[-1].id == events[0].id and events[0].id.startswith("call_")
     _, events = events_for(H, '<tool_call>{"arguments": {}</tool_call>')
     assert events == [ToolCallMalformed(events[0].id, "", '{"arguments": {}', ENDED_EARLY)]
