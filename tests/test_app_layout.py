@@ -366,6 +366,23 @@ def test_side_panels_collapse_and_are_remembered(qtbot, tmp_path):
         close_window(window)
 
 
+def test_a_panel_dragged_shut_counts_as_hidden_and_opens_again(qtbot, tmp_path):
+    window = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    try:
+        window.resize(1280, 800)
+        settle()
+        sizes = window.splitter.sizes()
+        window.splitter.setSizes([sizes[0], sizes[1] + sizes[2], 0])  # the handle dragged right
+        window.splitter.splitterMoved.emit(sizes[0] + sizes[1] + sizes[2], 2)
+        assert not window.side_panel_action.isChecked()
+        assert window.settings.collapsed_panels == ["side"]
+        window.side_panel_action.trigger()
+        settle()
+        assert window.side_panel.isVisible() and window.side_panel.width() > 100
+    finally:
+        close_window(window)
+
+
 def test_message_actions_are_in_a_menu_and_show_on_hover(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path, FakeEngine(replies=["Paris."]))
     try:
