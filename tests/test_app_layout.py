@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from PySide6.QtCore import QEvent, QPoint, QPointF
+from PySide6.QtCore import QEvent, QPoint, QPointF, Qt
 from PySide6.QtGui import QColor, QEnterEvent, QFont, QPalette
 from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel, QMessageBox, QWidget
 
@@ -360,7 +360,7 @@ def test_side_panels_collapse_and_are_remembered(qtbot, tmp_path):
         assert not window.chats_panel_action.isChecked()
         window.side_panel_action.trigger()
         settle()
-        assert window.side_panel.isVisible() and window.side_panel.width() > 0
+        assert window.side_panel.isVisible() and window.splitter.sizes()[2] > 0
         assert SettingsFile(tmp_path / "settings.json").load().collapsed_panels == ["chats"]
     finally:
         close_window(window)
@@ -371,14 +371,20 @@ def test_a_panel_dragged_shut_counts_as_hidden_and_opens_again(qtbot, tmp_path):
     try:
         window.resize(1280, 800)
         settle()
-        sizes = window.splitter.sizes()
-        window.splitter.setSizes([sizes[0], sizes[1] + sizes[2], 0])  # the handle dragged right
-        window.splitter.splitterMoved.emit(sizes[0] + sizes[1] + sizes[2], 2)
-        assert not window.side_panel_action.isChecked()
+        # the handle between the chat and the side panel, dragged all the way right
+        handle = window.splitter.handle(2)
+        grip = QPoint(handle.width() // 2, handle.height() // 2)
+        qtbot.mousePress(handle, Qt.LeftButton, pos=grip)
+        qtbot.mouseMove(handle, grip + QPoint(window.width(), 0))
+        qtbot.mouseRelease(handle, Qt.LeftButton, pos=grip + QPoint(window.width(), 0))
+        settle()
+        assert window.splitter.sizes()[2] == 0
+        assert not window.side_panel.isVisible() and not window.side_panel_action.isChecked()
         assert window.settings.collapsed_panels == ["side"]
         window.side_panel_action.trigger()
         settle()
-        assert window.side_panel.isVisible() and window.side_panel.width() > 100
+        # its share of the splitter, not 0 px (its widget keeps an old width: ask the splitter)
+        assert window.side_panel.isVisible() and window.splitter.sizes()[2] > 100
     finally:
         close_window(window)
 
