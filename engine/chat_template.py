@@ -16,6 +16,13 @@ A template that writes `bos_token` first would give two BOS tokens once the toke
 own; `render` drops that leading BOS text when the tokenizer adds BOS (llama.cpp does the same),
 so `tokenizer.encode(template.render(messages))` always starts with exactly one BOS.
 
+A hostile template is bounded by limits checked *before* each operation that could allocate
+without bound (see "Resource limits" below), including every conversion of a value to text
+(`{{ value }}`, |string, |tojson, `~`, join, `%`, str.format, str.translate, the text of a block):
+its size is measured from lengths without making the text. What is not bounded is a template
+holding many distinct large values at once (each legal, e.g. `l|map('upper')|list` over a list
+of 3-million-character strings); the render deadline is the only limit on those.
+
 A file without a template gets a named fallback: Gemma's turn format for Gemma models (whose
 vocabulary has `<start_of_turn>`; the system prompt goes in front of the first user turn, as
 Gemma's own template does), ChatML otherwise.
@@ -23,9 +30,11 @@ Gemma's own template does), ChatML otherwise.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import re
+import string
 import sys
 import threading
 import time
@@ -36,7 +45,9 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.filters
 import jinja2.nodes
+import jinja2.runtime
 import jinja2.utils
 from jinja2.compiler import CodeGenerator
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
@@ -149,12 +160,135 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# --- the size of a value's text, known before the text is made ------------------------------
+# A legal 3-million-character string referenced 1,000 times from a list is a small list, but its
+# text (`{{ l }}`, `|string`, `|tojson`, `~`, `join`, `%`, `.format`) is 3 billion characters:
+# every conversion of a value to text is measured here first, without building the text, and
+# refused over the limit. The measure is an upper bound computed from lengths (a value referenced
+# many times is measured once) and stops as soon as it passes the limit.
+_CHUNK = 1 << 16  # strings whose escaped length is not a simple count are measured per chunk
+
+
+def _escaped_len(text: str, mode: str) -> int:
+    """An upper bound of len(repr(text)) ("repr"), len(ascii(text)) ("ascii") or
+    len(json.dumps(text)) ("json"; "json_ascii" with ensure_ascii). Printable ASCII costs
+    two C-speed counts; other text is escaped chunk by chunk (a bounded buffer)."""
+    if text.isascii() and text.isprintable():
+        quotes = text.count('"') if mode.startswith("json") else text.count("'")
+        return len(text) + text.count("\\") + quotes + 2
+    escape: Callable[[str], str] = {
+        "repr": repr,
+        "ascii": ascii,
+        "json": lambda c: json.dumps(c, ensure_ascii=False),
+        "json_ascii": json.dumps,
+    }[mode]
+    total = 2 + text.count("'")  # quotes: repr chooses per string, so each chunk may differ
+    for at in range(0, len(text), _CHUNK):
+        total += len(escape(text[at : at + _CHUNK])) - 2
+    return total
+
+
+class _Measure:
+    """Upper bounds of the text of values, with a budget: `size` returns a number above `limit`
+    as soon as the bound passes it, having looked at no more than it needed to."""
+
+    def __init__(self, limit: int = MAX_OUTPUT_CHARS, indent: int | None = None):
+        self.limit = limit
+        self.indent = indent  # json.dumps's indent: a newline and depth * indent per item
+        self._known: dict[tuple[int, str], int] = {}
+        self._open: set[int] = set()
+
+    def size(self, value: Any, mode: str = "str", depth: int = 0) -> int:
+        """mode: "str" (str(value)), "repr", "ascii", "json" / "json_ascii"."""
+        if isinstance(value, str):
+            if mode == "str":
+                return len(value)
+            extra = len(type(value).__name__) + 2 if type(value) is not str else 0  # Markup('')
+            key = (id(value), mode)
+            if len(value) > _CHUNK and key in self._known:
+                return self._known[key]
+            size = _escaped_len(value, mode) + extra
+            if len(value) > _CHUNK:
+                self._known[key] = size
+            return size
+        if value is None or isinstance(value, (bool, float, complex)):
+            return 64
+        if isinstance(value, int):
+            return value.bit_length() * 3 // 10 + 3  # decimal digits (and a sign) of the number
+        if isinstance(value, (bytes, bytearray)):
+            return 4 * len(value) + 16
+        if isinstance(value, jinja2.runtime.Undefined):
+            return 0 if mode == "str" else 64
+        if isinstance(value, jinja2.utils.Namespace):
+            attrs = object.__getattribute__(value, "_Namespace__attrs")
+            return 12 + self.size(attrs, "repr" if mode == "str" else mode, depth)
+        items: Any
+        if isinstance(value, Mapping) or type(value) in _DICT_VIEWS_WITH_PAIRS:
+            pairs = value.items() if isinstance(value, Mapping) else value
+            items = [x for pair in pairs for x in pair]
+            per_item = 2  # ": " and ", " between them
+        elif isinstance(value, (list, tuple, set, frozenset)) or type(value) in _DICT_VIEWS:
+            items = value
+            per_item = 2
+        else:
+            # Anything else a template can reach (a loop, a macro, a generator) has a short
+            # repr of its own; measuring it costs one short string.
+            return len(str(value)) if mode == "str" else len(repr(value))
+        key = (id(value), mode)
+        if key in self._known:
+            return self._known[key]
+        if id(value) in self._open:
+            return 5  # "[...]": a container that holds itself
+        self._open.add(id(value))
+        try:
+            item_mode = mode if mode.startswith(("json", "ascii")) else "repr"
+            if self.indent is not None and mode.startswith("json"):
+                per_item += 1 + self.indent * (depth + 1)
+            total = len(type(value).__name__) + 4
+            for item in items:
+                total += self.size(item, item_mode, depth + 1) + per_item
+                if total > self.limit:
+                    break
+        finally:
+            self._open.discard(id(value))
+        self._known[key] = total
+        return total
+
+
+_DICT_VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()))
+_DICT_VIEWS_WITH_PAIRS: tuple[type, ...] = (type({}.items()),)
+
+
+def _text_size(value: Any, mode: str = "str") -> int:
+    return _Measure().size(value, mode)
+
+
+def _check_text(what: str, value: Any, mode: str = "str") -> None:
+    """Refuse before converting `value` to text when that text would pass the output limit."""
+    if not isinstance(value, str) or mode != "str":
+        _check_size(what, _text_size(value, mode))
+
+
+def _listed_for_join(items: Any, sep_len: int) -> list:
+    """An iterator's items (|map, |select: each may be a new string) listed for a join, measured
+    one by one: the listing stops once their joined text would pass the limit, instead of
+    holding every item first (1,000 new 3-million-character strings are 3 GB)."""
+    measure, listed, total = _Measure(), list[Any](), 0
+    for item in items:
+        total += measure.size(item) + (sep_len if listed else 0)
+        if total > MAX_OUTPUT_CHARS:
+            raise _too_long("a joined string", total)
+        listed.append(item)
+    return listed
+
+
 def _joined_length(items: Any, sep_len: int) -> int:
-    """Length of `sep.join(map(str, items))`, stopping as soon as it passes the limit."""
+    """Length of `sep.join(map(str, items))`, stopping as soon as it passes the limit; nothing
+    is converted (a list inside `items` could be gigabytes as text)."""
+    measure = _Measure()
     total = 0
     for i, item in enumerate(items):
-        total += len(item) if isinstance(item, str) else len(str(item))
-        total += sep_len if i else 0
+        total += measure.size(item) + (sep_len if i else 0)
         if total > MAX_OUTPUT_CHARS:
             break
     return total
@@ -184,24 +318,153 @@ def _check_format(fmt: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | Non
                 raise _too_long("a formatted field", abs(value))
 
 
+def _check_percent(fmt: Any, right: Any) -> None:
+    """`fmt % right` (the operator and the |format filter): field widths, then the output."""
+    if isinstance(fmt, str):
+        _check_format(fmt, right if isinstance(right, tuple) else (right,))
+        _check_size("a %-formatted string", _percent_size(fmt, right))
+
+
+# A %-format field, as Python's printf-style formatting reads it.
+_PERCENT_CONVERSION = re.compile(
+    r"%(?:\((?P<key>[^)]*)\))?[#0\- +]*(?P<width>\*|\d*)(?:\.(?P<prec>\*|\d*))?[hlL]?"
+    r"(?P<conv>[diouxXeEfFgGcrsa%])"
+)
+_FLOAT_DIGITS = 330  # the integer part of the largest float (1.8e308), its sign and point
+
+
+def _number_text_size(value: Any, precision: int) -> int:
+    """An upper bound of a number's text in a numeric field with that precision."""
+    digits = value.bit_length() * 3 // 10 + 3 if _is_int(value) else _FLOAT_DIGITS
+    return digits + precision + 8  # exponent, sign, point
+
+
+def _percent_size(fmt: str, right: Any) -> int:
+    """An upper bound of len(fmt % right), stopping once it passes the limit: each field holds
+    the text of the value it names (`%(a)s` repeated 1,000 times over a 3-million-character
+    value is 3 billion characters from a 5,000-character format)."""
+    mapping = right if isinstance(right, Mapping) else None
+    args = list(right) if isinstance(right, tuple) else [right]
+    measure, total, next_arg = _Measure(), len(fmt), 0
+
+    def take() -> Any:
+        nonlocal next_arg
+        next_arg += 1
+        return args[next_arg - 1] if next_arg <= len(args) else None
+
+    for field in _PERCENT_CONVERSION.finditer(fmt):
+        conv = field["conv"]
+        if conv == "%":
+            continue
+        width = take() if field["width"] == "*" else int(field["width"] or 0)
+        precision = take() if field["prec"] == "*" else int(field["prec"] or 0)
+        if field["key"] is not None and mapping is not None:
+            value = mapping.get(field["key"])
+        else:
+            value = take()
+        if conv in "sra":
+            size = measure.size(value, {"s": "str", "r": "repr", "a": "ascii"}[conv])
+        elif conv == "c":
+            size = 1
+        else:
+            size = _number_text_size(value, precision if _is_int(precision) else 0)
+        total += max(size, width if _is_int(width) else 0)
+        if total > MAX_OUTPUT_CHARS:
+            break
+    return total
+
+
+def _str_format_size(fmt: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    """An upper bound of len(fmt.format(*args, **kwargs)), like _percent_size. A field naming an
+    element or attribute (`{0[1]}`, `{a.b}`) is bounded by the repr of the value it starts
+    from; numbers in the spec (width, precision) are added."""
+    measure, total, auto = _Measure(), 0, 0
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return 0  # malformed: str.format raises the same error without building anything
+    for literal, name, spec, conv in fields:
+        total += len(literal)
+        if name is None:
+            continue
+        base = re.match(r"[^.\[]*", name).group()  # type: ignore[union-attr]
+        if base == "":
+            value = args[auto] if auto < len(args) else None
+            auto += 1
+        elif base.isdigit():
+            value = args[int(base)] if int(base) < len(args) else None
+        else:
+            value = kwargs.get(base)
+        mode = {"r": "repr", "a": "ascii"}.get(conv or "", "str" if base == name else "repr")
+        total += measure.size(value, mode) + sum(int(n) for n in _SPEC_NUMBERS.findall(spec or ""))
+        if spec and "{" in spec:
+            total += MAX_OUTPUT_CHARS // 2  # a width from an argument: checked to be at most this
+        if total > MAX_OUTPUT_CHARS:
+            break
+    return total
+
+
+def _check_translate(s: Any, table: Any = None, *_: Any, **__: Any) -> None:
+    """str.translate maps each character to a string: one character mapped to a 3-million-
+    character string, in a 1,000-character text, is 3 billion characters."""
+    if not isinstance(s, str):
+        return
+    values: Any
+    if isinstance(table, Mapping):
+        values = table.values()
+    elif isinstance(table, (list, tuple)):
+        values = table
+    else:
+        return  # a str table maps to single characters; other objects cannot map to strings
+    longest = max((len(v) for v in values if isinstance(v, str)), default=1)
+    if len(s) * longest <= MAX_OUTPUT_CHARS:
+        return
+    total = 0
+    for char, count in collections.Counter(s).items():
+        try:
+            mapped = table[ord(char)]
+        except (LookupError, TypeError):
+            mapped = char
+        total += count * (len(mapped) if isinstance(mapped, str) else mapped is not None)
+        if total > MAX_OUTPUT_CHARS:
+            break
+    _check_size("a translated string", total)
+
+
+MAX_TRANSLATE_ENTRIES = 100_000  # a maketrans table of a million entries is ~100 MB of dict
+
+
+def _check_maketrans(owner: Any, x: Any = None, y: Any = None, *_: Any, **__: Any) -> None:
+    entries = len(x) if isinstance(x, (str, Mapping)) else 0
+    if entries > MAX_TRANSLATE_ENTRIES:
+        raise _LimitExceeded(
+            "item count",
+            f"maketrans with {entries} entries exceeds the {MAX_TRANSLATE_ENTRIES}-entry limit",
+        )
+
+
 def _lines(text: Any) -> int:
+    _check_text("a string", text)
     return str(text).count("\n") + 1
 
 
 # Size checks for the filters (and str methods) whose output can be far larger than their input.
 # Each takes the filter's own arguments and raises before the filter runs.
 def _check_center(value: Any, width: Any = 80, *_: Any, **__: Any) -> None:
+    _check_text("a string to pad", value)
     if _is_int(width):
         _check_size("a padded string", width)
 
 
 def _check_indent(s: Any, width: Any = 4, *_: Any, **__: Any) -> None:
+    _check_text("an indent", width)
     pad = width if _is_int(width) else len(str(width))
-    _check_size("an indented string", len(str(s)) + pad * _lines(s))
+    _check_size("an indented string", _text_size(s) + pad * _lines(s))
 
 
 def _check_wordwrap(s: Any, width: Any = 79, _break: Any = True, wrapstring: Any = None,
                     *_: Any, **kwargs: Any) -> None:  # fmt: skip
+    _check_text("a string to wrap", s)
     wrap = kwargs.get("wrapstring", wrapstring)
     if isinstance(wrap, str) and wrap:
         width = kwargs.get("width", width)
@@ -209,17 +472,27 @@ def _check_wordwrap(s: Any, width: Any = 79, _break: Any = True, wrapstring: Any
         _check_size("a word-wrapped string", len(str(s)) + len(wrap) * n_breaks)
 
 
-def _check_join(value: Any, d: Any = "", *_: Any, **kwargs: Any) -> None:
-    sep = str(kwargs.get("d", d))
-    items = value if isinstance(value, (list, tuple, str)) else None
-    if items is not None:
-        _check_size("a joined string", _joined_length(items, len(sep)))
+def _check_value_text(value: Any, *_: Any, **kwargs: Any) -> None:
+    """Filters that turn their value into text first (|string, |upper, |escape, ...)."""
+    _check_text("the text of a value", value)
+    for argument in kwargs.values():
+        _check_text("the text of an argument", argument)
+
+
+def _check_pprint(value: Any, *_: Any, **__: Any) -> None:
+    # pformat's indentation at most doubles the repr of what it lays out
+    _check_size("a pretty-printed value", 2 * _text_size(value, "repr"))
+
+
+def _check_xmlattr(d: Any, *_: Any, **__: Any) -> None:
+    if isinstance(d, Mapping):
+        _check_size("XML attributes", _joined_length([*d.keys(), *d.values()], 4))
 
 
 def _check_replace(s: Any, old: Any, new: Any, count: Any = None, *_: Any, **__: Any) -> None:
-    if not isinstance(s, str):
-        return
-    old, new = str(old), str(new)
+    for part in (s, old, new):
+        _check_text("a string to replace in", part)
+    s, old, new = str(s), str(old), str(new)
     hits = s.count(old) if old else len(s) + 1
     if _is_int(count) and count >= 0:
         hits = min(hits, count)
@@ -234,7 +507,8 @@ def _check_batch(value: Any, linecount: Any, *_: Any, **__: Any) -> None:
 
 
 def _check_format_filter(value: Any, *args: Any, **kwargs: Any) -> None:
-    _check_format(value, args, kwargs)
+    _check_text("a format string", value)
+    _check_percent(str(value), kwargs or args)  # jinja's |format is `value % (kwargs or args)`
 
 
 def _check_tojson(value: Any, ensure_ascii: Any = False, indent: Any = None, *_: Any,
@@ -245,14 +519,48 @@ def _check_tojson(value: Any, ensure_ascii: Any = False, indent: Any = None, *_:
         raise _LimitExceeded(
             "output size", f"tojson indent {width} exceeds the limit of {MAX_JSON_INDENT}"
         )
+    ascii_only = kwargs.get("ensure_ascii", ensure_ascii)
+    measure = _Measure(indent=width if indent is not None else None)
+    _check_size("a JSON text", measure.size(value, "json_ascii" if ascii_only else "json"))
+
+
+def _join_filter(join: Callable[..., str]) -> Callable[..., str]:
+    """jinja's |join with the joined length checked first. An iterator (|map, |select) is
+    listed first, so that its items can be measured and then joined (references only)."""
+
+    @jinja2.pass_eval_context
+    @functools.wraps(join)
+    def checked(eval_ctx: Any, value: Any, d: Any = "", attribute: Any = None) -> str:
+        if attribute is not None:
+            getter = jinja2.filters.make_attrgetter(eval_ctx.environment, attribute)
+            value = map(getter, value)
+        _check_text("a join separator", d)
+        sep = len(str(d))
+        if not isinstance(value, (str, list, tuple)):
+            value = _listed_for_join(value, sep)
+        if isinstance(value, str):
+            size = len(value) + sep * max(len(value) - 1, 0)
+        else:
+            size = _joined_length(value, sep)
+        _check_size("a joined string", size)
+        return join(eval_ctx, value, d)
+
+    return checked
 
 
 _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "center": _check_center,
     "indent": _check_indent,
     "wordwrap": _check_wordwrap,
-    "join": _check_join,
     "replace": _check_replace,
+    "pprint": _check_pprint,
+    "xmlattr": _check_xmlattr,
+    # filters that turn their value into text before anything else
+    **dict.fromkeys(
+        "string safe e escape forceescape trim upper lower title capitalize striptags urlize "
+        "urlencode wordcount truncate".split(),
+        _check_value_text,
+    ),
     "batch": _check_batch,
     "slice": _check_batch,
     "format": _check_format_filter,
@@ -270,9 +578,10 @@ _STR_METHOD_CHECKS: dict[str, Callable[..., None]] = {
     ),
     "replace": _check_replace,
     "join": lambda sep, items, *_, **__: _check_size(
-        "a joined string",
-        _joined_length(items, len(sep)) if isinstance(items, (list, tuple, str)) else 0,
+        "a joined string", _joined_length(items, len(sep))
     ),
+    "translate": _check_translate,
+    "maketrans": _check_maketrans,
 }
 
 
@@ -296,10 +605,25 @@ def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str
 
 
 def _checked_concat(parts: Sequence[Any]) -> str:
-    """`a ~ b ~ c` (jinja's Concat node), with the result's length checked before it is built."""
-    strings = [part if isinstance(part, str) else str(part) for part in parts]
-    _check_size("a concatenated string", sum(map(len, strings)))
-    return "".join(strings)
+    """`a ~ b ~ c` (jinja's Concat node), with the result's length checked before it is built
+    (and before any part that is not a string is turned into text)."""
+    _check_size("a concatenated string", _joined_length(parts, 0))
+    return "".join(part if isinstance(part, str) else str(part) for part in parts)
+
+
+def _checked_join(parts: Any) -> str:
+    """jinja's `concat` (the text of a block: `{% set %}...{% endset %}`, a macro, a call or
+    filter block), with its length checked before the pieces are joined."""
+    parts = parts if isinstance(parts, list) else list(parts)
+    _check_size("the text of a block", sum(len(part) for part in parts))
+    return "".join(parts)
+
+
+def _finalize(value: Any) -> Any:
+    """Every `{{ value }}` passes here before jinja turns it into text."""
+    if not isinstance(value, str):
+        _check_size("the text of a value", _text_size(value))
+    return value
 
 
 class _CheckedCodeGenerator(CodeGenerator):
@@ -318,6 +642,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%"})
     code_generator_class = _CheckedCodeGenerator
     checked_concat = staticmethod(_checked_concat)
+    concat = staticmethod(_checked_join)
 
     def unsafe_undefined(self, obj: Any, attribute: str):
         # jinja's default returns an Undefined that renders as "", hiding the attempt.
@@ -341,7 +666,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
                 _check_size("a concatenation", len(left) + len(right))
         elif operator == "%" and isinstance(left, str):
-            _check_format(left, right if isinstance(right, tuple) else (right,))
+            _check_percent(left, right)
         return super().call_binop(context, operator, left, right)
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
@@ -354,15 +679,22 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
         def checked(*args: Any, **kwargs: Any) -> str:
             mapping = args[0] if is_map and args and isinstance(args[0], Mapping) else kwargs
-            _check_format(fmt, [] if is_map else args, mapping)
+            positional = [] if is_map else args
+            _check_format(fmt, positional, mapping)
+            _check_size("a formatted string", _str_format_size(fmt, positional, mapping))
             return wrapped(*args, **kwargs)
 
         return checked
 
     def call(__self, __context, __obj, *args: Any, **kwargs: Any) -> Any:
         owner = getattr(__obj, "__self__", None)
+        if __obj is str.maketrans:  # a static method: ''.maketrans has no __self__
+            _check_maketrans(None, *args)
         if isinstance(owner, str):
-            check = _STR_METHOD_CHECKS.get(getattr(__obj, "__name__", ""))
+            name = getattr(__obj, "__name__", "")
+            if name == "join" and args and not isinstance(args[0], (list, tuple, str)):
+                args = (_listed_for_join(args[0], len(owner)), *args[1:])
+            check = _STR_METHOD_CHECKS.get(name)
             if check is not None:
                 check(owner, *args, **kwargs)
         return super().call(__context, __obj, *args, **kwargs)
@@ -388,11 +720,15 @@ def _budgeted_range():
 
 def _environment() -> jinja2.Environment:
     env = _Sandbox(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
+        finalize=_finalize,
     )
     env.filters["tojson"] = _tojson
     for name, check in _FILTER_CHECKS.items():
         env.filters[name] = _guarded(env.filters[name], check)
+    env.filters["join"] = _join_filter(env.filters["join"])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["lipsum"] = _lipsum

@@ -15,6 +15,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.cancel import CancelToken
 from engine.chat_template import ChatTemplate
@@ -277,3 +279,154 @@ def test_ordinary_formatting_and_long_numbers_in_text_still_work():
     )
     text = ChatTemplate(source, name="t").render([{"role": "user", "content": "x"}])
     assert text == "id 20241231235959123: x  3.14     ab|12345678901 a+b x, y   hi  |"
+
+
+# --- the text of a value is measured before it is made (issue 31) ------------------------------
+# Each payload builds a legal 3-million-character string, refers to it 1,000 times from a list
+# and turns the list into text: 3 billion characters from a few kilobytes of objects. Before the
+# fix, 7 of these went past 2.5 GB. Each must be refused by its limit, with the process's peak
+# memory growing by at most 100 MB.
+_BIG = "{% set s = 'x' * 3000000 %}{% set l = [s] * 1000 %}"
+TEXT_PAYLOADS = [
+    # the seven shapes from the issue
+    (_BIG + "{{ l }}", "output size"),  # the list's own output
+    (_BIG + "{{ l|string }}", "output size"),
+    (_BIG + "{{ l|tojson }}", "output size"),
+    (_BIG + "{{ {'a': l}|string }}", "output size"),  # dict|string
+    (_BIG + "{{ [l]|join }}", "output size"),  # join over a nested list
+    (
+        "{% set s = 'x' * 3000000 %}{{ ('y' * 1000).translate(''.maketrans({'y': s})) }}",
+        "output size",
+    ),  # fmt: skip
+    ("{% set s = 'x' * 3000000 %}{{ ('%(a)s' * 1000) % {'a': s} }}", "output size"),
+    # the other ways a value becomes text
+    (_BIG + "{{ l ~ '' }}", "output size"),
+    ("{% set s = 'x' * 3000000 %}{{ ('{0}' * 1000).format(s) }}", "output size"),
+    ("{% set s = 'x' * 3000000 %}{{ ('{a}' * 1000).format_map({'a': s}) }}", "output size"),
+    ("{% set s = 'x' * 3000000 %}{{ ('%s' * 1000)|format(*([s] * 1000)) }}", "output size"),
+    (_BIG + "{{ l|map('upper')|join }}", "output size"),  # new strings, listed one by one
+    (_BIG + "{{ ''.join(l|map('upper')) }}", "output size"),
+    (
+        _BIG + "{% set b %}{% for x in l %}{{ x }}{% endfor %}{% endset %}{{ b|length }}",
+        "output size",
+    ),  # fmt: skip
+    (
+        _BIG + "{% macro m() %}{% for x in l %}{{ x }}{% endfor %}{% endmacro %}{{ m()|length }}",
+        "output size",
+    ),  # fmt: skip
+    (_BIG + "{{ l|pprint }}", "output size"),
+    (_BIG + "{{ l|upper }}", "output size"),
+    (_BIG + "{{ l|escape }}", "output size"),
+    (_BIG + "{{ 'a'|replace('a', l) }}", "output size"),
+    (_BIG + "{{ l|center(10) }}", "output size"),
+    (_BIG + "{{ {'a': l}|xmlattr }}", "output size"),
+    ("{{ ''.maketrans('a' * 200000, 'b' * 200000)|length }}", "item count"),
+]
+
+_TEXT_CHILD = """
+import json, resource, sys
+from engine.chat_template import ChatTemplate
+from engine.errors import ChatTemplateError, ChatTemplateLimitError
+
+resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))  # a regression fails, not the host
+
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+msgs = [{"role": "user", "content": "hi"}]
+ChatTemplate("{{ messages|tojson }}{{ messages }}", name="warm").render(msgs)
+base = peak_mb()
+for source in json.loads(sys.argv[1]):
+    try:
+        ChatTemplate(source, name="hostile").render(msgs, timeout=60)
+        outcome = {"error": None}
+    except ChatTemplateLimitError as exc:
+        outcome = {"error": type(exc).__name__, "limit": exc.limit, "message": str(exc)}
+    except ChatTemplateError as exc:
+        outcome = {"error": type(exc).__name__, "limit": None, "message": str(exc)}
+    outcome["growth_mb"] = peak_mb() - base
+    print(json.dumps(outcome), flush=True)
+"""
+
+
+def test_turning_a_value_into_text_is_refused_before_the_text_is_made():
+    done = subprocess.run(
+        [sys.executable, "-c", _TEXT_CHILD, json.dumps([p for p, _ in TEXT_PAYLOADS])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0, f"child died ({done.returncode}): {done.stderr[-2000:]}"
+    assert len(results) == len(TEXT_PAYLOADS)
+    for (source, limit), result in zip(TEXT_PAYLOADS, results, strict=True):
+        assert result["error"] == "ChatTemplateLimitError", (source, result)
+        assert result["limit"] == limit and limit in result["message"], (source, result)
+        assert result["growth_mb"] <= 100, (source, result)
+
+
+# Just under and just over the limit (4,000,000 characters), and ordinary uses of every
+# measured path, which must render exactly as in plain jinja.
+_HALF = "{% set s = 'x' * 1999990 %}"
+
+
+@pytest.mark.parametrize(
+    ("source", "refused"),
+    [
+        (_HALF + "{{ [s, s] }}", False),  # 3,999,980 + 8 characters
+        (_HALF + "{{ [s, s, 'xxxxxxxxxxxx'] }}", True),
+        (_HALF + "{{ [s, s]|string|length }}", False),
+        (_HALF + "{{ [s, s, 'xxxxxxxxxxxxxxxxx']|tojson|length }}", True),
+        (_HALF + "{{ [s, s]|tojson|length }}", False),
+        (_HALF + "{{ ('%s%s' % (s, s))|length }}", False),
+        (_HALF + "{{ ('%s%s%s' % (s, s, 'x' * 30))|length }}", True),
+        (_HALF + "{{ ('{0}{0}'.format(s))|length }}", False),
+        (_HALF + "{{ ('{0}{0}{1}'.format(s, 'x' * 30))|length }}", True),
+        (_HALF + "{{ [s, s]|join|length }}", False),
+        (_HALF + "{{ [s, s]|join('x' * 30)|length }}", True),
+    ],
+)
+def test_the_measure_refuses_only_past_the_limit(source, refused):
+    template = ChatTemplate(source, name="t")
+    if refused:
+        with pytest.raises(ChatTemplateLimitError, match="output size"):
+            template.render([{"role": "user", "content": "x"}])
+    else:
+        template.render([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ messages }}|{{ messages|string }}|{{ messages|tojson }}|{{ messages|tojson(indent=2) }}",
+        "{{ {'a': [1, 2.5, none, true], 'b': ('t', 'u')}|string }} {{ [messages]|join(',') }}",
+        "{{ '%(a)s-%(a)s %%' % {'a': 'x'} }} {{ '%5.1f|%-3d|%c|%r' % (2.25, 7, 65, 'q') }}",
+        "{{ '{0}{0}{1!r}{k}'.format('ab', 'c', k=[1]) }} {{ '{a[0]}'.format_map({'a': 'xy'}) }}",
+        "{{ 'abc'.translate(''.maketrans('a', 'b')) }} {{ 'abc'.translate({97: 'zz'}) }}",
+        "{{ messages|map(attribute='role')|join('/') }} {{ '-'.join(['a', 'b']|map('upper')) }}",
+        "{{ messages|map(attribute='content')|map('upper')|list }} {{ 'a&b'|escape }}",
+        "{% set b %}{{ messages[0] }}{% endset %}{{ b }} {{ messages ~ '!' }} {{ ns }}",
+        "{{ {'k': 'v'}|xmlattr }} {{ [1, 'a']|pprint }} {{ '%s'|format(messages) }}",
+    ],
+)
+def test_measured_conversions_render_as_in_plain_jinja(source):
+    messages = [{"role": "user", "content": "Zürich \"quoted\" \\ 'single' \n\t\x01 😀"}]
+    source = "{% set ns = namespace(a=[1, 'b']) %}" + source
+    expected = _plain_jinja(source, messages=messages)
+    assert ChatTemplate(source, name="t").render(messages) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200), st.sampled_from(["repr", "ascii", "json", "json_ascii"]))
+def test_the_escaped_length_is_an_upper_bound_within_the_quotes(text, mode):
+    from engine.chat_template import _escaped_len
+
+    real = {
+        "repr": repr,
+        "ascii": ascii,
+        "json": lambda t: json.dumps(t, ensure_ascii=False),
+        "json_ascii": json.dumps,
+    }[mode](text)
+    bound = _escaped_len(text, mode)
+    assert len(real) <= bound <= len(real) + text.count("'") + text.count('"')
