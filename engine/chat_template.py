@@ -557,8 +557,23 @@ _FILTER_CHECKS: dict[str, Callable[..., None]] = {
     "xmlattr": _check_xmlattr,
     # filters that turn their value into text before anything else
     **dict.fromkeys(
-        "string safe e escape forceescape trim upper lower title capitalize striptags urlize "
-        "urlencode wordcount truncate".split(),
+        [
+            "string",
+            "safe",
+            "e",
+            "escape",
+            "forceescape",
+            "trim",
+            "upper",
+            "lower",
+            "title",
+            "capitalize",
+            "striptags",
+            "urlize",
+            "urlencode",
+            "wordcount",
+            "truncate",
+        ],
         _check_value_text,
     ),
     "batch": _check_batch,
