@@ -65,6 +65,35 @@ def test_a_file_larger_than_one_read_is_hashed_whole(tmp_path, monkeypatch):
     assert receipt_mod.file_sha256(str(model)) == hashlib.sha256(model.read_bytes()).hexdigest()
 
 
+def test_a_model_file_is_read_in_bounded_chunks_never_whole(tmp_path, monkeypatch):
+    # model files are gigabytes: hashing one must not hold it in memory
+    monkeypatch.setattr(receipt_mod, "_HASH_CHUNK", 16)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(bytes(range(100)))
+    sizes = []
+
+    class Recording:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def read(self, size=-1):
+            sizes.append(size)
+            return self.f.read(size)
+
+    def recording_open(path, mode):
+        return Recording(open(path, mode))  # noqa: SIM115 (closed by Recording.__exit__)
+
+    monkeypatch.setattr(receipt_mod, "open", recording_open, raising=False)
+    assert receipt_mod.file_sha256(model) == hashlib.sha256(bytes(range(100))).hexdigest()
+    assert sizes == [16] * 8  # 6 full reads, the 4-byte tail, the empty read that ends it
+
+
 def test_the_digest_cache_file_holds_path_size_mtime_keys(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF one")

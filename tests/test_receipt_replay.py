@@ -430,7 +430,9 @@ def test_the_replay_asks_one_token_past_an_original_that_ended_by_itself(finish_
 
 def test_a_stream_without_its_finished_event_is_a_failed_replay():
     run = stream([5, 6, 7], finish=None)
-    with pytest.raises(ReceiptError, match="its stream ended without a Finished event"):
+    with pytest.raises(
+        ReceiptError, match="^the replay failed: its stream ended without a Finished event$"
+    ):
         replay(BARE, scripted_receipt([5, 6, 7], "stop"), [], SHA, None, run)
 
 
