@@ -87,7 +87,7 @@ def test_a_model_file_is_read_in_bounded_chunks_never_whole(tmp_path, monkeypatc
             return self.f.read(size)
 
     def recording_open(path, mode):
-        return Recording(open(path, mode))  # noqa: SIM115 (closed by Recording.__exit__)
+        return Recording(open(path, mode))  # closed by Recording.__exit__
 
     monkeypatch.setattr(receipt_mod, "open", recording_open, raising=False)
     assert receipt_mod.file_sha256(model) == hashlib.sha256(bytes(range(100))).hexdigest()
