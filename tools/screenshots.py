@@ -219,7 +219,12 @@ def run_all(out_dir: Path, sizes, themes, fonts, do_compress: bool) -> int:
 
 
 def _sizes(text: str) -> list[tuple[int, int]]:
-    return [tuple(int(n) for n in part.split("x")) for part in text.split(",")]  # type: ignore[misc]
+    """ "1280x800,1920x1080" -> [(1280, 800), (1920, 1080)]"""
+    sizes = []
+    for part in text.split(","):
+        width, height = part.lower().split("x")
+        sizes.append((int(width), int(height)))
+    return sizes
 
 
 def main(argv: list[str] | None = None) -> int:
