@@ -291,6 +291,26 @@ def test_banners_are_readable_in_both_themes(qtbot, tmp_path, look, theme, kind)
         close_window(window)
 
 
+@pytest.mark.parametrize("where", ["tools", "sampling"])
+def test_error_text_is_readable_in_the_dark_theme(qtbot, tmp_path, look, where):
+    look("dark", 11)
+    window = make_window(qtbot, tmp_path, FakeEngine())
+    try:
+        if where == "tools":
+            window.tabs.setCurrentWidget(window.tools_panel)
+            window.tools_panel.show_add_error("A server named files is already added")
+            label = window.tools_panel.add_error
+        else:
+            window.tabs.setCurrentWidget(window.preset_panel)
+            window.preset_panel.show_error("top_p=1.5 is invalid: must be a number in (0, 1]")
+            label = window.preset_panel.error_label
+        settle()
+        assert label.isVisible()
+        assert painted_contrast(label) >= 4.5
+    finally:
+        close_window(window)
+
+
 def test_banner_follows_a_theme_change(qtbot, tmp_path, look):
     look("light", 11)
     window = make_window(qtbot, tmp_path, FakeEngine(), load=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
+    QApplication,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -17,6 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.schema_check import EXAMPLE_SCHEMA, check_schema
+from app.theme import text_color
 from app.views.elided_label import ElidedLabel, let_shrink
 from engine.types import JsonMode
 
@@ -52,7 +54,8 @@ class SchemaDialog(QDialog):
     def _validate(self) -> None:
         self.schema, problem = check_schema(self.editor.toPlainText())
         self.status.setText("✔ valid schema" if problem is None else "✖ " + problem)
-        self.status.setStyleSheet("color: #2e8b57;" if problem is None else "color: #c0392b;")
+        meaning = "good" if problem is None else "bad"
+        self.status.setStyleSheet(f"color: {text_color(QApplication.palette(), meaning)};")
         self.buttons.button(QDialogButtonBox.Ok).setEnabled(problem is None)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
+    QApplication,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -17,6 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.preset_state import format_value
+from app.theme import text_color
 from engine.types import ResolvedPreset
 
 SOURCE_COLORS = {
@@ -76,7 +78,7 @@ class PresetPanel(QWidget):
         self.error_label = QLabel()
         self.error_label.setObjectName("preset_error")
         self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet("color: #c0392b;")
+        self.error_label.setStyleSheet(f"color: {text_color(QApplication.palette(), 'bad')};")
         self.error_label.setVisible(False)
         # Why a value was implied rather than taken from a source (e.g. do_sample turned on by
         # your temperature): said in words under the table, not only in a tooltip.

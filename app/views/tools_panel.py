@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QApplication,
     QCheckBox,
     QFormLayout,
     QGroupBox,
@@ -24,6 +25,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from app.theme import text_color
 
 STATUS_TEXT = {"starting": "starting…", "ready": "ready", "error": "error"}
 
@@ -82,7 +85,7 @@ class ToolsPanel(QWidget):
         self.add_error = QLabel()
         self.add_error.setObjectName("tools_add_error")
         self.add_error.setWordWrap(True)
-        self.add_error.setStyleSheet("color: #c0392b;")
+        self.add_error.setStyleSheet(f"color: {text_color(QApplication.palette(), 'bad')};")
         self.add_error.setVisible(False)
         form.addRow("Name", self.name_edit)
         form.addRow("Command or URL", self.target_edit)
@@ -158,7 +161,7 @@ class ToolsPanel(QWidget):
         label.setWordWrap(True)
         label.setObjectName("tools_server_status")
         if server["status"] == "error":
-            label.setStyleSheet("color: #c0392b;")
+            label.setStyleSheet(f"color: {text_color(QApplication.palette(), 'bad')};")
         self.server_labels[server["name"]] = label
         layout.addWidget(label)
         for tool in server.get("tools") or []:
