@@ -39,6 +39,7 @@ from engine.errors import (
 from engine.events import Finished, TokenSampled
 from engine.generate import cancelled_before_the_prompt, generate
 from engine.prefix_cache import PrefixCache
+from engine.presets import resolve_preset
 from engine.types import GenerationRequest, SchedulerStats
 
 DEADLINE = 30.0  # seconds; never reached when the scheduler works
@@ -172,6 +173,18 @@ def test_tickets_name_their_prompt_and_worst_case_kv_bytes():
         assert ticket.queue_position == 0 and ticket.admitted and ticket.wait_admitted(0)
         done = finished(ticket)
     assert done.token_ids == (A,) and done.finish_reason == "stop"
+
+
+def test_a_preset_resolved_by_the_caller_is_the_one_used():
+    lm = batched_fake_lm(script_replies({P1: [A, B, C, X, Y]}))
+    preset = resolve_preset(lm, overrides={"max_new_tokens": 2, "do_sample": False})
+    plain = GenerationRequest(prompt_ids=list(P1), speculative=False)  # no overrides of its own
+    with BatchScheduler(lm) as scheduler:
+        ticket = scheduler.submit(plain, CancelToken(), preset=preset)
+        assert ticket.kv_bytes == (2 + 2) * BYTES_PER_POSITION
+        done = finished(ticket)
+    assert done.token_ids == (A, B) and done.finish_reason == "length"
+    assert done.preset["values"]["max_new_tokens"] == 2
 
 
 def test_a_reader_that_sees_finished_sees_the_memory_free():
@@ -409,7 +422,7 @@ def test_a_request_cancelled_while_its_template_renders_ends_at_once():
     chat = GenerationRequest(messages=[{"role": "user", "content": "Hello"}])
     with BatchScheduler(lm) as scheduler:
         ticket = scheduler.submit(chat, token)
-        assert ticket.admitted and ticket.queue_position == 0
+        assert ticket.admitted and ticket.queue_position == 0 and ticket.cancel is token
         assert (ticket.prompt_tokens, ticket.kv_bytes) == (0, 0)
         done = finished(ticket)
         assert scheduler.stats().running == 0
@@ -419,18 +432,21 @@ def test_a_request_cancelled_while_its_template_renders_ends_at_once():
 
 # --- closing -------------------------------------------------------------------------------------
 def test_close_cancels_running_and_queued_requests_and_refuses_new_ones():
-    lm = batched_fake_lm(script_replies({P1: [A] * 40, P2: [B]}), n_ctx=64)
+    lm = batched_fake_lm(script_replies({P1: [A] * 40, P2: [B], P3: [C] * 40}), n_ctx=64)
     pause = Pause()
     on_steps(lm.model, {3: pause})
     before = set(threading.enumerate())
-    scheduler = BatchScheduler(lm, max_concurrency=1)
+    scheduler = BatchScheduler(lm, max_concurrency=2)
     (thread,) = [t for t in set(threading.enumerate()) - before if t.name == "batch-scheduler"]
     running = scheduler.submit(request(P1, 40), CancelToken())
+    also_running = scheduler.submit(request(P3, 40), CancelToken())
     pause.wait_entered()
     queued = scheduler.submit(request(P2, 3), CancelToken())
     closer = threading.Thread(target=scheduler.close)
     closer.start()
-    done_queued = finished(queued)  # ends while the running one is still held in its step
+    done_queued = finished(queued)  # ends while the running ones are still held in step 3 ...
+    # ... where close() itself has already cancelled every running request
+    assert running.cancel.cancelled and also_running.cancel.cancelled
     pause.go.set()
     closer.join(DEADLINE)
     assert not closer.is_alive()
@@ -438,11 +454,23 @@ def test_close_cancels_running_and_queued_requests_and_refuses_new_ones():
     done_running = finished(running)
     assert done_running.finish_reason == "cancelled"
     assert done_running.token_ids == (A,) * 3  # sampled after steps 0, 1, 2; step 3 fed the 3rd
-    assert running.cancel.cancelled and queued.cancel.cancelled
+    assert finished(also_running).finish_reason == "cancelled" and queued.cancel.cancelled
     assert done_queued.finish_reason == "cancelled" and done_queued.usage.prompt_tokens == 2
-    with pytest.raises(SchedulerClosedError, match="closed"):
+    with pytest.raises(SchedulerClosedError) as refused:
         scheduler.submit(request(P2, 3), CancelToken())
+    assert str(refused.value) == CLOSED
     assert scheduler.stats().running == 0
+
+
+CLOSED = "The batch scheduler is closed; the model is unloading"
+
+
+def test_close_leaves_the_tokens_of_finished_requests_alone():
+    lm = batched_fake_lm(script_replies({P1: [A]}))
+    token = CancelToken()
+    with BatchScheduler(lm) as scheduler:
+        assert finished(scheduler.submit(request(P1, 2), token)).finish_reason == "stop"
+    assert not token.cancelled  # a caller may still hold it (e.g. for its next request)
 
 
 def test_leaving_the_with_block_closes_the_scheduler():
@@ -464,8 +492,9 @@ def test_a_request_planned_while_the_scheduler_closes_is_refused():
 
     lm.chat_template = ClosingTemplate()
     chat = GenerationRequest(messages=[{"role": "user", "content": "Hello"}])
-    with pytest.raises(SchedulerClosedError):
+    with pytest.raises(SchedulerClosedError) as refused:
         scheduler.submit(chat, CancelToken())
+    assert str(refused.value) == CLOSED
     assert scheduler.stats().kv_bytes_reserved == 0 and lm.model.steps == []
 
 
