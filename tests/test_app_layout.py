@@ -180,6 +180,14 @@ def test_no_card_is_wider_than_the_chat(qtbot, tmp_path, look, dialogs, theme, f
         # the long line scrolls inside the message instead
         assert json_card.body.horizontalScrollBar().maximum() > 0
 
+        # its versions ("‹ 2/2 ›") in the header too
+        with qtbot.waitSignal(
+            window.session.busyChanged, timeout=WAIT_MS, check_params_cb=lambda b: b is False
+        ):
+            window.session.regenerate_last()
+        assert window.chat_view.widgets[-1].version_label.text() == "2/2"
+        check_fits(window, "a regenerated reply")
+
         # and again when the chat is opened anew
         cid, shown = window.session.conversation_id, len(window.chat_view.widgets)
         window.session.new_conversation()
