@@ -668,6 +668,10 @@ def _assistant_calls(*calls):
             "response_format.json_schema.schema=None is invalid: must be a JSON schema object",
         ),
         (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": "x"}}},
+            "response_format.json_schema.schema='x' is invalid: must be a JSON schema object",
+        ),
+        (
             {
                 "response_format": {
                     "type": "json_schema",
@@ -734,15 +738,22 @@ def test_token_ids_must_lie_in_the_vocabulary():
 
 
 def test_sampling_values_are_checked_by_the_engine_under_the_openai_name():
+    from engine.generation_config import GenerationConfig
+
+    def engine_allowed(field, value):  # the engine's own words for the allowed range
+        with pytest.raises(ConfigValidationError) as info:
+            GenerationConfig.from_values({field: value})
+        return info.value.allowed
+
     with pytest.raises(ConfigValidationError) as info:
         chat(repeat_penalty=-1)
     # the field the client sent, the value, and the engine's own allowed range
-    assert info.value.field == "repeat_penalty" and info.value.value == -1
-    assert str(info.value).startswith("repeat_penalty=-1 is invalid: must be ")
-    assert "repetition_penalty" not in str(info.value)
+    allowed = engine_allowed("repetition_penalty", -1)
+    assert str(info.value) == f"repeat_penalty=-1 is invalid: must be {allowed}"
     with pytest.raises(ConfigValidationError) as info:
         chat(max_completion_tokens=0)
-    assert str(info.value).startswith("max_completion_tokens=0 is invalid: must be ")
+    allowed = engine_allowed("max_new_tokens", 0)
+    assert str(info.value) == f"max_completion_tokens=0 is invalid: must be {allowed}"
 
 
 def test_long_values_are_cut_in_messages():
@@ -752,6 +763,17 @@ def test_long_values_are_cut_in_messages():
     with pytest.raises(ConfigValidationError) as info:
         chat(messages="x" * 78)  # its repr is 80 characters: shown whole
     assert info.value.value == "x" * 78
+    with pytest.raises(ConfigValidationError) as info:
+        chat(messages="x" * 79)  # 81: cut
+    assert info.value.value == "'" + "x" * 76 + "..."
+
+
+def test_the_largest_accepted_values():
+    assert len(chat(messages=USER * 4096).request.messages) == 4096
+    assert chat(logprobs=True, top_logprobs=20).top_logprobs == 20
+    assert (
+        parse_completion({"model": "smol", "prompt": "x", "logprobs": 20}, NAMES).top_logprobs == 20
+    )
 
 
 def test_lone_surrogates_are_refused_where_they_are():
@@ -769,6 +791,12 @@ def test_lone_surrogates_are_refused_where_they_are():
         assert info.value.field == field
         assert str(info.value).endswith(problem)
         str(info.value).encode("utf-8")  # the message itself can be sent
+    # the value shown is the first 40 characters, escaped
+    long_text = "\ud800" + "a" * 100
+    for body in ({"stop": long_text}, {"metadata": {long_text: 1}}):
+        with pytest.raises(ConfigValidationError) as info:
+            parse_chat({"model": "smol", "messages": USER, **body}, NAMES)
+        assert info.value.value == "'\\ud800" + "a" * 39 + "'"
     with pytest.raises(ConfigValidationError) as info:
         parse_completion({"model": "smol", "prompt": "\ud800x"}, NAMES)
     assert info.value.field == "prompt" and info.value.value == "'\\ud800x'"
@@ -784,11 +812,11 @@ def test_lone_surrogates_are_refused_where_they_are():
 
 
 def test_an_unknown_model_is_named_with_the_served_names_only():
-    names = {"smol", "default", "/home/me/models/smol.gguf", "C:\\models\\smol.gguf"}
+    names = {"smol", "Qwen-X", "/home/me/models/smol.gguf", "C:\\models\\smol.gguf"}
     with pytest.raises(ApiError) as info:
         parse_chat({"model": "gpt-4o", "messages": USER}, names)
     assert info.value.message == (
-        "The model 'gpt-4o' does not exist on this server; it serves 'default', 'smol' "
+        "The model 'gpt-4o' does not exist on this server; it serves 'Qwen-X', 'smol' "
         "(GET /v1/models)"
     )
     assert (info.value.status, info.value.param, info.value.code) == (
@@ -816,7 +844,8 @@ def test_what_a_chat_request_may_leave_out_or_send_empty():
     parsed = chat(
         logprobs=True, top_logprobs=2.0, stream=False, stream_options={"include_usage": False}
     )
-    assert parsed.logprobs and parsed.top_logprobs == 2 and not parsed.include_usage
+    assert parsed.logprobs and parsed.top_logprobs == 2 and parsed.include_usage is False
+    assert chat(stream=True).include_usage is False
     assert chat(stream=True, stream_options={}).include_usage is False
     assert chat(logprobs=False).logprobs is False
 
@@ -882,10 +911,18 @@ def test_what_a_completion_request_may_send():
     )
     assert parsed.kind == COMPLETION and parsed.request.prompt == "Once"
     assert parsed.logprobs is True and parsed.top_logprobs == 0  # logprobs 0: the token's own
+    assert parsed.request.top_logprobs == 0 and parsed.model == "smol"
     assert parsed.request.overrides == {"max_new_tokens": 5}
     assert parsed.request.json_mode == JsonMode.OBJECT
     assert parsed.stream and parsed.include_usage and not parsed.tools_constrained
-    assert parse_completion({"model": "smol", "prompt": [1, 2]}, NAMES).request.prompt_ids == [1, 2]
+    plain = parse_completion({"model": "smol", "prompt": [1, 2]}, NAMES)
+    assert plain.request.prompt_ids == [1, 2] and plain.request.top_logprobs == 0
+    assert plain.include_usage is False and plain.stream is False and plain.logprobs is False
+    three = parse_completion({"model": "smol", "prompt": "x", "logprobs": 3}, NAMES)
+    assert three.request.top_logprobs == 3 and three.top_logprobs == 3
+    with pytest.raises(ConfigValidationError) as info:
+        parse_completion("prompt", NAMES)
+    assert str(info.value) == "body='prompt' is invalid: must be a JSON object"
     strict_false = {
         "type": "json_schema",
         "json_schema": {"schema": {"type": "object"}, "strict": False},

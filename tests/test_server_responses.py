@@ -42,7 +42,7 @@ def usage(cached: int | None = 2) -> Usage:
         cached_tokens=cached,
         prefill_ms=10.12345,
         decode_ms=20.0006,
-        ttft_ms=12.5,
+        ttft_ms=12.34567,
         prompt_tok_s=300.33333,
         decode_tok_s=99.99949,
         context_used=8,
@@ -98,7 +98,7 @@ def test_usage_in_openais_shape_with_timings_to_the_microsecond():
         "timings": {
             "prefill_ms": 10.123,
             "decode_ms": 20.001,
-            "ttft_ms": 12.5,
+            "ttft_ms": 12.346,
             "prompt_tokens_per_second": 300.333,
             "decode_tokens_per_second": 99.999,
         },
