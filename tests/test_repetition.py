@@ -38,9 +38,11 @@ def distinct(n: int, start: int = 1000) -> list[int]:
 
 
 # --- what is a loop ------------------------------------------------------------------------------
-def test_one_token_written_256_times_fires_on_the_256th():
-    assert first_fire([7] * 255) is None
-    assert first_fire([7] * 256) == (256, Loop(period=1, span=256))
+@pytest.mark.parametrize("token", [0, 1, 7, 262_143])
+def test_one_token_written_256_times_fires_on_the_256th(token):
+    # ids 0 and 1 too: nothing stands for "before the first token" that a real id could equal
+    assert first_fire([token] * 255) is None
+    assert first_fire([token] * 256) == (256, Loop(period=1, span=256))
 
 
 def test_a_question_written_again_and_again_fires_once_it_covers_256_tokens():
@@ -115,6 +117,9 @@ def test_thresholds_are_checked():
     with pytest.raises(ValueError, match="min_span=1"):
         RepetitionDetector(min_span=1)
     # period 2 needs max(5, 3 * 2) = 6 tokens; period 3 is beyond max_period
+    # the smallest values allowed
+    tightest = RepetitionDetector(max_period=1, min_repeats=2, min_span=2)
+    assert [tightest.push(t) for t in [5, 6, 6]] == [None, None, Loop(period=1, span=2)]
     small = RepetitionDetector(max_period=2, min_repeats=3, min_span=5)
     assert [small.push(t) for t in [1, 2, 1, 2, 1]] == [None] * 5
     assert small.push(2) == Loop(period=2, span=6)
@@ -222,3 +227,39 @@ def test_the_library_summary_says_base_model(tmp_path):
     assert summarize_model_file(chat).base_model is False
     summary = summarize_model_file(base)
     assert summary.base_model is True and summary.has_chat_template is False
+
+
+# --- receipts and replay -------------------------------------------------------------------------
+def _record(lm, request):
+    import json
+
+    from engine.receipt import build_receipt
+
+    events = list(generate(lm, request))
+    tokens = [
+        {"index": e.index, "token_id": e.token_id, "text": e.text, "logprob": e.logprob, "top": []}
+        for e in events
+        if isinstance(e, TokenSampled)
+    ]
+    receipt = json.loads(json.dumps(build_receipt(lm, request, events[-1], "5a" * 32)))
+    return receipt, tokens, events[-1]
+
+
+@pytest.mark.usefixtures("_fake_detokenizer")
+@pytest.mark.parametrize("stop_on_repetition", [True, False])
+def test_a_reply_the_loop_stop_ended_replays_exactly_and_so_does_one_without(stop_on_repetition):
+    from engine.receipt import replay
+
+    def make():
+        return fake_lm(script_tokens(N_PROMPT_HELLO, LOOP * 200), n_ctx=1024)
+
+    request = GenerationRequest(
+        prompt="Hello", overrides={"max_new_tokens": 300, "stop_on_repetition": stop_on_repetition}
+    )
+    receipt, tokens, done = _record(make(), request)
+    expected = ("repetition", 256) if stop_on_repetition else ("length", 300)
+    assert (receipt["output"]["finish_reason"], receipt["output"]["n_tokens"]) == expected
+    assert receipt["preset"]["values"]["stop_on_repetition"] is stop_on_repetition
+    report = replay(make(), receipt, tokens, "5a" * 32)
+    assert report.identical and report.differences == (), report
+    assert report.replayed_tokens == expected[1]
