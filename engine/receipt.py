@@ -22,6 +22,11 @@ random one (engine.generate.plan_request) and the Finished event reports it as `
 the receipt keeps it, so every sampled reply can be replayed. A replay passes every recorded
 preset value as an override (not only the non-default ones): the defaults of a later engine
 must not change what the replay runs with.
+
+How far a replay runs: one token past an original that ended by itself (does the replay end
+there too?), exactly as far as one that was cancelled or failed midway, never past the recorded
+max_new_tokens nor the context window; a reply with no cap (max_new_tokens None, the default)
+is bounded by its own length alone.
 """
 
 from __future__ import annotations
