@@ -386,20 +386,22 @@ def test_memory_queues_what_does_not_fit_beside_the_running_and_never_lets_it_be
     assert min(s2) == min(s3) > max(steps_with(lm.model, caches_in_order(lm.model)[0]))
 
 
-def test_a_cancelled_queued_request_ends_without_running():
+def test_a_cancelled_queued_request_ends_at_once_without_running():
     lm = batched_fake_lm(script_replies({P1: [A] * 5, P2: [B]}))
-    pause = Pause()
-    on_steps(lm.model, {0: pause})
+    first, second = Pause(), Pause()
+    on_steps(lm.model, {0: first, 2: second})
     with BatchScheduler(lm, max_concurrency=1) as scheduler:
         running = scheduler.submit(request(P1, 5), CancelToken())
-        pause.wait_entered()
+        first.wait_entered()
         token = CancelToken()
         queued = scheduler.submit(request(P2, 3, do_sample=True, seed=5), token)
         token.cancel()
-        pause.go.set()
+        first.go.set()
+        # it ends between steps, while the running request still holds the only slot (held in
+        # step 2): it does not wait for the slot to run and notice its cancel then
         done = finished(queued)
-        assert queued.admitted
-        assert scheduler.stats().queued == 0
+        assert queued.admitted and scheduler.stats().queued == 0
+        second.go.set()
         assert finished(running).token_ids == (A,) * 5
     assert done.finish_reason == "cancelled" and done.token_ids == () and done.text == ""
     assert done.usage.prompt_tokens == 2 and done.usage.completion_tokens == 0
