@@ -474,6 +474,20 @@ def test_streaming_reply_offers_no_regenerate(qtbot, tmp_path):
         close_window(window)
 
 
+def test_a_long_unbroken_word_wraps_instead_of_widening(qtbot, tmp_path):
+    url = "https://example.com/" + "a" * 400
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=[f"See {url} for more."]))
+    try:
+        send(qtbot, window, f"What is at {url}?")
+        settle()
+        assert not layout_problems(window)
+        for card in window.chat_view.widgets:  # wrapped anywhere: no sideways scrolling
+            assert card.body.horizontalScrollBar().maximum() == 0
+            assert card.body.document().size().width() <= card.body.viewport().width() + 1
+    finally:
+        close_window(window)
+
+
 def test_a_long_code_line_scrolls_inside_its_message(qtbot, tmp_path):
     code = "```python\nvalues = [" + ", ".join(str(i) for i in range(200)) + "]\n```"
     prose = "A list of numbers, written out in full so that you can copy it. " * 4

@@ -7,7 +7,7 @@ longer than the card scrolls inside the message body instead of widening the car
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor, QTextOption
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -89,6 +89,8 @@ class AutoHeightBrowser(QTextBrowser):
         # Prose wraps at the view's width; a code line that cannot wrap (and a wide JSON reply)
         # scrolls here, inside the message, instead of making the card wider than the chat.
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
+        # A word longer than the line (a URL, a hash) breaks anywhere rather than widening it.
+        self.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
 
