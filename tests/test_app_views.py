@@ -33,6 +33,8 @@ def test_title_icon_and_shortcuts(qtbot, tmp_path):
             window.cancel_action,
             window.regenerate_action,
             window.focus_action,
+            window.chats_panel_action,
+            window.side_panel_action,
         )
     }
     assert shortcuts == {
@@ -40,6 +42,8 @@ def test_title_icon_and_shortcuts(qtbot, tmp_path):
         "Stop generating": "Esc",
         "Regenerate reply": "Ctrl+R",
         "Focus input": "Ctrl+L",
+        "Chats list": "Ctrl+B",
+        "Side panel": "Ctrl+Alt+B",
     }
     send_and_wait(qtbot, window, "first chat")
     qtbot.keyClick(window, Qt.Key_N, Qt.ControlModifier)
@@ -47,6 +51,10 @@ def test_title_icon_and_shortcuts(qtbot, tmp_path):
     window.system_prompt.setFocus()
     qtbot.keyClick(window, Qt.Key_L, Qt.ControlModifier)
     qtbot.waitUntil(lambda: QApplication.focusWidget() is window.input, timeout=WAIT_MS)
+    qtbot.keyClick(window, Qt.Key_B, Qt.ControlModifier)  # the chats list folds away
+    assert not window.sidebar.isVisible() and window.settings.collapsed_panels == ["chats"]
+    qtbot.keyClick(window, Qt.Key_B, Qt.ControlModifier)
+    assert window.sidebar.isVisible() and window.settings.collapsed_panels == []
     close_window(window)
 
 
