@@ -72,6 +72,7 @@ MODULE_TESTS = {
     "engine/tool_calls/fallback.py": TOOL_CALL_TESTS,
     "engine/tool_calls/grammar.py": TOOL_CALL_TESTS,
     "app/backends/openai_client.py": ["tests/test_remote_client_branches.py"],
+    "engine/repetition.py": ["tests/test_repetition.py"],
 }
 
 # tools: tests/conftest.py imports tools.fetch_qwen_coder (the fast-tier model guard)
