@@ -28,6 +28,12 @@ MAX_IMPORT_BYTES = 64 * 2**20
 # what the app writes and keeps Python's recursion limit out of reach.
 MAX_DEPTH = 64
 MAX_TITLE_CHARS = 10_000
+# What one import may hold. A valid 34.7 MB export of 150,000 messages froze the window at 2.6 GB
+# and, being the newest chat, every later start; one 60 MB message froze it for 145 s. A long
+# chat with every version is a few thousand messages, and a message of a million characters is
+# a book (far beyond any context window).
+MAX_IMPORT_MESSAGES = 10_000
+MAX_MESSAGE_CHARS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,11 @@ class _Reader:
         items = data.get("messages")
         if not isinstance(items, list):
             self.fail('"messages" is not a list')
+        if len(items) > MAX_IMPORT_MESSAGES:
+            self.fail(
+                f"the chat has {len(items):,} messages; the limit is {MAX_IMPORT_MESSAGES:,} "
+                "messages per imported chat"
+            )
         if version == 1:
             messages = [
                 self.message(item, i, key=i, parent_key=i - 1 if i else None)
@@ -169,8 +180,8 @@ class _Reader:
             key=key,
             parent_key=parent_key,
             role=role,
-            content=self.string(item, "content", where),
-            reasoning=self.string(item, "reasoning", where, default=""),
+            content=self.text(item, "content", where),
+            reasoning=self.text(item, "reasoning", where, default=""),
             status=status,
             finish_reason=finish,
             usage=self.optional_object(item, "usage", where),
@@ -250,6 +261,16 @@ class _Reader:
         value = item.get(name, default)
         if not isinstance(value, str):
             self.fail(f'{where}: "{name}" is {_kind(value)}, not text')
+        return value
+
+    def text(self, item: dict, name: str, where: str, default: str | None = None) -> str:
+        """A message's text, at most MAX_MESSAGE_CHARS characters."""
+        value = self.string(item, name, where, default)
+        if len(value) > MAX_MESSAGE_CHARS:
+            self.fail(
+                f'{where}: "{name}" is {len(value):,} characters; the limit is '
+                f"{MAX_MESSAGE_CHARS:,} characters per message"
+            )
         return value
 
     def integer(self, item: dict, name: str, where: str) -> int:

@@ -273,3 +273,49 @@ def test_sqlite_rows_compare_by_value():
     a = db.execute("SELECT 1 AS x").fetchall()
     assert a == db.execute("SELECT 1 AS x").fetchall() != db.execute("SELECT 2 AS x").fetchall()
     db.close()
+
+
+# --- what one import may hold (issue 31) ---------------------------------------------------------
+def linear_export(n_messages: int, content: str = "x") -> str:
+    messages = [
+        {"id": i, "parent_id": i - 1 if i else None, "role": ("user", "assistant")[i % 2],
+         "content": content}
+        for i in range(n_messages)
+    ]  # fmt: skip
+    return json.dumps(
+        {"format": "localchat-conversation", "version": 2, "title": "long", "system_prompt": "",
+         "messages": messages, "branch": list(range(n_messages))}
+    )  # fmt: skip
+
+
+def test_an_import_is_capped_at_10000_messages_by_name(tmp_path):
+    file = tmp_path / "long.json"
+    file.write_text(linear_export(10_001))
+    with pytest.raises(ChatImportError) as caught:
+        read_chat_export(file)
+    assert caught.value.problem == (
+        "the chat has 10,001 messages; the limit is 10,000 messages per imported chat"
+    )
+    file.write_text(linear_export(10_000))
+    store = Store(tmp_path / "s.sqlite3")
+    cid = store.import_conversation(read_chat_export(file))
+    assert store.branch_window(cid, 1)[1] == 9_999
+    store.close()
+
+
+@pytest.mark.parametrize("field", ["content", "reasoning"])
+def test_one_message_is_capped_at_a_million_characters_by_name(tmp_path, field):
+    data = valid_export(tmp_path)
+    data["messages"][1][field] = "y" * 1_000_001
+    file = tmp_path / "big.json"
+    file.write_text(json.dumps(data))
+    with pytest.raises(ChatImportError) as caught:
+        read_chat_export(file)
+    assert caught.value.problem == (
+        f'message 2: "{field}" is 1,000,001 characters; the limit is 1,000,000 characters per '
+        "message"
+    )
+    data["messages"][1][field] = "y" * 1_000_000
+    file.write_text(json.dumps(data))
+    chat = read_chat_export(file)
+    assert [len(getattr(m, field)) for m in chat.messages].count(1_000_000) == 1
