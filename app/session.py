@@ -34,6 +34,10 @@ from engine.events import Finished, ToolCallMalformed
 from engine.types import GenerationRequest, JsonMode, MessageStatus, ModelInfo, Role
 
 TOP_LOGPROBS = 5
+# A chat opens with the last OPEN_MESSAGES messages of its branch and loads earlier ones on
+# request, so opening it (at start-up: the newest chat) does not depend on how long it is; an
+# imported chat of 150,000 messages froze the window at 2.6 GB on every start.
+OPEN_MESSAGES = 200
 
 
 def _reports_write_errors(method):
@@ -105,6 +109,7 @@ class ChatSession(QObject):
         self.settings, self.settings_file = settings, settings_file
         self.conversation_id: int | None = None
         self.branch: list[StoredMessage] = []  # the open chat's visible branch, no token records
+        self.earlier = 0  # messages of the branch above `branch`, not loaded (OPEN_MESSAGES)
         self.json_mode = JsonMode.OFF
         self.json_schema: dict | None = None
         self.thinking = True  # for templates with a thinking switch (ModelInfo.thinking_switch)
@@ -156,10 +161,24 @@ class ChatSession(QObject):
         if self.busy and conversation_id != self.conversation_id:
             self.cancel()
         self.conversation_id = conversation_id
-        self.branch = self.store.branch(conversation_id)
+        self._load_branch(OPEN_MESSAGES)
         self.conversationOpened.emit(conv, list(self.branch))
         self._restore_backend(conversation_id)
         self.chatToolsChanged.emit(self.chat_tools())
+
+    def _load_branch(self, count: int) -> None:
+        """The last `count` messages of the open chat's branch into `branch`."""
+        assert self.conversation_id is not None
+        self.branch, self.earlier = self.store.branch_window(self.conversation_id, count)
+
+    def load_earlier(self) -> bool:
+        """Load OPEN_MESSAGES more of the open chat's earlier messages and show them. Not while
+        a reply streams (its message is held in `branch`)."""
+        if self.conversation_id is None or not self.earlier or self.busy:
+            return False
+        self._load_branch(len(self.branch) + OPEN_MESSAGES)
+        self._redraw()
+        return True
 
     def _redraw(self) -> None:
         """Show the in-memory branch again (after it changed shape: a new version, a switch)."""
@@ -348,7 +367,7 @@ class ChatSession(QObject):
         if message is None or message.conversation_id != self.conversation_id:
             return False
         self.store.select_version(message_id)
-        self.branch = self.store.branch(self.conversation_id)
+        self._load_branch(max(len(self.branch), OPEN_MESSAGES))
         self._redraw()
         return True
 
@@ -467,8 +486,8 @@ class ChatSession(QObject):
         unsaved = {r.message_id: r for r in self._unsaved}
         branch = (
             self.branch
-            if conversation_id == self.conversation_id
-            else self.store.branch(conversation_id)
+            if conversation_id == self.conversation_id and not self.earlier
+            else self.store.branch(conversation_id)  # the whole history, loaded or not
         )
         if self.plain_completion:
             return self._completion_request(branch)

@@ -496,9 +496,48 @@ class Store:
         `receipt()` read them when they are wanted."""
         return self._branch_of(self._tree_rows(conversation_id, with_tokens))
 
-    def branch(self, conversation_id: int) -> list[StoredMessage]:
-        """The visible branch without token records (what the window holds in memory)."""
-        return self.messages(conversation_id, with_tokens=False)
+    def branch(self, conversation_id: int, limit: int | None = None) -> list[StoredMessage]:
+        """The visible branch without token records (what the window holds in memory);
+        `limit`: only its last `limit` messages (see `branch_window`)."""
+        if limit is None:
+            return self.messages(conversation_id, with_tokens=False)
+        return self.branch_window(conversation_id, limit)[0]
+
+    def branch_window(self, conversation_id: int, limit: int) -> tuple[list[StoredMessage], int]:
+        """The last `limit` messages of the visible branch (no token records) and how many
+        messages come before them. The branch is found from the tree columns alone and only
+        those messages' text is read, so opening a chat of 150,000 messages costs what its
+        last `limit` messages cost (plus a walk over small integers)."""
+        ids, groups = self._branch_ids(conversation_id)
+        earlier = max(len(ids) - max(limit, 0), 0)
+        shown = ids[earlier:]
+        rows: dict[int, sqlite3.Row] = {}
+        for at in range(0, len(shown), 500):  # SQLite allows 999 bound parameters (or more)
+            chunk = shown[at : at + 500]
+            rows.update(
+                (r["id"], r)
+                for r in self._db.execute(
+                    f"SELECT {_COLUMNS_WITHOUT_TOKENS} FROM messages"
+                    f" WHERE id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                )
+            )
+        messages = [
+            _message_from_row(rows[i], version_ids=groups[rows[i]["parent_id"]]) for i in shown
+        ]
+        return messages, earlier
+
+    def _branch_ids(
+        self, conversation_id: int
+    ) -> tuple[list[int], dict[int | None, tuple[int, ...]]]:
+        """The visible branch's ids, first message first, and the version groups, by the same
+        rule as `_branch_of`, read from the tree columns only."""
+        rows = self._db.execute(
+            "SELECT id, parent_id, selected FROM messages WHERE conversation_id=?"
+            " ORDER BY position, id",
+            (conversation_id,),
+        ).fetchall()
+        return [r["id"] for r in _branch_rows(rows)], _sibling_groups(rows)
 
     def tree(self, conversation_id: int) -> list[StoredMessage]:
         """Every message of the chat, every version, parents before children (for export)."""
@@ -515,23 +554,9 @@ class Store:
 
     def _branch_of(self, rows: list[sqlite3.Row]) -> list[StoredMessage]:
         groups = _sibling_groups(rows)
-        by_parent: dict[int | None, list[sqlite3.Row]] = {}
-        for r in rows:
-            by_parent.setdefault(r["parent_id"], []).append(r)
-        branch: list[StoredMessage] = []
-        parent: int | None = None
-        seen: set[int] = set()
-        while parent in by_parent:
-            siblings = by_parent[parent]
-            # The selected one; a group with none selected (never written so, but a recovered
-            # database may be) shows its newest version.
-            chosen = next((r for r in siblings if r["selected"]), siblings[-1])
-            if chosen["id"] in seen:
-                break
-            seen.add(chosen["id"])
-            branch.append(_message_from_row(chosen, version_ids=groups[parent]))
-            parent = chosen["id"]
-        return branch
+        return [
+            _message_from_row(r, version_ids=groups[r["parent_id"]]) for r in _branch_rows(rows)
+        ]
 
     def message(self, message_id: int) -> StoredMessage | None:
         row = self._db.execute("SELECT * FROM messages WHERE id=?", (message_id,)).fetchone()
@@ -903,6 +928,28 @@ _COLUMNS_WITHOUT_TOKENS = (
     " NULL AS tokens_json, json_mode, created_at, parent_id, selected, NULL AS receipt_json,"
     " tool_json"
 )
+
+
+def _branch_rows(rows: list[sqlite3.Row]) -> list[sqlite3.Row]:
+    """The rows of the visible branch among a chat's `rows` (ordered by position, id): from the
+    selected first message, each message's selected child."""
+    by_parent: dict[int | None, list[sqlite3.Row]] = {}
+    for r in rows:
+        by_parent.setdefault(r["parent_id"], []).append(r)
+    branch: list[sqlite3.Row] = []
+    parent: int | None = None
+    seen: set[int] = set()
+    while parent in by_parent:
+        siblings = by_parent[parent]
+        # The selected one; a group with none selected (never written so, but a recovered
+        # database may be) shows its newest version.
+        chosen = next((r for r in siblings if r["selected"]), siblings[-1])
+        if chosen["id"] in seen:
+            break
+        seen.add(chosen["id"])
+        branch.append(chosen)
+        parent = chosen["id"]
+    return branch
 
 
 def _sibling_groups(rows: list[sqlite3.Row]) -> dict[int | None, tuple[int, ...]]:

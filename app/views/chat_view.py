@@ -6,7 +6,14 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.store import StoredMessage
 from app.views.message_widget import MessageWidget
@@ -25,6 +32,7 @@ class ChatView(QScrollArea):
     branchRequested = Signal(int)
     compareRequested = Signal(int)
     toolApproval = Signal(int, str)  # tool message id, ToolApproval decision
+    earlierRequested = Signal()  # "Load earlier messages" (ChatSession.load_earlier)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -46,6 +54,11 @@ class ChatView(QScrollArea):
         self._placeholder.setWordWrap(True)
         self._placeholder.setObjectName("placeholder")
         self._layout.addWidget(self._placeholder)
+        # A long chat opens with its last messages (app/session.py OPEN_MESSAGES).
+        self.earlier_button = QPushButton()
+        self.earlier_button.setVisible(False)
+        self.earlier_button.clicked.connect(self.earlierRequested)
+        self._layout.insertWidget(0, self.earlier_button, 0, Qt.AlignHCenter)
         self._layout.addStretch(1)
         self.setWidget(self._column)
         self.widgets: list[MessageWidget] = []
@@ -56,6 +69,11 @@ class ChatView(QScrollArea):
         self._next_render_at = 0.0
 
     # --- whole conversation ---------------------------------------------------------------------
+    def set_earlier(self, count: int) -> None:
+        """Offer to load the `count` earlier messages not shown (hidden when 0)."""
+        self.earlier_button.setText(f"Load earlier messages ({count:,} more)")
+        self.earlier_button.setVisible(count > 0)
+
     def show_messages(self, messages: list[StoredMessage]) -> None:
         for w in self.widgets:
             # Out of the layout now; deleteLater alone would leave them drawn until the event

@@ -293,6 +293,7 @@ class MainWindow(QMainWindow):
         self.sidebar.searchChanged.connect(lambda _text: self._refresh_sidebar())
         s.conversationsChanged.connect(self._refresh_sidebar)
         s.conversationOpened.connect(self._on_conversation_opened)
+        self.chat_view.earlierRequested.connect(s.load_earlier)
 
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self.send)
@@ -600,6 +601,7 @@ class MainWindow(QMainWindow):
 
     def _on_conversation_opened(self, conversation, messages: list[StoredMessage]) -> None:
         self.chat_view.show_messages(messages)
+        self.chat_view.set_earlier(self.session.earlier)
         self.system_prompt.setText(conversation.system_prompt)
         self.persona_picker.set_personas(self.settings.personas, conversation.system_prompt)
         self._refresh_sidebar()
