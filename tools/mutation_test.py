@@ -45,11 +45,20 @@ MODULE_TESTS = {
     "engine/stopping.py": ["tests/test_stopping.py"],
     "engine/presets.py": ["tests/test_presets.py", "tests/test_presets_chat_defaults.py"],
     "engine/detokenizer.py": ["tests/test_detokenizer.py"],
-    "app/store.py": ["tests/test_app_store.py", "tests/test_app_store_behaviour.py"],
+    "app/store.py": [
+        "tests/test_app_store.py",
+        "tests/test_app_store_behaviour.py",
+        "tests/test_app_store_tree.py",
+        "tests/test_app_import.py",
+        "tests/test_app_long_chat.py",
+    ],
     # Issue 31: the modules built last.
     "engine/receipt.py": ["tests/test_receipt.py", "tests/test_receipt_replay.py"],
     "engine/server/protocol.py": ["tests/test_server_protocol.py"],
-    "engine/server/responses.py": ["tests/test_server_protocol.py"],
+    "engine/server/responses.py": [
+        "tests/test_server_protocol.py",
+        "tests/test_server_responses.py",
+    ],
     "engine/batching/scheduler.py": ["tests/test_batching_scheduler.py"],
     "engine/batching/admission.py": [
         "tests/test_batching_admission.py",
@@ -99,6 +108,8 @@ def scratch_copy(module: str, base: Path) -> Path:
         "[mutmut]\n"
         "source_paths =\n    engine\n    app\n"
         f"only_mutate =\n    {module}\n"
+        # tests/conftest.py imports tools.fetch_qwen_coder; mutmut runs the tests in mutants/
+        "also_copy =\n    tools\n"
         f"pytest_add_cli_args_test_selection =\n    {tests}\n"
         "pytest_add_cli_args =\n    -m\n    not slow\n    -p\n    no:cacheprovider\n"
         "    -o\n    addopts=\n"
