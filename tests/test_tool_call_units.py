@@ -259,6 +259,15 @@ def test_hermes_text_calls_and_text():
     assert items[1] == CallOpened(0, "f") and items[2] == CallArguments(0, '{"x": 1}')
 
 
+def test_hermes_numbers_calls_and_reads_on_after_a_closing_tag():
+    three = f"<tool_call>{CALL_F}</tool_call>" * 3
+    assert [i.key for i in hermes_items(three) if isinstance(i, CallClosed)] == [0, 1, 2]
+    assert text_of(hermes_items(f"<tool_call>{CALL_F}</tool_call>\n")) == "\n"
+    parser = HermesParser()
+    parser.push("<tool_call>" + CALL_F[:9])
+    assert len(parser.flush()) == 1 and parser.flush() == []
+
+
 def test_hermes_call_without_its_closing_tag_is_followed_by_text():
     items = hermes_items(f"<tool_call>{CALL_F}Hello")
     assert kinds(items)[-1] == ("Text", None) and text_of(items) == "Hello"
@@ -347,6 +356,24 @@ def test_mistral_leading_whitespace_and_a_lone_bracket():
     assert kinds(mistral_items(lone, M_CALL + "]"))[0] == ("CallOpened", 0)
     long = " " * 63 + "["  # 64: too long a wait, it is text
     assert text_of(mistral_items(long, M_CALL + "]")) == long + M_CALL + "]"
+
+
+def test_mistral_numbers_calls_and_keeps_a_held_marker_start_after_them():
+    three = f"[{M_CALL}, {M_CALL}, {M_CALL}]"
+    assert [i.key for i in mistral_items(three) if isinstance(i, CallClosed)] == [0, 1, 2]
+    # text after the calls (however the array ended) keeps what looked like a marker's start
+    assert text_of(mistral_items("[TOOL_CALLS] hi [TOOL")) == "hi [TOOL"
+    assert text_of(mistral_items(f"[{M_CALL}] x [TOOL")) == " x [TOOL"
+    assert text_of(mistral_items(f"[{M_CALL} Xyz [TOOL")) == "Xyz [TOOL"
+
+
+def test_mistral_flush_twice():
+    parser = MistralParser()
+    parser.push("abc [TOOL")
+    assert parser.flush() == [Text("[TOOL")] and parser.flush() == []
+    parser = MistralParser()
+    parser.push("[" + M_CALL[:9])
+    assert len(parser.flush()) == 1 and parser.flush() == []
 
 
 def test_mistral_flush():
@@ -445,6 +472,43 @@ def test_json_lines_fence_line_is_held_up_to_12_characters():
     parser = JsonLinesParser()
     parser.push("`")
     assert parser.push("``json      ") == [Text("```json      ")]  # 13: not a fence
+
+
+def test_json_lines_what_follows_a_call_or_an_object():
+    assert text_of(lines_items(L_CALL + "\n\nNext")) == "\n\nNext"
+    assert text_of(lines_items("; hi")) == "; hi"  # a separator counts only after a call
+    # an object right after a non-call object is not at a line start
+    items = lines_items('{"city": "Paris"}' + L_CALL)
+    assert calls_of(items) == [] and text_of(items) == '{"city": "Paris"}' + L_CALL
+    # after a call, the next object is judged afresh
+    items = lines_items(L_CALL + '\n{"city": "Paris"}')
+    assert calls_of(items) == [("f", {"a": 1})] and text_of(items) == '\n{"city": "Paris"}'
+    assert text_of(lines_items(L_CALL + "\n``")) == "\n``"
+    # after a line that only looked like a fence, a call may start the next line
+    assert calls_of(lines_items("`x`\n" + L_CALL)) == [("f", {"a": 1})]
+    every_key = (
+        '{"id": "c1", "type": "function", "name": "f", "parameters": {}, "arguments": {"a": 1}}'
+    )
+    assert calls_of(lines_items(every_key)) == [("f", {"a": 1})]
+
+
+def test_json_lines_fenced_call_edges():
+    # the fence line, then the call indented on the next line
+    assert calls_of(lines_items("```json\n  " + L_CALL + "\n```")) == [("f", {"a": 1})]
+    # a fence line opening a second fence line: the second one is the call's
+    items = lines_items("```json\n```json\n" + L_CALL + "\n```")
+    assert calls_of(items) == [("f", {"a": 1})] and text_of(items) == "```json\n"
+    assert text_of(lines_items("```json\nX" + L_CALL)) == "```json\nX" + L_CALL
+    items = lines_items("```python\nx\n" + '{"a": 1}')  # after a code block that is not a call
+    assert text_of(items) == '```python\nx\n{"a": 1}'
+    assert text_of(lines_items("```json\n" + L_CALL + "\nok")) == "\nok"
+    assert text_of(lines_items("```json\n" + L_CALL + "\n```\n\n")) == "\n\n"
+
+
+def test_json_lines_flush_twice():
+    parser = JsonLinesParser()
+    parser.push('{"name": "f", "arguments": {')
+    assert len(parser.flush()) == 1 and parser.flush() == []
 
 
 def test_json_lines_cut_off_call_and_object():
