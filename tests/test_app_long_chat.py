@@ -51,6 +51,8 @@ def test_the_last_messages_of_a_long_branch_are_read_without_the_rest(tmp_path):
     # messages holds ~200 KB of it, plus the walk over 20,000 rows of three integers.
     assert peak < 12 * 2**20, peak
     assert store.branch(cid, limit=3)[0].content.startswith("m19997 ")
+    wide, earlier = store.branch_window(cid, 1_201)  # read in chunks of 500 ids
+    assert texts(wide) == [f"m{i}" for i in range(18_799, 20_000)] and earlier == 18_799
     assert store.branch_window(cid, 0) == ([], 20_000)
     assert store.branch_window(cid, 50_000)[1] == 0
     store.close()
