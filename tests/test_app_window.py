@@ -7,6 +7,8 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
+from app.views.message_widget import MessageWidget
+from app.views.tool_call_widget import ToolCallWidget
 from tests.app_fakes import WAIT_MS, FakeEngine, close_window, make_window
 
 
@@ -170,7 +172,10 @@ def test_conversations_persist_and_reload(qtbot, tmp_path):
     send_and_wait(qtbot, window, "First question")
     window.new_chat()
     # The old messages leave the layout at once (not only at the next deferred delete).
-    assert window.chat_view.widgets == [] and window.chat_view._layout.count() == 2
+    layout = window.chat_view._layout
+    in_layout = [layout.itemAt(i).widget() for i in range(layout.count())]
+    assert window.chat_view.widgets == []
+    assert not [w for w in in_layout if isinstance(w, (MessageWidget, ToolCallWidget))]
     send_and_wait(qtbot, window, "Second question")
     close_window(window)
 
