@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import threading
 from array import array
 from pathlib import Path
@@ -73,7 +74,17 @@ def read_cached(path: Path | None) -> list[tuple[str, str]] | None:
     if path is None:
         return None
     try:
-        text = path.read_text(encoding="utf-8")
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            # A FIFO would block the model load until a writer came, a device never ends:
+            # never opened; the file is replaced by the next write_cached.
+            log.warning("ignoring tokenizer cache file %s: not a regular file", path)
+            return None
+        # O_NONBLOCK: a FIFO swapped in after the stat does not block the open either.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            text = f.read().decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
