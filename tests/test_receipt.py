@@ -187,7 +187,8 @@ def test_the_cache_file_is_read_once_per_instance(tmp_path):
     other.write_bytes(b"other")
     key = f"{other.resolve()}|5|{other.stat().st_mtime_ns}"
     cache.write_text(json.dumps({key: "written-by-another-process"}), encoding="utf-8")
-    assert digests.path_for("written-by-another-process") is None  # not read again
+    for _ in range(3):  # not read again, however often asked
+        assert digests.path_for("written-by-another-process") is None
     assert ModelDigests(cache).path_for("written-by-another-process") == other.resolve()
 
 
