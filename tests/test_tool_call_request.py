@@ -276,11 +276,17 @@ def test_prepare_messages_describes_tools_for_a_template_without_them():
     empty = {"role": "system", "content": None}
     messages, _ = prepare_messages([empty, USER], ONE_TOOL, "")
     assert messages[0] == {"role": "system", "content": DESCRIBED}
+    messages, _ = prepare_messages([USER], SPECS_FG, "")  # one line per tool
+    assert messages[0]["content"].endswith(
+        '"parameters": {"type": "object", "properties": {}}}\n'
+        '{"name": "g", "description": "", "parameters": {"type": "object", "properties": {}}}'
+    )
 
 
 def test_history_calls_and_results_for_a_template_without_tools():
     history = [
         USER,
+        {"role": "assistant", "content": "Hello."},
         {
             "role": "assistant",
             "content": "Let me see.",
@@ -300,6 +306,7 @@ def test_history_calls_and_results_for_a_template_without_tools():
     ]
     messages, _ = prepare_messages(history, ONE_TOOL, "")
     assert messages[2:] == [
+        {"role": "assistant", "content": "Hello."},
         {
             "role": "assistant",
             "content": 'Let me see.\n{"name": "f", "arguments": {"a": 1}}\n'
@@ -361,6 +368,19 @@ def test_fallback_flushes_a_fenced_call_at_the_end_and_renumbers_broken_calls():
     assert "".join(i.text for i in fallback_items("plain <b>text</b>") if isinstance(i, Text)) == (
         "plain <b>text</b>"
     )
+
+
+def test_a_fenced_call_cut_by_a_tagged_one_keeps_its_number():
+    items = fallback_items('```json\n{"name": "g", "arguments": {"b": ' + TAGGED)
+    numbered = [(type(i).__name__, i.key) for i in items if not isinstance(i, Text)]
+    assert numbered == [
+        ("CallOpened", 0),
+        ("CallArguments", 0),
+        ("CallBroken", 0),
+        ("CallOpened", 1),
+        ("CallArguments", 1),
+        ("CallClosed", 1),
+    ]
 
 
 def test_fallback_only_reads_text_outside_the_primary_calls():
@@ -427,3 +447,182 @@ def test_a_lazy_constraint_needs_a_one_token_opener():
             "constrain_tool_calls needs a model whose tool calls open with one token "
             f"(Hermes <tool_call> or Mistral [TOOL_CALLS]); this model's format is {fmt}"
         )
+
+
+# --- the grammar with llguidance, on a small byte-level tokenizer (no model) -----------------------
+A_TOOL = parse_tools(
+    [
+        {
+            "name": "f",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "required": ["a"],
+            },
+        }
+    ]
+)
+
+
+def _tiny():
+    from tests.test_constrained import TinyTokenizer
+
+    return TinyTokenizer()
+
+
+class OpenerTokenizer:
+    """The tiny tokenizer with Hermes' and Mistral's openers as single control tokens."""
+
+    def __init__(self):
+        from tokenizers import AddedToken
+
+        base = _tiny()
+        self.hf = base.hf
+        self.hf.add_special_tokens(
+            [AddedToken("<tool_call>", special=True), AddedToken("[TOOL_CALLS]", special=True)]
+        )
+        self.eog_ids = base.eog_ids
+        self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, text):
+        return self.hf.token_to_id(text)
+
+    def encode(self, text):
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+
+def walk(constraint, tok, text, tokens=None):
+    """Feed `text`'s tokens as the generation loop does (the mask, then the token appended and
+    accepted); -> (all allowed, the token list)."""
+    import numpy as np
+
+    tokens = list(tokens or [7, 8, 9])
+    for token_id in tok.encode(text):
+        masked = constraint(tokens, np.zeros(tok.vocab_size, dtype=np.float32))
+        if masked[token_id] == -np.inf:
+            return False, tokens
+        tokens.append(token_id)
+        constraint.accept(token_id)
+    return True, tokens
+
+
+@pytest.mark.parametrize(
+    "fmt, call",
+    [
+        (ToolCallFormat.HERMES, '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'),
+        (ToolCallFormat.LLAMA3_JSON, '{"name": "f", "parameters": {"a": 1}}'),
+        (ToolCallFormat.MISTRAL, '[{"name": "f", "arguments": {"a": 1}}]'),
+    ],
+)
+def test_a_required_call_is_decoded_in_the_models_own_format(fmt, call):
+    from engine.constrained import JsonConstraint
+    from engine.tool_calls.grammar import make_tool_call_constraint
+
+    tok = _tiny()
+    constraint = make_tool_call_constraint(tok, fmt, A_TOOL)
+    assert isinstance(constraint, JsonConstraint)
+    allowed, _ = walk(constraint, tok, call)
+    assert allowed and constraint.is_complete
+    # another name, or arguments outside the schema, are not allowed
+    for wrong in (call.replace('"f"', '"g"'), call.replace("1", '"x"')):
+        assert not walk(make_tool_call_constraint(tok, fmt, A_TOOL), tok, wrong)[0], wrong
+
+
+def test_grammar_failures_are_constraint_errors_naming_the_step(monkeypatch):
+    import llguidance
+
+    from engine.tool_calls.grammar import make_tool_call_constraint
+
+    tok = _tiny()
+    monkeypatch.setattr(
+        llguidance.LLMatcher,
+        "validate_grammar_with_warnings",
+        lambda grammar, llg: (True, [" first problem \n", "second"]),
+    )
+    for build in (make_tool_call_constraint, LazyToolCallConstraint):
+        with pytest.raises(ConstraintError) as caught:
+            build(
+                OpenerTokenizer() if build is LazyToolCallConstraint else tok,
+                ToolCallFormat.HERMES,
+                A_TOOL,
+            )
+        assert str(caught.value).startswith("The tool-call grammar is invalid: ")
+    monkeypatch.undo()
+
+    def broken(*args):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(llguidance.LLMatcher, "grammar_from_lark", broken)
+    for build, tokenizer in (
+        (make_tool_call_constraint, tok),
+        (LazyToolCallConstraint, OpenerTokenizer()),
+    ):
+        with pytest.raises(ConstraintError) as caught:
+            build(tokenizer, ToolCallFormat.HERMES, A_TOOL)
+        assert str(caught.value) == "JSON mode failed while building the tool-call grammar: boom"
+
+
+def test_the_invalid_grammar_message_lists_every_problem(monkeypatch):
+    import llguidance
+
+    from engine.tool_calls.grammar import make_tool_call_constraint
+
+    monkeypatch.setattr(
+        llguidance.LLMatcher,
+        "validate_grammar_with_warnings",
+        lambda grammar, llg: (True, [" first problem \n", "second"]),
+    )
+    with pytest.raises(ConstraintError) as caught:
+        make_tool_call_constraint(_tiny(), ToolCallFormat.HERMES, A_TOOL)
+    assert str(caught.value) == "The tool-call grammar is invalid: first problem; second"
+    with pytest.raises(ConstraintError) as caught:
+        LazyToolCallConstraint(OpenerTokenizer(), ToolCallFormat.HERMES, A_TOOL)
+    assert str(caught.value) == "The tool-call grammar is invalid:  first problem \n; second"
+
+
+@pytest.mark.parametrize(
+    "fmt, opener, body",
+    [
+        (
+            ToolCallFormat.HERMES,
+            "<tool_call>",
+            '\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+        ),
+        (ToolCallFormat.MISTRAL, "[TOOL_CALLS]", ' [{"name": "f", "arguments": {"a": 1}}]'),
+    ],
+)
+def test_a_lazy_constraint_is_free_text_until_the_opener_then_one_call(fmt, opener, body):
+    import numpy as np
+
+    tok = OpenerTokenizer()
+    lazy = LazyToolCallConstraint(tok, fmt, A_TOOL)
+    assert lazy.opener_id == tok.token_id(opener) and isinstance(lazy.opener_id, int)
+    assert lazy.is_complete is False
+    logits = np.zeros(tok.vocab_size, dtype=np.float32)
+    free, tokens = walk(lazy, tok, "Sure, {x}")  # free text: any token
+    assert free and not lazy.active
+    assert lazy([*tokens], logits) is logits and not np.isinf(logits).any()
+    tokens.append(lazy.opener_id)
+    lazy.accept(lazy.opener_id)  # sampled while free: nothing follows it yet
+    allowed, tokens = walk(lazy, tok, body, tokens)
+    assert allowed and lazy.active
+    # the call closed: free again, and the opener starts another call
+    after = lazy(tokens, np.zeros(tok.vocab_size, dtype=np.float32))
+    assert not lazy.active and not np.isinf(after).any()
+    tokens.append(lazy.opener_id)
+    lazy.accept(lazy.opener_id)
+    assert not walk(lazy, tok, body.replace('"f"', '"g"'), tokens)[0]
+
+
+def test_a_lazy_constraint_forwards_accepted_tokens_to_the_call():
+    import numpy as np
+
+    tok = OpenerTokenizer()
+    lazy = LazyToolCallConstraint(tok, ToolCallFormat.HERMES, A_TOOL)
+    tokens = [7, lazy.opener_id]
+    lazy(tokens, np.zeros(tok.vocab_size, dtype=np.float32))
+    (newline,) = tok.encode("\n")
+    lazy.accept(newline)
+    (letter,) = tok.encode("x")
+    with pytest.raises(ConstraintError):  # "x" cannot follow "\n": the call expects "{"
+        lazy.accept(letter)

@@ -72,6 +72,16 @@ def test_json_value_end(text, end):
     assert closes_at(text) == end
 
 
+def test_json_value_end_state():
+    scan = JsonValueEnd()
+    assert (scan.in_string, scan.escaped, scan.started, scan.done) == (False, False, False, False)
+    for ch in '{"\\"':
+        scan.feed(ch)
+    assert (scan.in_string, scan.escaped, scan.started) == (True, False, True)
+    scan.feed('"')
+    assert scan.in_string is False and scan.done is False
+
+
 def test_json_value_end_reports_the_end_once():
     scan = JsonValueEnd()
     assert [scan.feed(ch) for ch in "{}"] == [False, True]
