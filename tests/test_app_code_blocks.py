@@ -67,15 +67,22 @@ def test_every_code_block_has_a_copy_link_that_copies_exactly_it(qtbot):
     qtbot.addWidget(widget)
     text = widget.body.toPlainText()
     assert text.count("Copy ") == 3 and "Copy python code\ndef greet" in text
+    # each code block is a view of its own (it scrolls sideways by itself), with its copy link
+    assert [part.toPlainText().split("\n")[0] for part in widget.body.code_views()] == [
+        "Copy python code",
+        "Copy bash code",
+        "Copy code",
+    ]
     links = []
-    block = widget.body.document().begin()
-    while block.isValid():
-        it = block.begin()
-        while not it.atEnd():
-            if it.fragment().charFormat().anchorHref():
-                links.append(it.fragment().charFormat().anchorHref())
-            it += 1
-        block = block.next()
+    for part in widget.body.parts:  # numbered across the message, top to bottom
+        block = part.document().begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                if it.fragment().charFormat().anchorHref():
+                    links.append(it.fragment().charFormat().anchorHref())
+                it += 1
+            block = block.next()
     assert links == [f"{COPY_SCHEME}:0", f"{COPY_SCHEME}:1", f"{COPY_SCHEME}:2"]
     widget.body.anchorClicked.emit(QUrl(f"{COPY_SCHEME}:1"))
     assert QGuiApplication.clipboard().text() == "echo hi | tr a-z A-Z"
@@ -85,6 +92,10 @@ def test_every_code_block_has_a_copy_link_that_copies_exactly_it(qtbot):
     assert QGuiApplication.clipboard().text() == "def greet(name):\n    return f'Hi {name}'"
     widget.copy_button.click()  # the message's own Copy keeps the text as written
     assert QGuiApplication.clipboard().text() == REPLY
+    # a click on a copy link in the message copies its block (the link in the bash block's view)
+    bash_view = widget.body.code_views()[1]
+    bash_view.anchorClicked.emit(QUrl(f"{COPY_SCHEME}:1"))
+    assert QGuiApplication.clipboard().text() == "echo hi | tr a-z A-Z"
 
 
 def test_the_copy_links_stay_out_of_the_code_itself(qapp):

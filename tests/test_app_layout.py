@@ -51,8 +51,11 @@ def dialogs(monkeypatch):
 
 
 def settle() -> None:
-    """Let Qt run the layout requests the last change posted."""
-    for _ in range(3):
+    """Let Qt run the layout requests the last change posted. Each level of nested layouts
+    posts its request to its parent while the previous pass runs (a message's text is a column
+    of views inside the card, inside the chat column, inside the scroll area), so a chain of
+    passes is needed; ten is more than the deepest chain here."""
+    for _ in range(10):
         QApplication.processEvents()
 
 
@@ -177,8 +180,8 @@ def test_no_card_is_wider_than_the_chat(qtbot, tmp_path, look, dialogs, theme, f
         json_card = window.chat_view.widgets[-1]
         assert json_card.json_status.isVisible() and json_card.message.json_mode != "off"
         check_fits(window, "a JSON reply")
-        # the long line scrolls inside the message instead
-        assert json_card.body.horizontalScrollBar().maximum() > 0
+        # the long line scrolls inside its code block instead
+        assert json_card.body.code_views()[0].horizontalScrollBar().maximum() > 0
 
         # its versions ("‹ 2/2 ›") in the header too
         with qtbot.waitSignal(
@@ -482,13 +485,14 @@ def test_a_long_unbroken_word_wraps_instead_of_widening(qtbot, tmp_path):
         settle()
         assert not layout_problems(window)
         for card in window.chat_view.widgets:  # wrapped anywhere: no sideways scrolling
-            assert card.body.horizontalScrollBar().maximum() == 0
-            assert card.body.document().size().width() <= card.body.viewport().width() + 1
+            for part in card.body.parts:
+                assert part.horizontalScrollBar().maximum() == 0
+                assert part.document().size().width() <= part.viewport().width() + 1
     finally:
         close_window(window)
 
 
-def test_a_long_code_line_scrolls_inside_its_message(qtbot, tmp_path):
+def test_a_long_code_line_scrolls_inside_its_code_block(qtbot, tmp_path):
     code = "```python\nvalues = [" + ", ".join(str(i) for i in range(200)) + "]\n```"
     prose = "A list of numbers, written out in full so that you can copy it. " * 4
     window = make_window(qtbot, tmp_path, FakeEngine(replies=[prose + "\n\n" + code]))
@@ -497,14 +501,48 @@ def test_a_long_code_line_scrolls_inside_its_message(qtbot, tmp_path):
         settle()
         reply = window.chat_view.widgets[-1]
         assert not layout_problems(window)
-        body = reply.body
-        assert body.horizontalScrollBar().isVisible() and body.horizontalScrollBar().maximum() > 0
-        # the prose still wraps at the view's width: its first line ends before the edge
-        first_line = body.document().firstBlock().layout().lineAt(0)
-        assert first_line.naturalTextWidth() <= body.viewport().width()
+        (prose_view,) = reply.body.prose_views()
+        (code_view,) = reply.body.code_views()
+        bar = code_view.horizontalScrollBar()
+        assert bar.isVisible() and bar.maximum() > 0
+        # the prose wraps at the view's width and does not scroll: its first line ends before
+        # the edge
+        assert prose_view.horizontalScrollBar().maximum() == 0
+        first_line = prose_view.document().firstBlock().layout().lineAt(0)
+        assert first_line.naturalTextWidth() <= prose_view.viewport().width()
         # and the last line of the code is not hidden under the scroll bar
-        assert (
-            body.height() >= body.document().size().height() + body.horizontalScrollBar().height()
-        )
+        assert code_view.height() >= code_view.document().size().height() + bar.height()
+    finally:
+        close_window(window)
+
+
+@pytest.mark.parametrize("font_size", [10, 16])
+def test_a_code_block_scrolls_by_itself_while_the_paragraph_wraps(qtbot, tmp_path, look, font_size):
+    """A 400-character code line: only its own block scrolls sideways; the paragraph above it
+    wraps within the card, and the card is no wider than the chat."""
+    look("light", font_size)
+    paragraph = "This paragraph explains the line below in plain words. " * 6
+    line = "x = '" + "abcdefghij" * 40 + "'"  # 406 characters, no space to wrap at
+    assert len(line) == 406
+    reply = paragraph + "\n\n```python\n" + line + "\n```\n\nAnd a last sentence."
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=[reply]))
+    try:
+        window.resize(1280, 800)
+        send(qtbot, window, "explain")
+        settle()
+        card = window.chat_view.widgets[-1]
+        port = window.chat_view.viewport()
+        assert card.width() <= port.width()
+        assert not layout_problems(window)
+        (code_view,) = card.body.code_views()
+        assert code_view.toPlainText().endswith(line)
+        assert code_view.horizontalScrollBar().maximum() > 0
+        # no other part of the message scrolls sideways: the paragraphs wrap to the card
+        prose = card.body.prose_views()
+        assert [p.toPlainText() for p in prose] == [paragraph.strip(), "And a last sentence."]
+        for part in prose:
+            assert part.horizontalScrollBar().maximum() == 0
+            assert part.width() <= card.contentsRect().width()
+        assert prose[0].document().firstBlock().layout().lineCount() > 1  # it wrapped
     finally:
         close_window(window)

@@ -205,3 +205,25 @@ def highlight(document: QTextDocument, palette: QPalette, streaming: bool = Fals
             continue
         _apply(document, code, _cached_runs(style_name, code.language, code.text, lexer, formats))
     return [code.text for code in blocks]
+
+
+def renumber_copy_links(document: QTextDocument, first: int) -> None:
+    """Number the copy links of `document` from `first` on (a message shows its text as several
+    documents, and its copy links count its code blocks across all of them)."""
+    if first == 0:
+        return
+    block = document.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            fmt = fragment.charFormat()
+            scheme, _, number = fmt.anchorHref().partition(":")
+            if scheme == COPY_SCHEME and number.isdigit():
+                fmt.setAnchorHref(f"{COPY_SCHEME}:{first + int(number)}")
+                cursor = QTextCursor(document)
+                cursor.setPosition(fragment.position())
+                cursor.setPosition(fragment.position() + fragment.length(), QTextCursor.KeepAnchor)
+                cursor.setCharFormat(fmt)
+            it += 1
+        block = block.next()

@@ -1,13 +1,22 @@
 """One chat message: role header with status, collapsible reasoning, markdown body, actions.
 
 A card is never wider than the chat: its header text wraps, its actions sit in a "⋯" menu (and
-show as buttons only while the pointer is over a card wide enough for them), and a code line
-longer than the card scrolls inside the message body instead of widening the card."""
+show as buttons only while the pointer is over a card wide enough for them), prose wraps to the card's
+width, and each code block is a view of its own whose long lines scroll sideways inside it
+(MessageBody), so neither the prose nor the card ever scrolls or widens for a code line."""
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import QEvent, QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor, QTextOption
+from PySide6.QtGui import (
+    QDesktopServices,
+    QGuiApplication,
+    QPalette,
+    QTextCursor,
+    QTextOption,
+)
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -26,7 +35,7 @@ from app.finish_reasons import header_note
 from app.json_reply import render_json_reply
 from app.store import StoredMessage
 from app.theme import text_color
-from app.views.code_blocks import COPY_SCHEME
+from app.views.code_blocks import COPY_SCHEME, renumber_copy_links
 from app.views.markdown_style import set_markdown
 from engine.events import ToolCallStarted
 from engine.types import JsonMode, MessageStatus, Role
@@ -86,8 +95,8 @@ class AutoHeightBrowser(QTextBrowser):
         self.anchorClicked.connect(self._on_link)
         self.setFrameShape(QFrame.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        # Prose wraps at the view's width; a code line that cannot wrap (and a wide JSON reply)
-        # scrolls here, inside the message, instead of making the card wider than the chat.
+        # Prose wraps at the view's width; a code line that cannot wrap scrolls here, inside
+        # this view, instead of making the card wider than the chat.
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
         # A word longer than the line (a URL, a hash) breaks anywhere rather than widening it.
         self.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)
@@ -119,6 +128,147 @@ class AutoHeightBrowser(QTextBrowser):
     def resizeEvent(self, event):
         super().resizeEvent(event)
         self._fit()
+
+
+# A fence line (CommonMark): three or more backticks or tildes; a backtick fence's info string
+# has no backtick. Indented fences count too (a code block in a list item is indented).
+_FENCE = re.compile(r"^([ \t]*)(`{3,}(?=[^`]*$)|~{3,})(.*)$")
+
+
+def split_code_fences(text: str) -> list[tuple[bool, str]]:
+    """`text` cut into (is_code, markdown) pieces: each fenced code block on its own (its fence
+    lines kept, dedented by the fence's indent so that it is still a fence alone) and the prose
+    between. A fence that is never closed runs to the end, as markdown reads it."""
+    pieces: list[tuple[bool, list[str]]] = []
+    fence: tuple[str, int, int] | None = None  # (character, length, indent) of the open fence
+    for line in text.split("\n"):
+        match = _FENCE.match(line)
+        if fence is None:
+            if match:
+                indent = len(match.group(1).expandtabs(4))
+                fence = (match.group(2)[0], len(match.group(2)), indent)
+                pieces.append((True, [line.lstrip(" \t")]))
+                continue
+            if not pieces or pieces[-1][0]:
+                pieces.append((False, []))
+            pieces[-1][1].append(line)
+            continue
+        char, length, indent = fence
+        closing = match and match.group(2)[0] == char and len(match.group(2)) >= length
+        if closing and not match.group(3).strip():
+            pieces[-1][1].append(line.lstrip(" \t"))
+            fence = None
+            pieces.append((False, []))  # what follows is prose, even if empty
+            continue
+        # content: the fence's indent is not part of the code (up to that many spaces)
+        stripped = len(line) - len(line.lstrip(" "))
+        pieces[-1][1].append(line[min(indent, stripped) :])
+    return [(code, "\n".join(lines)) for code, lines in pieces if code or "".join(lines).strip()]
+
+
+class MessageBody(QWidget):
+    """A message's text as a column of views: prose wraps to the card's width, and each fenced
+    code block is a view of its own whose long lines scroll sideways inside it, so a code line
+    never makes the prose (or the card) scroll. The views are reused from one render to the
+    next (a streaming reply renders every frame) and one whose markdown did not change is not
+    rendered again."""
+
+    anchorClicked = Signal(QUrl)  # a link in any part (copy links are numbered message-wide)
+    pressed = Signal()  # the mouse went down on the text
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("message_body")
+        self._column = QVBoxLayout(self)
+        self._column.setContentsMargins(0, 0, 0, 0)
+        self._column.setSpacing(0)
+        self.parts: list[AutoHeightBrowser] = []  # the views in use, top to bottom
+        self._spare: list[AutoHeightBrowser] = []
+        self._rendered: list[tuple] = []  # what each part in use shows (to skip re-renders)
+        self.code_texts: list[str] = []  # every code block's text, by copy-link number
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.anchorClicked.connect(self._on_link)
+
+    def _part(self, index: int) -> AutoHeightBrowser:
+        while len(self.parts) <= index:
+            part = self._spare.pop() if self._spare else self._new_part()
+            self._column.addWidget(part)
+            part.setVisible(True)
+            self.parts.append(part)
+            self._rendered.append(())
+        return self.parts[index]
+
+    def _new_part(self) -> AutoHeightBrowser:
+        part = AutoHeightBrowser(self)
+        part.anchorClicked.disconnect()  # links go through the body (message-wide numbers)
+        part.anchorClicked.connect(self.anchorClicked)
+        part.viewport().installEventFilter(self)
+        return part
+
+    def _keep(self, count: int) -> None:
+        """Put the parts past the first `count` aside (hidden, kept for the next render)."""
+        while len(self.parts) > count:
+            part = self.parts.pop()
+            self._rendered.pop()
+            self._column.removeWidget(part)
+            part.setVisible(False)
+            self._spare.append(part)
+
+    def set_markdown(self, text: str, palette: QPalette, streaming: bool = False) -> None:
+        pieces = split_code_fences(text) or [(False, "")]
+        self._keep(len(pieces))
+        self.code_texts = []
+        for index, (is_code, markdown) in enumerate(pieces):
+            part = self._part(index)
+            key = (
+                "md",
+                markdown,
+                streaming,
+                palette.color(QPalette.Base).rgba(),
+                len(self.code_texts),
+            )
+            if self._rendered[index] != key:
+                part.code_texts = set_markdown(part.document(), markdown, palette, streaming)
+                renumber_copy_links(part.document(), len(self.code_texts))
+                self._rendered[index] = key
+            part.setObjectName("code_block" if is_code else "prose")
+            self.code_texts += part.code_texts
+
+    def set_plain_text(self, text: str) -> None:
+        self._keep(1)
+        part = self._part(0)
+        part.setPlainText(text)
+        part.setObjectName("prose")
+        part.code_texts = self.code_texts = []
+        self._rendered[0] = ("plain",)
+
+    def append_plain_text(self, text: str) -> None:
+        """Add to the text set by set_plain_text (a long reply still streaming)."""
+        cursor = QTextCursor(self._part(0).document())
+        cursor.movePosition(QTextCursor.End)
+        cursor.insertText(text)
+
+    def toPlainText(self) -> str:
+        return "\n".join(part.toPlainText() for part in self.parts)
+
+    def code_views(self) -> list[AutoHeightBrowser]:
+        return [part for part in self.parts if part.objectName() == "code_block"]
+
+    def prose_views(self) -> list[AutoHeightBrowser]:
+        return [part for part in self.parts if part.objectName() == "prose"]
+
+    def _on_link(self, url: QUrl) -> None:
+        if url.scheme() == COPY_SCHEME:
+            number = url.path()
+            if number.isdigit() and int(number) < len(self.code_texts):
+                QGuiApplication.clipboard().setText(self.code_texts[int(number)])
+            return
+        confirm_and_open_link(url, self)
+
+    def eventFilter(self, obj, event):
+        if event.type() == QEvent.MouseButtonPress:
+            self.pressed.emit()
+        return False
 
 
 class MessageWidget(QFrame):
@@ -222,8 +372,8 @@ class MessageWidget(QFrame):
         layout.addWidget(self.reasoning_toggle)
         layout.addWidget(self.reasoning_view)
 
-        self.body = AutoHeightBrowser()
-        self.body.viewport().installEventFilter(self)
+        self.body = MessageBody()
+        self.body.pressed.connect(self._pressed)
         layout.addWidget(self.body)
 
         self.json_status = QLabel()
@@ -313,11 +463,9 @@ class MessageWidget(QFrame):
         # append the new characters as plain text; the final markdown render happens once.
         if not self._plain_streaming:
             self._plain_streaming = True
-            self.body.setPlainText(self.text)
+            self.body.set_plain_text(self.text)
         elif text:
-            cursor = QTextCursor(self.body.document())
-            cursor.movePosition(QTextCursor.End)
-            cursor.insertText(text)
+            self.body.append_plain_text(text)
         if reasoning:
             self.reasoning_view.setPlainText(self.reasoning)
             self.reasoning_toggle.setVisible(True)
@@ -333,9 +481,7 @@ class MessageWidget(QFrame):
         json_mode = m.role == Role.ASSISTANT and m.json_mode != JsonMode.OFF
         if json_mode and (self.text or not streaming):
             view = render_json_reply(self.text, streaming=streaming)
-            self.body.code_texts = set_markdown(
-                self.body.document(), view.markdown, self.palette(), streaming
-            )
+            self.body.set_markdown(view.markdown, self.palette(), streaming)
             self.json_status.setText(
                 ("✔ " if view.ok else "✖ " if not streaming else "") + view.status
             )
@@ -345,15 +491,11 @@ class MessageWidget(QFrame):
             self.json_status.setStyleSheet(f"color: {color};")
             self.json_status.setVisible(True)
         elif len(self.text) > MARKDOWN_CHARS:
-            self.body.setPlainText(self.text)
-            self.body.code_texts = []
+            self.body.set_plain_text(self.text)
             self.json_status.setVisible(False)
         else:
-            self.body.code_texts = set_markdown(
-                self.body.document(),
-                self.text if self.text else ("…" if streaming else ""),
-                self.palette(),
-                streaming,
+            self.body.set_markdown(
+                self.text if self.text else ("…" if streaming else ""), self.palette(), streaming
             )
             self.json_status.setVisible(False)
         has_reasoning = bool(self.reasoning)
@@ -443,10 +585,9 @@ class MessageWidget(QFrame):
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.text)
 
-    def eventFilter(self, obj, event):
-        if event.type() == QEvent.MouseButtonPress and self.message.role == Role.ASSISTANT:
+    def _pressed(self) -> None:
+        if self.message.role == Role.ASSISTANT:
             self.selected.emit(self.message.id)
-        return False
 
 
 def _usage_line(usage: dict | None) -> str:
