@@ -878,6 +878,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-connections",
         type=int,
         default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
         help=f"open connections at once (default {DEFAULT_MAX_CONNECTIONS}); more: 503, closed",
     )
     return parser

@@ -8,10 +8,16 @@ import json
 import pytest
 
 from engine.errors import (
+    ChatTemplateError,
     ConfigValidationError,
     ConstraintError,
     ContextOverflowError,
+    EngineError,
+    KVAdmissionError,
     MemoryBudgetError,
+    QueueFullError,
+    SchedulerClosedError,
+    TokenizerError,
 )
 from engine.events import (
     Finished,
@@ -942,3 +948,53 @@ def test_the_serve_flags_defaults_are_the_servers():
         ["serve", "m.gguf", "--allowed-host", "a", "--allowed-host", "b", "--allowed-origin", "o"]
     )
     assert args.allowed_host == ["a", "b"] and args.allowed_origin == ["o"]
+
+
+@pytest.mark.parametrize(
+    ("error", "prompt_param", "expected"),
+    [
+        (QueueFullError(100, 10, 8, 4), "messages", (429, None, "queue_full", "rate_limit_exceeded")),
+        (KVAdmissionError(100, 10, 50, never_fits=True), "messages", (400, "max_tokens", "kv_budget_exceeded", "invalid_request_error")),
+        (KVAdmissionError(100, 10, 500, never_fits=False), "messages", (429, None, "kv_budget_busy", "rate_limit_exceeded")),
+        (SchedulerClosedError("closed"), "prompt", (503, None, "shutting_down", "server_error")),
+        (ContextOverflowError("too long"), "messages", (400, "messages", "context_length_exceeded", "invalid_request_error")),
+        (MemoryBudgetError("5 bytes"), "prompt", (400, "max_tokens", "kv_budget_exceeded", "invalid_request_error")),
+        (ChatTemplateError("raise_exception"), "messages", (400, "messages", "chat_template_error", "invalid_request_error")),
+        (ConstraintError("bad schema"), "messages", (400, "response_format", "invalid_schema", "invalid_request_error")),
+        (TokenizerError("no vocab"), "prompt", (400, "prompt", "invalid_value", "invalid_request_error")),
+        (EngineError("other"), "messages", (500, None, None, "server_error")),
+        (RuntimeError("bug"), "messages", (500, None, None, "server_error")),
+        (ConfigValidationError("prompt", "", "a prompt"), "messages", (400, "messages", "invalid_value", "invalid_request_error")),
+        (ConfigValidationError("do_sample", 1, "a bool"), "messages", (400, "temperature", "invalid_value", "invalid_request_error")),
+        (ConfigValidationError("tools[0].function.name", "a b", "a name"), "messages", (400, "tools[0].function.name", "invalid_value", "invalid_request_error")),
+    ],
+)  # fmt: skip
+def test_every_engine_error_maps_to_its_status_param_code_and_type(error, prompt_param, expected):
+    answer = from_engine_error(error, prompt_param)
+    assert (answer.status, answer.param, answer.code, answer.type) == expected
+    assert answer.body() == {
+        "error": {
+            "message": str(error),
+            "type": expected[3],
+            "param": expected[1],
+            "code": expected[2],
+        }
+    }
+
+
+def test_engine_field_names_in_messages_become_the_fields_clients_send():
+    overflow = ContextOverflowError(
+        "prompt (10) + max_new_tokens (100) = 110 positions exceeds the context window of 64"
+    )
+    answer = from_engine_error(overflow, "messages")
+    assert answer.message == (
+        "prompt (10) + max_tokens (100) = 110 positions exceeds the context window of 64"
+    )
+    invalid = from_engine_error(
+        ConfigValidationError("max_new_tokens", 0, "an integer >= 1"), "prompt"
+    )
+    assert invalid.message == "max_tokens=0 is invalid: must be an integer >= 1"
+    assert invalid.param == "max_tokens"
+    # only the whole word: another field that merely contains it is left alone
+    other = from_engine_error(EngineError("my_max_new_tokens_x is odd"), "prompt")
+    assert other.message == "my_max_new_tokens_x is odd"
