@@ -82,6 +82,7 @@ ALT = (TopAlternative(10, "Hel", -0.25), TopAlternative(99, "zz", -2.5))
         (FinishReason.TOOL_CALLS, "tool_calls"),
         (FinishReason.CANCELLED, "cancelled"),
         (FinishReason.ERROR, "error"),
+        (FinishReason.REPETITION, "stop"),  # a loop the engine ended: nothing to continue
         ("length", "length"),  # the engine's value as a plain string
     ],
 )
