@@ -584,6 +584,28 @@ def test_a_failed_step_ends_the_requests_in_it_with_an_error_and_the_scheduler_g
     assert stats.steps == len(model.steps) - 1  # the failed step is not counted
 
 
+def test_a_stream_keeps_decoding_while_an_older_prompt_is_prefilled_in_slices():
+    # the long prompt arrived first and is mid-call; the younger request's tokens must not wait
+    # for that whole call: every step carries one of its tokens beside the next slice
+    lm = batched_fake_lm(script_replies({P1: [B] * 5, LONG: [C]}), n_ctx=256, max_batch=32)
+    model = lm.model
+    pause = Pause()
+    on_steps(model, {0: pause})
+    with BatchScheduler(lm) as scheduler:
+        long = scheduler.submit(request(LONG, 1), CancelToken())
+        pause.wait_entered()  # step 0: the long prompt alone, at the full 32 rows
+        young = scheduler.submit(request(P1, 5), CancelToken())
+        pause.go.set()
+        assert finished(young).token_ids == (B,) * 5
+        assert finished(long).token_ids == (C,)
+    long_cache, young_cache = caches_in_order(model)
+    assert steps_with(model, young_cache) == [1, 2, 3, 4, 5]
+    # beside the young one's prefill (2 rows) and decodes (1 row): 30, then 31 rows a step; the
+    # last 14 are short enough to go whole
+    sizes = [len(t) for step in model.steps for c, t in step if c is long_cache]
+    assert sizes == [32, 30, 31, 31, 31, 31, 14]
+
+
 def test_a_step_failing_after_a_slice_ran_takes_that_slice_back_out():
     lm = batched_fake_lm(script_replies({P1: [B] * 30, LONG: [C]}), n_ctx=256, max_batch=32)
     model = lm.model
