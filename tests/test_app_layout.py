@@ -546,3 +546,102 @@ def test_a_code_block_scrolls_by_itself_while_the_paragraph_wraps(qtbot, tmp_pat
         assert prose[0].document().firstBlock().layout().lineCount() > 1  # it wrapped
     finally:
         close_window(window)
+
+
+def test_the_usage_panel_fits_the_side_panel_at_16_pt(qtbot, tmp_path, look):
+    """At 16 pt and the default width the right panel is at its narrowest (180 px); the usage
+    panel ("Usage — selected reply", "Prefill speed  24,550.5 tok/s") asked for 368 px and
+    made it scroll sideways. Now it asks for no more than the panel has, and shows every value
+    whole (wrapped, speeds written compactly) at that width."""
+    from app.views.usage_panel import UsagePanel
+
+    look("light", 16)
+    usage = {
+        "prompt_tokens": 12345,
+        "completion_tokens": 678,
+        "prompt_tok_s": 24550.5,
+        "decode_tok_s": 1234.5,
+        "context_used": 13023,
+        "context_limit": 32768,
+    }
+    window = make_window(qtbot, tmp_path, FakeEngine(replies=["Paris."]))
+    try:
+        window.resize(1280, 800)
+        send(qtbot, window, "Capital of France?")
+        window.usage_panel.show_usage(usage, "length")
+        settle()
+        side = window.side_panel
+        room = side.viewport().width()
+        assert side.isVisible() and room < 200  # the panel at its narrowest
+        assert window.usage_panel.minimumSizeHint().width() <= room
+    finally:
+        close_window(window)
+    # laid out at that width, nothing in it is cut or past its edge
+    holder = QWidget()  # as in the side panel: a child, laid out at the width it is given
+    qtbot.addWidget(holder)
+    panel = UsagePanel(holder)
+    panel.show_usage(usage, "length")
+    holder.resize(room, 800)
+    panel.setGeometry(0, 0, room, 800)
+    holder.show()
+    qtbot.waitExposed(holder)
+    settle()
+    assert panel.width() == room
+    assert panel.text_of("prompt_tok_s") == "24.6k tok/s"
+    assert panel.text_of("decode_tok_s") == "1.2k tok/s"
+    assert "24,550.5 tokens per second" in panel.fields["prompt_tok_s"].toolTip()
+    assert panel.title() == "Usage — selected reply"  # the whole title, elided only when drawn
+    labels = [w for w in panel.findChildren(QLabel) if w.isVisible()]
+    assert len(labels) >= 2 * len(panel.fields)
+    for label in labels:
+        right_edge = label.mapTo(panel, QPoint(label.width(), 0)).x()
+        assert right_edge <= room, f"{label.text()!r} ends at {right_edge} px of {room}"
+        assert label.width() >= label.minimumSizeHint().width(), f"{label.text()!r} squeezed"
+        if label.wordWrap():
+            assert label.height() >= label.heightForWidth(label.width()), f"{label.text()!r} cut"
+    bar = panel.context_bar
+    assert bar.mapTo(panel, QPoint(bar.width(), 0)).x() <= room
+
+
+def test_the_tool_approval_buttons_wrap_in_a_narrow_chat(qtbot, look):
+    from app.store import StoredMessage
+    from app.views.chat_view import ChatView
+    from engine.types import Role, ToolApproval
+
+    look("light", 16)
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(320, 600)  # a narrow chat column (side panels open on a small screen)
+    view.show()
+    qtbot.waitExposed(view)
+    tool = {"name": "add", "server": "test", "arguments": {"a": 2, "b": 3}}
+    message = StoredMessage(
+        7, 1, 2, Role.TOOL, "", status=MessageStatus.STREAMING,
+        tool={**tool, "approval": ToolApproval.PENDING},
+    )  # fmt: skip
+    card = view.add_message(message)
+    settle()
+    assert card.approval_row.isVisible()
+    port = view.viewport()
+    assert card.width() <= port.width()
+    buttons = (card.allow_once_button, card.allow_always_button, card.deny_button)
+    area = card.contentsRect()
+    for button in buttons:
+        name = button.accessibleName() or button.text()
+        assert button.isVisible()
+        box = button.geometry().translated(button.parentWidget().mapTo(card, QPoint(0, 0)))
+        assert area.contains(box), f"{name!r} at {box} outside the card {area}"
+        # not squeezed below what its words need (a push button's text would be cut)
+        assert button.width() >= button.minimumSizeHint().width(), f"{name!r} squeezed"
+        assert button.height() >= button.minimumSizeHint().height(), f"{name!r} squeezed"
+    for button in buttons:  # and its words all shown: wrapped, not cut
+        label = button.label
+        assert label.height() >= label.heightForWidth(label.width())
+    # no two buttons overlap
+    boxes = [b.geometry() for b in buttons]
+    assert not any(a.intersects(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    assert not layout_problems(type("Window", (), {"chat_view": view})())
+    # and a button still answers
+    with qtbot.waitSignal(card.approvalGiven, timeout=WAIT_MS) as given:
+        qtbot.mouseClick(card.allow_always_button, Qt.LeftButton)
+    assert given.args == [7, ToolApproval.ALWAYS]

@@ -1,10 +1,17 @@
-"""Usage: tokens, speeds, context bar and finish reason — live while streaming, per message after."""
+"""Usage: tokens, speeds, context bar and finish reason — live while streaming, per message after.
+
+The panel fits the narrow right panel at any font size: a value moves under its title when the
+row has no room for both, long values wrap, and speeds are written compactly ("24.6k tok/s",
+the exact figure in the tooltip)."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QWidget
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QFont, QFontMetrics
+from PySide6.QtWidgets import QGridLayout, QGroupBox, QLabel, QProgressBar, QWidget
 
 from app.finish_reasons import NOTE_STREAMING, finish_label
+from app.views.elided_label import WrappingLabel
 
 IDLE_TITLE = "Usage — last reply"
 LIVE_TITLE = "Usage — generating…"
@@ -13,10 +20,19 @@ SELECTED_TITLE = "Usage — selected reply"
 
 class UsagePanel(QGroupBox):
     def __init__(self, parent: QWidget | None = None):
+        self._title = IDLE_TITLE
         super().__init__(IDLE_TITLE, parent)
-        form = QFormLayout(self)
-        form.setContentsMargins(8, 8, 8, 8)
+        grid = QGridLayout(self)
+        grid.setContentsMargins(8, 8, 8, 8)
+        grid.setColumnStretch(1, 1)
+        # At 16 pt "Prefill speed  24,550.5 tok/s" was wider than the right panel, which then
+        # scrolled sideways: when the panel has no room for titles and values side by side,
+        # each value goes under its title (_fit_rows).
+        self._grid = grid
+        self._rows: list[tuple[QWidget, QWidget]] = []
+        self._side_by_side: bool | None = None
         self.fields: dict[str, QLabel] = {}
+        self._tips: dict[str, str] = {}
         for key, title, tip in (
             ("prompt_tokens", "Prompt tokens", "Tokens in the prompt after the chat template"),
             ("completion_tokens", "Reply tokens", "Tokens generated for the reply"),
@@ -25,41 +41,117 @@ class UsagePanel(QGroupBox):
             ("decode_tok_s", "Decode speed", "Reply tokens generated per second"),
             ("finish_reason", "Finish", "Why the reply ended"),
         ):
-            label = QLabel("—")
+            label = WrappingLabel("—")  # a long finish reason wraps, never widens the panel
             label.setToolTip(tip)
+            self._tips[key] = tip
             label.setObjectName("usage_" + key)
             self.fields[key] = label
-            form.addRow(title, label)
+            # the titles wrap too ("Cached / tokens"): at 16 pt one alone was 155 px
+            self._rows.append((WrappingLabel(title), label))
         self.context_bar = QProgressBar()
         self.context_bar.setToolTip("Context window used by this conversation vs the model's limit")
         self.context_bar.setTextVisible(True)
         self.context_bar.setFormat("no reply yet")
         self.context_bar.setValue(0)
-        form.addRow("Context", self.context_bar)
+        self._rows.append((WrappingLabel("Context"), self.context_bar))
         # Remote replies: the server counts the tokens, the app times the stream.
-        self.network_note = QLabel("Times measured by the app over the network")
+        self.network_note = WrappingLabel("Times measured by the app over the network")
         self.network_note.setObjectName("usage_network_note")
         self.network_note.setToolTip(
             "Token counts are the server's; time to first token and speeds are measured here "
             "from the stream, so they include the network round trip"
         )
         self.network_note.setVisible(False)
-        form.addRow(self.network_note)
+        self._place_rows(side_by_side=True)
+
+    # --- the title: elided to the panel's width (at 16 pt "Usage — selected reply" alone was
+    # wider than the right panel); title() is the whole of it ------------------------------------
+    def title(self) -> str:
+        return self._title
+
+    def setTitle(self, title: str) -> None:
+        self._title = title
+        self._show_title()
+
+    def _show_title(self) -> None:
+        font = QFont(self.font())
+        font.setBold(True)  # Fusion draws a group box title in bold
+        room = self.width() - 2 * self.fontMetrics().averageCharWidth() - 16
+        shown = QFontMetrics(font).elidedText(self._title, Qt.ElideRight, max(room, 0))
+        if shown != super().title():
+            super().setTitle(shown)
+            self.setToolTip(self._title if shown != self._title else "")
+
+    # --- rows: titles and values side by side where they fit, else each value under its title
+    def _place_rows(self, side_by_side: bool) -> None:
+        """Titles in a column beside their values, or each value on the line under its title."""
+        if side_by_side == self._side_by_side:
+            return
+        self._side_by_side = side_by_side
+        grid = self._grid
+        while grid.count():
+            grid.takeAt(0)
+        row = 0
+        for title, field in self._rows:
+            if side_by_side:
+                grid.addWidget(title, row, 0, Qt.AlignLeft | Qt.AlignTop)
+                grid.addWidget(field, row, 1)
+            else:
+                grid.addWidget(title, row, 0, 1, 2)
+                row += 1
+                grid.addWidget(field, row, 0, 1, 2)
+            row += 1
+        grid.addWidget(self.network_note, row, 0, 1, 2)
+
+    def _frame_width(self) -> int:
+        """The width around the rows: the grid's margins and the group box's frame."""
+        grid, box = self._grid.contentsMargins(), self.contentsMargins()
+        return grid.left() + grid.right() + box.left() + box.right()
+
+    def _fit_rows(self) -> None:
+        spacing = max(self._grid.horizontalSpacing(), 6)
+        side_by_side = (
+            max(title.sizeHint().width() for title, _ in self._rows)
+            + spacing
+            + max(field.sizeHint().width() for _, field in self._rows)
+            + self._frame_width()
+        )
+        self._place_rows(self.width() >= side_by_side)
+
+    def minimumSizeHint(self) -> QSize:
+        # QGroupBox asks for its whole title; this one elides it. And a row can put its value
+        # under its title: the narrowest title or value is all the rows need.
+        widest = max(
+            max(title.minimumSizeHint().width(), field.minimumSizeHint().width())
+            for title, field in self._rows
+        )
+        return QSize(widest + self._frame_width(), super().minimumSizeHint().height())
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._show_title()
+        self._fit_rows()
 
     def clear(self) -> None:
         """No reply to show (a new or empty chat, another model): nothing may still read as
         generating."""
         self.setTitle(IDLE_TITLE)
         self.network_note.setVisible(False)
-        for label in self.fields.values():
+        for key, label in self.fields.items():
             label.setText("—")
+            label.setToolTip(self._tips[key])
         self.context_bar.setRange(0, 1)
         self.context_bar.setValue(0)
         self.context_bar.setFormat("no reply yet")
+        self._fit_rows()
 
     def show_usage(
         self, usage: dict | None, finish_reason: str | None = None, live: bool = False
     ) -> None:
+        self._show_usage(usage, finish_reason, live)
+        self._fit_rows()  # a longer value may no longer fit beside its title
+
+    def _show_usage(self, usage: dict | None, finish_reason: str | None, live: bool) -> None:
         if not usage or "error" in usage:
             self.clear()
             if usage and "error" in usage:  # refused before the stream (ReplyRecorder.fail)
@@ -79,8 +171,11 @@ class UsagePanel(QGroupBox):
         cached = usage.get("cached_tokens")
         not_known = "not reported" if remote else "not used"
         f["cached_tokens"].setText(not_known if cached is None else str(cached))
-        f["prompt_tok_s"].setText(_rate(usage.get("prompt_tok_s")))
-        f["decode_tok_s"].setText(_rate(usage.get("decode_tok_s")))
+        for key in ("prompt_tok_s", "decode_tok_s"):
+            value = usage.get(key)
+            f[key].setText(_rate(value))
+            exact = f"{value:,.1f} tokens per second" if value else ""
+            f[key].setToolTip(self._tips[key] + (f": {exact}" if exact else ""))
         f["finish_reason"].setText(
             NOTE_STREAMING
             if live
@@ -104,4 +199,10 @@ def _int(value) -> str:
 
 
 def _rate(value) -> str:
-    return "—" if not value else f"{value:,.1f} tok/s"
+    """A speed in at most about six characters: 812.4, 24.6k, 1.2M tok/s."""
+    if not value:
+        return "—"
+    for limit, unit in ((1e6, "M"), (1e3, "k")):
+        if value >= limit * 0.99995:  # 999.96 is "1.0k", not "1000.0"
+            return f"{value / limit:.1f}{unit} tok/s"
+    return f"{value:.1f} tok/s"
