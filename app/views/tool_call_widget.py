@@ -15,7 +15,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QPushButton,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -24,6 +23,7 @@ from PySide6.QtWidgets import (
 from app.store import StoredMessage
 from app.tool_runner import REPEATED
 from app.views.elided_label import WrappingLabel
+from app.views.flow_layout import FlowLayout, WrappingButton
 from engine.types import MessageStatus, ToolApproval
 
 APPROVAL_NOTES = {
@@ -95,12 +95,14 @@ class ToolCallWidget(QFrame):
         self.arguments_view.setObjectName("tool_arguments")
         layout.addWidget(self.arguments_view)
 
+        # The buttons flow onto more lines, and a button's label wraps, when the chat is
+        # narrower than the row: one line of them overflowed a narrow card at 16 pt.
         self.approval_row = QWidget()
-        row = QHBoxLayout(self.approval_row)
-        row.setContentsMargins(0, 0, 0, 0)
-        self.allow_once_button = QPushButton("Allow once")
-        self.allow_always_button = QPushButton("Always for this tool in this chat")
-        self.deny_button = QPushButton("Deny")
+        self.approval_row.setObjectName("approval_row")
+        row = FlowLayout(self.approval_row)
+        self.allow_once_button = WrappingButton("Allow once")
+        self.allow_always_button = WrappingButton("Always for this tool in this chat")
+        self.deny_button = WrappingButton("Deny")
         for button, decision in (
             (self.allow_once_button, ToolApproval.ONCE),
             (self.allow_always_button, ToolApproval.ALWAYS),
@@ -108,7 +110,6 @@ class ToolCallWidget(QFrame):
         ):
             button.clicked.connect(lambda _=False, d=decision: self._decide(d))
             row.addWidget(button)
-        row.addStretch(1)
         layout.addWidget(self.approval_row)
 
         self.result_toggle = QToolButton()
