@@ -19,9 +19,9 @@ Rounds are counted per user turn: after `max_rounds` the next request offers no 
 
 A call identical to an earlier one of the same user turn (same tool, same arguments as canonical
 JSON) is not run again: small models that do not read a result call the same tool over and over
-(SmolLM2 asked the calculator 5 more times for one sum). Its message gets the earlier call's
-result with a note saying so (approval "repeated"), and after `max_repeats` such calls the next
-request offers no tools either, with a notice naming the call. An answer that then ends with no
+(one called the calculator 5 more times after its result, issue 31). Its message gets the
+earlier call's result with a note saying so (approval "repeated"), and after `max_repeats` such
+calls the next request offers no tools either, with a notice naming the call. An answer that then ends with no
 text gets a line saying why (`empty_reply_note`), instead of an empty card.
 """
 

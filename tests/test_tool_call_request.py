@@ -614,6 +614,20 @@ def test_a_lazy_constraint_is_free_text_until_the_opener_then_one_call(fmt, open
     assert not walk(lazy, tok, body.replace('"f"', '"g"'), tokens)[0]
 
 
+def test_a_lazy_constraint_refuses_a_format_without_an_opener_token():
+    with pytest.raises(ConstraintError, match="this model's format is llama3_json"):
+        LazyToolCallConstraint(OpenerTokenizer(), ToolCallFormat.LLAMA3_JSON, A_TOOL)
+
+
+def test_a_lazy_constraint_opens_on_the_very_first_token():
+    import numpy as np
+
+    tok = OpenerTokenizer()
+    lazy = LazyToolCallConstraint(tok, ToolCallFormat.HERMES, A_TOOL)
+    lazy([lazy.opener_id], np.zeros(tok.vocab_size, dtype=np.float32))
+    assert lazy.active
+
+
 def test_a_lazy_constraint_forwards_accepted_tokens_to_the_call():
     import numpy as np
 

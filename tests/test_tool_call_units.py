@@ -515,6 +515,18 @@ def test_json_lines_fenced_call_edges():
     assert text_of(lines_items("```json\n" + L_CALL + "\n```\n\n")) == "\n\n"
 
 
+def test_json_lines_layout_between_fences_and_objects_is_ascii_whitespace_only():
+    # a code fence that is not a call, then an object on a later line: judged on its own
+    items = lines_items("```json\nhello\n" + '{"a": 1}')
+    assert text_of(items) == '```json\nhello\n{"a": 1}' and calls_of(items) == []
+    # any whitespace is layout, as at a line start: the fence line is the call's, not text
+    items = lines_items("```json\n\u00a0" + L_CALL + "\n```")
+    assert calls_of(items) == [("f", {"a": 1})] and text_of(items) == ""
+    # what is not a closing fence right after a fenced call stays text, as written
+    assert text_of(lines_items("```json\n" + L_CALL + "\nX```")) == "\nX```"
+    assert text_of(lines_items("```json\n" + L_CALL + "\n;```x")) == "x"
+
+
 def test_json_lines_flush_twice():
     parser = JsonLinesParser()
     parser.push('{"name": "f", "arguments": {')

@@ -46,7 +46,7 @@ class JsonLinesParser:
             elif self._fence_line:
                 buffer = self._read_fence_line(buffer, items)
             elif self._fence:
-                stripped = buffer.lstrip(" \t\r\n")
+                stripped = buffer.lstrip()  # any whitespace, as at a line start (_text)
                 if not stripped:
                     self._fence += buffer
                     buffer = ""
