@@ -645,3 +645,45 @@ def test_the_tool_approval_buttons_wrap_in_a_narrow_chat(qtbot, look):
     with qtbot.waitSignal(card.approvalGiven, timeout=WAIT_MS) as given:
         qtbot.mouseClick(card.allow_always_button, Qt.LeftButton)
     assert given.args == [7, ToolApproval.ALWAYS]
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_an_unchecked_checkbox_is_visible(qtbot, look, theme):
+    """The edge of an unchecked box stands out from the window (WCAG 2.1 1.4.11: 3:1 for a
+    control's boundary); in the dark theme Fusion's own box was 1.2:1. Read from the pixels
+    painted inside the box's rectangle, against the window colour painted beside it."""
+    from PySide6.QtWidgets import QCheckBox, QStyle, QStyleOptionButton, QVBoxLayout
+
+    look(theme, 11)
+    holder = QWidget()
+    qtbot.addWidget(holder)
+    column = QVBoxLayout(holder)
+    unchecked, checked = QCheckBox("Calculator"), QCheckBox("Web fetch")
+    checked.setChecked(True)
+    column.addWidget(unchecked)
+    column.addWidget(checked)
+    holder.show()
+    qtbot.waitExposed(holder)
+    settle()
+
+    def box_colors(box: QCheckBox) -> tuple[QColor, list[QColor]]:
+        option = QStyleOptionButton()
+        box.initStyleOption(option)
+        rect = box.style().subElementRect(QStyle.SE_CheckBoxIndicator, option, box)
+        image = holder.grab().toImage()
+        origin = box.mapTo(holder, rect.topLeft())
+        window = QColor.fromRgb(image.pixel(2, 2))  # the holder's corner: the window colour
+        inside = [
+            QColor.fromRgb(image.pixel(origin.x() + x, origin.y() + y))
+            for x in range(rect.width())
+            for y in range(rect.height())
+        ]
+        return window, inside
+
+    window, inside = box_colors(unchecked)
+    assert window == holder.palette().color(QPalette.Window)
+    edge = max(_contrast(window, color) for color in inside)
+    assert edge >= 3.0, f"the unchecked box's edge is {edge:.2f}:1 against the window"
+    # and a ticked box still looks ticked: its inside differs from the unticked one
+    _, ticked = box_colors(checked)
+    assert {c.rgb() for c in ticked} != {c.rgb() for c in inside}
