@@ -16,6 +16,7 @@ import pytest
 
 import engine.constrained
 from engine.cancel import CancelToken
+from engine.errors import ContextOverflowError
 from engine.events import Finished, TokenSampled
 from engine.generate import generate
 from engine.receipt import ReceiptError, build_receipt, replay
@@ -477,3 +478,11 @@ def test_a_preset_field_the_receipt_lacks_is_named_as_resolved_by_the_replay():
     del receipt["preset"]["values"]["repeat_last_n"]
     report = replay(fake_lm(wandering(), n_ctx=64), receipt, tokens, SHA)
     assert "preset repeat_last_n: None in the receipt, 64 in the replay" in report.differences
+
+
+def test_a_prompt_longer_than_the_context_here_is_refused_by_name():
+    lm = fake_lm(endless, n_ctx=64)
+    receipt, tokens, done = record(lm, chat(overrides={"max_new_tokens": 3, "seed": 1}))
+    n_prompt = receipt["prompt"]["n_tokens"]
+    with pytest.raises(ContextOverflowError, match=f"The prompt takes {n_prompt} positions"):
+        replay(fake_lm(endless, n_ctx=n_prompt), receipt, tokens, SHA)
