@@ -548,7 +548,7 @@ def test_a_code_block_scrolls_by_itself_while_the_paragraph_wraps(qtbot, tmp_pat
         close_window(window)
 
 
-def test_the_usage_panel_fits_the_side_panel_at_16_pt(qtbot, tmp_path, look):
+def test_the_side_panel_fits_at_16_pt_without_sideways_scrolling(qtbot, tmp_path, look):
     """At 16 pt and the default width the right panel is at its narrowest (180 px); the usage
     panel ("Usage — selected reply", "Prefill speed  24,550.5 tok/s") asked for 368 px and
     made it scroll sideways. Now it asks for no more than the panel has, and shows every value
@@ -574,6 +574,14 @@ def test_the_usage_panel_fits_the_side_panel_at_16_pt(qtbot, tmp_path, look):
         room = side.viewport().width()
         assert side.isVisible() and room < 200  # the panel at its narrowest
         assert window.usage_panel.minimumSizeHint().width() <= room
+        # nor does anything else in it (the TTFT title, the Sampling tab's buttons) need more
+        for tab in range(window.tabs.count()):
+            window.tabs.setCurrentIndex(tab)
+            settle()
+            assert side.horizontalScrollBar().maximum() == 0, (
+                f"with the {window.tabs.tabText(tab)} tab the side panel's contents need "
+                f"{side.widget().minimumSizeHint().width()} px in {room} px"
+            )
     finally:
         close_window(window)
     # laid out at that width, nothing in it is cut or past its edge

@@ -7,10 +7,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QApplication,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
-    QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -19,6 +17,7 @@ from PySide6.QtWidgets import (
 
 from app.preset_state import format_value
 from app.theme import text_color
+from app.views.flow_layout import FlowLayout, WrappingButton
 from engine.types import ResolvedPreset
 
 SOURCE_COLORS = {
@@ -86,13 +85,14 @@ class PresetPanel(QWidget):
         self.reasons_label.setObjectName("preset_reasons")
         self.reasons_label.setWordWrap(True)
         self.reasons_label.setVisible(False)
-        buttons = QHBoxLayout()
-        self.save_button = QPushButton("Save preset")
+        # on two lines, and their words wrapped, when the right panel is narrow (16 pt)
+        buttons = FlowLayout()
+        self.save_button = WrappingButton("Save preset")
         self.save_button.setToolTip(
             "Save as this model's preset: use these values every time this model is loaded"
         )
         self.save_button.clicked.connect(self.saveRequested)
-        self.reset_button = QPushButton("Reset to checkpoint")
+        self.reset_button = WrappingButton("Reset to checkpoint")
         self.reset_button.setToolTip(
             "Forget your changes and the saved preset; use the model's own values"
         )

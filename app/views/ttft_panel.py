@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPalette
-from PySide6.QtWidgets import QGroupBox, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from app.views.panel_box import ElidingGroupBox
 
 MAX_BARS = 20
 
@@ -49,13 +51,14 @@ class TtftStrip(QWidget):
         )
 
 
-class TtftPanel(QGroupBox):
+class TtftPanel(ElidingGroupBox):  # its title elided to the narrow right panel's width
     def __init__(self, parent: QWidget | None = None):
         super().__init__("Time to first token", parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         self.current = QLabel("—")
         self.current.setObjectName("ttft_current")
+        self.current.setWordWrap(True)  # "<b>1,234 ms</b> · prefill 987 ms" fits at 16 pt
         self.current.setToolTip(
             "From sending to the first generated token; prefill is the part "
             "spent reading the prompt"

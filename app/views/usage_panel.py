@@ -7,20 +7,19 @@ the exact figure in the tooltip)."""
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QFont, QFontMetrics
-from PySide6.QtWidgets import QGridLayout, QGroupBox, QLabel, QProgressBar, QWidget
+from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 
 from app.finish_reasons import NOTE_STREAMING, finish_label
 from app.views.elided_label import WrappingLabel
+from app.views.panel_box import ElidingGroupBox
 
 IDLE_TITLE = "Usage — last reply"
 LIVE_TITLE = "Usage — generating…"
 SELECTED_TITLE = "Usage — selected reply"
 
 
-class UsagePanel(QGroupBox):
+class UsagePanel(ElidingGroupBox):  # its title elided to its width
     def __init__(self, parent: QWidget | None = None):
-        self._title = IDLE_TITLE
         super().__init__(IDLE_TITLE, parent)
         grid = QGridLayout(self)
         grid.setContentsMargins(8, 8, 8, 8)
@@ -64,24 +63,6 @@ class UsagePanel(QGroupBox):
         self.network_note.setVisible(False)
         self._place_rows(side_by_side=True)
 
-    # --- the title: elided to the panel's width (at 16 pt "Usage — selected reply" alone was
-    # wider than the right panel); title() is the whole of it ------------------------------------
-    def title(self) -> str:
-        return self._title
-
-    def setTitle(self, title: str) -> None:
-        self._title = title
-        self._show_title()
-
-    def _show_title(self) -> None:
-        font = QFont(self.font())
-        font.setBold(True)  # Fusion draws a group box title in bold
-        room = self.width() - 2 * self.fontMetrics().averageCharWidth() - 16
-        shown = QFontMetrics(font).elidedText(self._title, Qt.ElideRight, max(room, 0))
-        if shown != super().title():
-            super().setTitle(shown)
-            self.setToolTip(self._title if shown != self._title else "")
-
     # --- rows: titles and values side by side where they fit, else each value under its title
     def _place_rows(self, side_by_side: bool) -> None:
         """Titles in a column beside their values, or each value on the line under its title."""
@@ -119,8 +100,8 @@ class UsagePanel(QGroupBox):
         self._place_rows(self.width() >= side_by_side)
 
     def minimumSizeHint(self) -> QSize:
-        # QGroupBox asks for its whole title; this one elides it. And a row can put its value
-        # under its title: the narrowest title or value is all the rows need.
+        # A row can put its value under its title: the widest single title or value is all
+        # the rows need (the title is elided: ElidingGroupBox).
         widest = max(
             max(title.minimumSizeHint().width(), field.minimumSizeHint().width())
             for title, field in self._rows
@@ -129,7 +110,6 @@ class UsagePanel(QGroupBox):
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
-        self._show_title()
         self._fit_rows()
 
     def clear(self) -> None:
