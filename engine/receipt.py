@@ -306,6 +306,9 @@ def replay_request(
     values.pop("seed", None)
     if seed is not None:
         values["seed"] = seed
+    # Receipts recorded before the repetition stop existed ran without it: a reply that looped
+    # for 1,000 tokens then must loop for 1,000 tokens in its replay, not end at the 256th.
+    values.setdefault("stop_on_repetition", False)
     if n_tokens is not None:
         # None is an unbounded reply (the default preset has no max_new_tokens): the original's
         # length alone caps the replay then.

@@ -480,6 +480,24 @@ def test_a_preset_field_the_receipt_lacks_is_named_as_resolved_by_the_replay():
     assert "preset repeat_last_n: None in the receipt, 64 in the replay" in report.differences
 
 
+def test_a_loop_recorded_before_the_repetition_stop_existed_replays_to_its_end():
+    # An older receipt has no stop_on_repetition: that engine let a loop run to its cap, and
+    # today's default (the stop on) would end the replay at the 256th repeated token.
+    def looping(prefix):
+        return one_hot(ids("a")[0])
+
+    lm = fake_lm(looping, n_ctx=512)
+    receipt, tokens, done = record(lm, chat(overrides={"max_new_tokens": 300, "seed": 3}))
+    assert done.finish_reason == "repetition"  # today's engine stops the loop itself
+    lm_without = fake_lm(looping, n_ctx=512)
+    old_request = chat(overrides={"max_new_tokens": 300, "seed": 3, "stop_on_repetition": False})
+    receipt, tokens, done = record(lm_without, old_request)
+    assert done.finish_reason == "length" and len(tokens) == 300
+    del receipt["preset"]["values"]["stop_on_repetition"]
+    report = replay(fake_lm(looping, n_ctx=512), receipt, tokens, SHA)
+    assert report.identical
+
+
 def test_a_prompt_longer_than_the_context_here_is_refused_by_name():
     lm = fake_lm(endless, n_ctx=64)
     receipt, tokens, done = record(lm, chat(overrides={"max_new_tokens": 3, "seed": 1}))
