@@ -454,7 +454,14 @@ def test_the_replay_request_runs_every_recorded_value_with_the_seed_used():
     r = make_receipt()
     request = replay_request(r, n_tokens=3)
     assert list(request.prompt_ids) == [1, 2, 3]
-    assert request.overrides == {"temperature": 0.7, "seed": 42, "max_new_tokens": 3, "top_p": 0.9}
+    # This receipt predates the repetition stop (no stop_on_repetition): it replays with it off.
+    assert request.overrides == {
+        "temperature": 0.7,
+        "seed": 42,
+        "max_new_tokens": 3,
+        "top_p": 0.9,
+        "stop_on_repetition": False,
+    }
     assert request.json_mode == "off" and request.json_schema is None
     assert request.top_logprobs == 20
     assert request.messages is None and request.prompt is None
