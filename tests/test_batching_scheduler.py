@@ -137,8 +137,9 @@ def test_each_request_gets_its_own_reply_and_finish_reason_in_shared_steps():
     with BatchScheduler(lm) as scheduler:
         t1 = scheduler.submit(r1, CancelToken())
         pause.wait_entered()
-        t2 = scheduler.submit(r2, CancelToken())
+        # P3 runs between the others and ends first: the ones after it still go on
         t3 = scheduler.submit(r3, CancelToken())
+        t2 = scheduler.submit(r2, CancelToken())
         pause.go.set()
         got = [finished(t) for t in (t1, t2, t3)]
         stats = scheduler.stats()
@@ -288,7 +289,9 @@ def test_cancel_after_the_first_prefill_slice_stops_the_rest_of_that_call():
         cancel_on_the_long_slice(segments)
 
     model.on_step = on_step
-    with BatchScheduler(lm, max_concurrency=2) as scheduler:
+    # with a prefix cache: a cancelled call must not hand back logits (the loop would store the
+    # prompt's state in the cache and fail on the taken-back slice)
+    with BatchScheduler(lm, max_concurrency=2, prefix_cache=PrefixCache()) as scheduler:
         runner = scheduler.submit(request(P1, 30), CancelToken())
         pause.wait_entered()
         ticket = scheduler.submit(request(LONG, 4), token)
