@@ -254,3 +254,25 @@ def test_a_remote_model_repeating_a_call_gets_the_same_handling(qtbot, tmp_path,
     finally:
         close_window(window)
         server.stop()
+
+
+def test_an_empty_answer_after_the_round_limit_says_the_tools_were_withdrawn(
+    qtbot, window_with, builtin_runs
+):
+    replies = [
+        ToolCallReply(calls=(("calculator", {"expression": f"{n}+{n}"}),)) for n in (1, 2, 3)
+    ]
+    window, engine = window_with(replies)
+    window.session.tools.max_rounds = 2
+    window.session.send("Add up.")
+    qtbot.waitUntil(lambda: len(engine.requests) == 3 and _idle(window), timeout=WAIT_MS)
+    assert builtin_runs == [
+        ("calculator", {"expression": "1+1"}),
+        ("calculator", {"expression": "2+2"}),
+    ]
+    assert engine.requests[2].tool_choice == ToolChoice.NONE
+    assert window.chat_view.widgets[-1].tool_calls_label.text() == (
+        "The model ended its turn without text after 2 tool calls "
+        "(finish reason: tool_calls — it ended on tool calls). It reached the limit of 2 tool "
+        "rounds, so the tools were withdrawn. It still called 1 tool, which did not run."
+    )
