@@ -609,6 +609,11 @@ def test_the_side_panel_fits_at_16_pt_without_sideways_scrolling(qtbot, tmp_path
             assert label.height() >= label.heightForWidth(label.width()), f"{label.text()!r} cut"
     bar = panel.context_bar
     assert bar.mapTo(panel, QPoint(bar.width(), 0)).x() <= room
+    # its numbers shown whole, inside the bar (the word "tokens" goes first when short of
+    # room, then the digits: 13,023 is 13.0k)
+    assert bar.text() in ("13,023 / 32,768", "13.0k / 32.8k"), bar.text()
+    assert bar.fontMetrics().horizontalAdvance(bar.text()) <= bar.width(), bar.text()
+    assert bar.toolTip().endswith(": 13,023 of 32,768 tokens")  # exact in the tooltip
 
 
 def test_the_tool_approval_buttons_wrap_in_a_narrow_chat(qtbot, look):

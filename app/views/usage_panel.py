@@ -16,6 +16,7 @@ from app.views.panel_box import ElidingGroupBox
 IDLE_TITLE = "Usage — last reply"
 LIVE_TITLE = "Usage — generating…"
 SELECTED_TITLE = "Usage — selected reply"
+CONTEXT_TIP = "Context window used by this conversation vs the model's limit"
 
 
 class UsagePanel(ElidingGroupBox):  # its title elided to its width
@@ -47,8 +48,8 @@ class UsagePanel(ElidingGroupBox):  # its title elided to its width
             self.fields[key] = label
             # the titles wrap too ("Cached / tokens"): at 16 pt one alone was 155 px
             self._rows.append((WrappingLabel(title), label))
-        self.context_bar = QProgressBar()
-        self.context_bar.setToolTip("Context window used by this conversation vs the model's limit")
+        self.context_bar = ContextBar()
+        self.context_bar.setToolTip(CONTEXT_TIP)
         self.context_bar.setTextVisible(True)
         self.context_bar.setFormat("no reply yet")
         self.context_bar.setValue(0)
@@ -123,6 +124,7 @@ class UsagePanel(ElidingGroupBox):  # its title elided to its width
         self.context_bar.setRange(0, 1)
         self.context_bar.setValue(0)
         self.context_bar.setFormat("no reply yet")
+        self.context_bar.setToolTip(CONTEXT_TIP)
         self._fit_rows()
 
     def show_usage(
@@ -169,9 +171,53 @@ class UsagePanel(ElidingGroupBox):  # its title elided to its width
             return
         approx = "≈" if live else ""
         self.context_bar.setFormat(f"{approx}{used:,} / {limit:,} tokens" if limit else "—")
+        if limit:  # exact, whatever the bar has room to show
+            self.context_bar.setToolTip(f"{CONTEXT_TIP}: {approx}{used:,} of {limit:,} tokens")
 
     def text_of(self, key: str) -> str:
         return self.fields[key].text()
+
+
+class ContextBar(QProgressBar):
+    """The context bar; its text drops " tokens", then writes the counts compactly ("13.0k /
+    32.8k"), then is elided, when the bar is narrower than it (Fusion clips a progress bar's
+    text: at 16 pt "155 / 4,096 tokens" was cut in two). The tooltip has the exact counts."""
+
+    PADDING = 6  # px the style keeps around the text
+
+    def text(self) -> str:
+        full = super().text()
+        room = self.width() - self.PADDING
+        metrics = self.fontMetrics()
+        if metrics.horizontalAdvance(full) <= room:
+            return full
+        shorter = [full.removesuffix(" tokens")]
+        if " / " in full:  # "13.0k / 32.8k"
+            approx = "≈" if full.startswith("≈") else ""
+            shorter.append(f"{approx}{_compact(self.value())} / {_compact(self.maximum())}")
+        for short in shorter:
+            if metrics.horizontalAdvance(short) <= room:
+                return short
+        return metrics.elidedText(shorter[-1], Qt.ElideRight, max(room, 0))
+
+    def minimumSizeHint(self) -> QSize:
+        # QProgressBar's minimum is its size hint, the whole text; it elides instead
+        hint = super().minimumSizeHint()
+        return QSize(self.fontMetrics().averageCharWidth() * 6 + self.PADDING, hint.height())
+
+    def sizeHint(self) -> QSize:
+        # room for the whole text: the usage rows stack when it does not fit beside its title
+        hint = super().sizeHint()
+        width = self.fontMetrics().horizontalAdvance(super().text()) + self.PADDING
+        return QSize(max(hint.width(), width), hint.height())
+
+
+def _compact(count: int) -> str:
+    """A token count in a few characters: 812, 13.0k, 1.2M."""
+    for limit, unit in ((1e6, "M"), (1e3, "k")):
+        if count >= limit * 0.99995:
+            return f"{count / limit:.1f}{unit}"
+    return str(count)
 
 
 def _int(value) -> str:
