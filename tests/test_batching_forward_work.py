@@ -114,8 +114,19 @@ def test_logits_at_the_last_and_first_row_are_fine():
 
 
 def test_an_empty_call_is_refused():
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(ValueError, match=r"^forward\(\) needs at least one token$"):
         ForwardWork.of_call([], _cache(), False, None, None)
+
+
+def test_token_ids_and_logits_at_of_any_shape_are_read_flat_as_forward_reads_them():
+    work = ForwardWork.of_call(
+        np.array([[100, 101], [102, 103]]), _cache(), False, np.array([[3], [1]]), None
+    )
+    assert work.tokens.tolist() == [100, 101, 102, 103] and work.remaining == 4
+    seg = work.segment(2)
+    assert list(seg.ids) == [100, 101] and list(seg.logit_rows) == [1]
+    _serve(work, [2, 2])
+    assert work.result[:, 0].tolist() == [3, 1]  # (2, n_vocab), as forward() gives
 
 
 def test_a_call_the_cache_has_no_room_for_is_refused_before_anything_runs():
@@ -207,6 +218,18 @@ def test_the_slice_never_overflows_max_batch():
     # decodes filling the batch exactly: no prefill in this step
     full = [_call(10), _call(10)]
     assert _sizes(cut_step([work, *full], max_batch=20), [work, *full]) == [None, 10, 10]
+
+
+def test_a_decode_of_seventeen_tokens_goes_in_once_before_an_older_prefill():
+    decode, prefill = _call(DECODE_MAX_TOKENS), _call(100, cache=_cache(512))
+    step = cut_step([decode, prefill], max_batch=256, prefill_slice=64)
+    assert [(w is decode, n) for w, n in step] == [(True, 17), (False, 64)]
+
+
+def test_one_free_row_beside_the_decodes_still_takes_a_one_token_slice():
+    decode, prefill = _call(DECODE_MAX_TOKENS), _call(100, cache=_cache(512))
+    step = cut_step([prefill, decode], max_batch=DECODE_MAX_TOKENS + 1)
+    assert _sizes(step, [prefill, decode]) == [1, DECODE_MAX_TOKENS]
 
 
 def test_decodes_that_do_not_fit_wait_in_order():
