@@ -1,6 +1,6 @@
 """Screenshots of the window's layout at two screen sizes, both themes and two font sizes, with a
-cancelled, a failed, a tool-calling and a JSON reply in one chat (issue 31), from the repository
-root:
+cancelled, a failed, a tool-calling (its answer with a long code line) and a JSON reply in one
+chat (issue 31), from the repository root:
 
     python -m tools.screenshots [OUT_DIR] [--sizes 1280x800,1920x1080] [--themes light,dark]
                                 [--fonts 10,16] [--no-compress]
@@ -44,6 +44,14 @@ JSON_ANSWER = json.dumps(
         "population": 2102650,
         "source": "https://www.insee.fr/fr/statistiques/zones/2011101?geo=COM-75056&debut=0",
     }
+)
+# Prose and a code block with a line too long for the card: the prose wraps, the block scrolls
+# sideways by itself.
+ANSWER = (
+    "6 × 7 = **42**. To check it yourself, paste this line into Python; it prints the product "
+    "and every step of the multiplication written out as repeated addition:\n\n```python\n"
+    "print(6 * 7, ' + '.join(['6'] * 7), sum([6] * 7), all(6 * n == sum([6] * n) "
+    "for n in range(1, 8)))  # 42 6 + 6 + 6 + 6 + 6 + 6 + 6 42 True\n```"
 )
 NOTICE = (
     "Opened read-only: another LocalChat window uses this data directory, so nothing you do "
@@ -95,7 +103,7 @@ def take(out_dir: Path, width: int, height: int, theme: str, font_size: int) -> 
             STORY,
             "(not sent: this request fails)",
             ToolCallReply(calls=(("calculator", {"expression": "6*7"}),)),
-            "6 × 7 = **42**.",
+            ANSWER,
             JSON_ANSWER,
         ],
         pause_after=12,
