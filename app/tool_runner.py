@@ -357,6 +357,10 @@ FINISH_WORDS = {  # engine.types.FinishReason values, as a user reads them
     "length": "the token limit was reached",
     "tool_calls": "it ended on tool calls",
     "stop_sequence": "a stop sequence matched",
+    "grammar_complete": "the JSON value was complete",
+    "repetition": "the model was repeating itself, so the engine stopped it",
+    "cancelled": "you stopped it",
+    "error": "it failed",
 }
 
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from app_fakes import WAIT_MS, FakeEngine, ToolCallReply, close_window, make_window
 
 import app.tool_runner as tool_runner
 from app.tool_registry import READY, builtin_key, mcp_key
-from app.tool_runner import REPEATED, call_key
-from engine.types import Role, ToolChoice
+from app.tool_runner import FINISH_WORDS, REPEATED, ToolRunner, call_key
+from engine.types import FinishReason, Role, ToolChoice
 
 SERVER = Path(__file__).with_name("mcp_test_server.py")
 SIX_TIMES_SEVEN = ToolCallReply(calls=(("calculator", {"expression": "6*7"}),))
@@ -276,3 +277,13 @@ def test_an_empty_answer_after_the_round_limit_says_the_tools_were_withdrawn(
         "(finish reason: tool_calls — it ended on tool calls). It reached the limit of 2 tool "
         "rounds, so the tools were withdrawn. It still called 1 tool, which did not run."
     )
+
+
+@pytest.mark.parametrize("reason", [str(reason) for reason in FinishReason])
+def test_every_finish_reason_of_an_empty_answer_is_said_in_words(reason):
+    # A reason without words showed bare ("finish reason: repetition") after the repetition stop
+    # came in: every reason the engine can give has its words.
+    runner = SimpleNamespace(calls_in_turn=0, repeats=0, max_repeats=2, rounds=0, max_rounds=8)
+    note = ToolRunner.empty_reply_note(runner, reason)
+    assert note.startswith(f"The model ended its turn without text (finish reason: {reason} — ")
+    assert note.endswith(").") and FINISH_WORDS[reason] in note
