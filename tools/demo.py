@@ -207,7 +207,9 @@ def _explore_shots(app, window, send, shot) -> None:
         if not _wait(app, predicate, timeout_s):
             raise SystemExit("demo: timed out")
 
-    window.session.set_preset_value("max_new_tokens", 40)
+    # Versions, Details and Replay with the checkpoint's own preset, no cap: the path a user
+    # takes (Replay once failed on every reply made this way, issue 31).
+    window.session.reset_preset()
     send("Write a haiku about the sea.")
     for _ in range(2):
         window.session.regenerate_last()
