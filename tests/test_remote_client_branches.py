@@ -434,7 +434,7 @@ def test_a_refused_optional_field_is_left_out_and_said(serve, field_name):
         json_answer(400, {"error": {"message": f"Unrecognized argument: {field_name.upper()}"}}),
         stream(chunk(content="ok"), chunk("stop"), DONE),
     )
-    params = {"seed": 1, "top_k": 5, "min_p": 0.1}
+    params = {"seed": 1, "top_k": 5, "min_p": 0.1, "top_logprobs": 2}
     events = chat(server, params)
     assert field_name not in server.bodies()[1]
     assert all(k in server.bodies()[1] for k in params if k != field_name)
@@ -1335,3 +1335,105 @@ def test_transport_errors_name_their_host(serve):
     with OpenAIClient(connection) as client, pytest.raises(UnreachableHostError) as caught:
         client.list_models()
     assert caught.value.host == f"srv (127.0.0.1:{port})"
+
+
+def test_a_refused_logprobs_without_top_logprobs_and_an_error_body_that_is_not_utf8(serve):
+    server = serve(
+        json_answer(400, b"logprobs: bad \xff byte"),
+        json_answer(400, b"\xfe\xff"),
+    )
+    with pytest.raises(RequestRejectedError) as caught:
+        chat(server, {"logprobs": True})
+    assert "logprobs" not in server.bodies()[1]
+    assert str(caught.value) == f"{label(server)} refused the request (HTTP 400): \ufffd\ufffd"
+
+
+def test_the_json_schema_notice_and_a_refused_field_are_both_said_in_order(serve):
+    params = {"response_format": {"type": "json_schema", "json_schema": {}}, "seed": 3}
+    server = serve(
+        json_answer(400, {"error": {"message": "json_schema unsupported"}}),
+        json_answer(400, {"error": {"message": "seed unsupported"}}),
+        stream(chunk("stop"), DONE),
+    )
+    events = chat(server, params)
+    assert [e.message for e in of(StreamNotice, events)] == [
+        f"{label(server)} does not accept response_format json_schema; the schema was sent the "
+        "way llama.cpp's servers take it (json_object with a schema).",
+        f"{label(server)} does not accept the field 'seed'; it was left out of the request.",
+    ]
+
+
+def test_interrupt_after_a_request_is_harmless(serve):
+    server = serve(stream(chunk(content="ok"), chunk("stop"), DONE))
+    with client_for(server) as client:
+        assert finished(list(client.chat("m1", QUESTION, {}, CancelToken()))).text == "ok"
+        client.interrupt()  # the request's socket is gone: nothing to shut down
+        assert finished(list(client.chat("m1", QUESTION, {}, CancelToken()))).text == "ok"
+
+
+class StepClock:
+    """time for the client: perf_counter() advances `step_s` on every call, so the reply's
+    times are known exactly (the request starts at call 1, the n-th delta is call n+1)."""
+
+    def __init__(self, step_s: float):
+        self.step_s, self.now = step_s, 1000.0
+
+    def perf_counter(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+    @staticmethod
+    def time() -> float:
+        return time.time()
+
+
+def _usage_with(serve, monkeypatch, step_s: float, *pieces: bytes):
+    import app.backends.openai_client as openai_client
+
+    server = serve(stream(*pieces, DONE))
+    monkeypatch.setattr(openai_client, "time", StepClock(step_s))
+    return finished(chat(server)).usage
+
+
+def usage_chunk(prompt: int, completion: int) -> bytes:
+    return data(
+        {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+    )
+
+
+def test_times_and_speeds_from_the_streams_own_clock(serve, monkeypatch):
+    # request at t, deltas at t+0.25, t+0.5, t+0.75: first after 250 ms, the rest over 500 ms
+    u = _usage_with(
+        serve,
+        monkeypatch,
+        0.25,
+        chunk(content="a"),
+        chunk(content="b"),
+        chunk(content="c"),
+        usage_chunk(10, 3),
+    )
+    assert (u.ttft_ms, u.prefill_ms, u.decode_ms) == (250.0, 250.0, 500.0)
+    assert (u.prompt_tok_s, u.decode_tok_s) == (40.0, 4.0)  # 10 / 0.25 s; (3 - 1) / 0.5 s
+
+
+def test_speeds_from_two_tokens_and_a_sub_millisecond_first_token(serve, monkeypatch):
+    u = _usage_with(
+        serve, monkeypatch, 0.0005, chunk(content="a"), chunk(content="b"), usage_chunk(4, 0)
+    )
+    assert u.ttft_ms == pytest.approx(0.5)
+    assert u.prompt_tok_s == pytest.approx(8000.0)  # 4 / 0.0005 s
+    assert u.decode_tok_s == pytest.approx(2000.0)  # (2 - 1) / 0.0005 s
+
+
+def test_no_speed_without_the_time_or_the_tokens_to_measure_it(serve, monkeypatch):
+    # a prompt counted but no delta: no time to first token, so no prefill speed (no 0 division)
+    u = _usage_with(serve, monkeypatch, 0.25, chunk("stop"), usage_chunk(12, 0))
+    assert (u.prompt_tokens, u.ttft_ms, u.prompt_tok_s, u.decode_tok_s) == (12, 0.0, 0.0, 0.0)
+    # many tokens said, one delta seen: no decode time, so no decode speed
+    u = _usage_with(serve, monkeypatch, 0.25, chunk(content="abc"), usage_chunk(1, 5))
+    assert (u.completion_tokens, u.decode_ms, u.decode_tok_s) == (5, 0.0, 0.0)
+    # one token over a measured time: no speed from a single token
+    u = _usage_with(
+        serve, monkeypatch, 0.25, chunk(content="a"), chunk(content="b"), usage_chunk(1, 1)
+    )
+    assert (u.completion_tokens, u.decode_tok_s) == (1, 0.0)
