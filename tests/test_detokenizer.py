@@ -238,3 +238,15 @@ def test_token_sequences_stream_exactly_what_a_one_shot_clean_up_gives():
         raw = b"".join(CLEANUP_PIECES[i] for i in ids)
         assert streamed == clean_spaces(raw).decode("utf-8", errors="replace"), ids
         assert detok.pending_bytes == b""
+
+
+def test_clean_spaces_releases_a_first_token_that_no_rule_can_reach_at_once():
+    # Only bytes a clean-up rule could still change are held back (a space, an apostrophe):
+    # a reply's first word shows whole as soon as it arrives, not one letter short.
+    tok = PieceTokenizer([b"Hello", b" world", b"a"], clean=True)
+    detok = StreamingDetokenizer(tok)
+    assert (detok.add(0), detok.pending_bytes) == ("Hello", b"")
+    assert (detok.add(1), detok.pending_bytes) == (" world", b"")
+    single = StreamingDetokenizer(tok)
+    assert (single.add(2), single.pending_bytes) == ("", b"a")  # one byte: no cut is possible
+    assert (single.add(2), single.pending_bytes) == ("aa", b"")

@@ -385,3 +385,23 @@ def test_numpy_scalars_from_the_gguf_reader_become_python_numbers():
     )
     assert values == {"top_k": 20, "top_p": 0.5, "do_sample": False, "temperature": 0.0}
     assert type(values["top_k"]) is int and type(values["top_p"]) is float
+
+
+def test_sampling_metadata_keeps_only_the_sampling_keys_as_plain_python_values():
+    # What the app hands to its GUI thread (ModelInfo.sampling_metadata), then to resolve_preset.
+    import numpy as np
+
+    from engine.presets import sampling_metadata
+
+    picked = sampling_metadata(
+        {
+            "general.sampling.temp": np.float32(0.5),
+            "general.sampling.top_k": np.int32(40),
+            "general.name": "tiny",
+            "tokenizer.chat_template": "{{ messages }}",
+            "llama.context_length": np.uint32(2048),
+        }
+    )
+    assert picked == {"general.sampling.temp": 0.5, "general.sampling.top_k": 40}
+    assert type(picked["general.sampling.temp"]) is float
+    assert type(picked["general.sampling.top_k"]) is int

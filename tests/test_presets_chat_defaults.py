@@ -168,3 +168,87 @@ def test_smollm2_states_nothing_so_its_chat_samples_with_the_chat_defaults(smoll
     assert info["preset"]["values"]["do_sample"] is False
     assert info["chat_preset"]["sources"]["temperature"] == CHAT
     assert info["chat_preset"]["values"]["do_sample"] is True
+
+
+# --- which models count as chat models (has_own_chat_template), from each kind of handle --------
+def loaded(tmp_path, chat_template):
+    from fake_model import FakeGGUF, fake_lm, script_tokens
+
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"")
+    return fake_lm(script_tokens(0, []), path=path, gguf=FakeGGUF({}), chat_template=chat_template)
+
+
+def test_a_loaded_model_is_a_chat_model_unless_its_template_is_the_fallback(tmp_path):
+    from engine.chat_template import CHATML_TEMPLATE, ChatTemplate
+    from engine.presets import has_own_chat_template
+
+    own = loaded(tmp_path, ChatTemplate(CHATML_TEMPLATE, name="chatml"))
+    fallback = loaded(
+        tmp_path, ChatTemplate(CHATML_TEMPLATE, name="chatml (fallback)", is_fallback=True)
+    )
+    assert has_own_chat_template(own) is True
+    assert has_own_chat_template(fallback) is False
+    assert resolve_preset(own, chat=True).sources["temperature"] == CHAT
+    assert CHAT not in resolve_preset(fallback, chat=True).sources.values()
+
+
+def test_a_template_object_that_does_not_say_fallback_is_the_models_own(tmp_path):
+    # Anything with .chat_template counts (a test double, a template from another loader): only
+    # an explicit is_fallback marks a base model.
+    from types import SimpleNamespace
+
+    from engine.presets import has_own_chat_template
+
+    model_with_plain_template = loaded(tmp_path, SimpleNamespace(name="custom"))
+    assert has_own_chat_template(model_with_plain_template) is True
+    assert resolve_preset(model_with_plain_template, chat=True).sources["top_p"] == CHAT
+
+
+def test_a_model_object_that_names_no_template_is_not_a_chat_model():
+    from types import SimpleNamespace
+
+    from engine.presets import has_own_chat_template
+
+    assert has_own_chat_template(SimpleNamespace()) is False
+    preset = resolve_preset(SimpleNamespace(), chat=True)
+    assert set(preset.sources.values()) == {"default"}
+
+
+@pytest.mark.parametrize("as_str", [False, True])
+def test_a_gguf_path_is_a_chat_model_exactly_when_its_file_has_a_chat_template(tmp_path, as_str):
+    from gguf import GGUFValueType
+
+    from engine.presets import has_own_chat_template
+    from tests.tiny_models import write_tiny_model
+
+    chat_dir, base_dir = tmp_path / "chat", tmp_path / "base"
+    chat_dir.mkdir()
+    base_dir.mkdir()
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    chat = write_tiny_model(
+        chat_dir / "chat.gguf",
+        "llama",
+        tokenizer=None,
+        extra_metadata={"tokenizer.chat_template": (template, GGUFValueType.STRING)},
+    )
+    base = write_tiny_model(base_dir / "base.gguf", "llama", tokenizer=None)
+    chat_arg, base_arg = (str(chat), str(base)) if as_str else (chat, base)
+    assert has_own_chat_template(chat_arg) is True
+    assert has_own_chat_template(base_arg) is False
+    assert resolve_preset(chat_arg, chat=True).sources["min_p"] == CHAT
+    assert CHAT not in resolve_preset(base_arg, chat=True).sources.values()
+
+
+def test_the_implied_reason_names_every_value_you_set_and_how_to_choose(tmp_path):
+    info = model(tmp_path, template="chatml (fallback)")  # greedy by transformers' default
+    preset = resolve_preset(info, overrides={"temperature": 0.8, "top_p": 0.5})
+    assert preset.reasons["do_sample"] == (
+        "do_sample is True because you set temperature=0.8 (override), top_p=0.5 (override)"
+        " while it was False from default; set do_sample yourself to choose"
+    )
+    greedy = resolve_preset(model(tmp_path), overrides={"temperature": 0}, chat=True)
+    assert greedy.reasons["do_sample"] == (
+        "do_sample is False because you set temperature 0 (greedy) while it was True from"
+        " LocalChat chat defaults; set do_sample yourself to choose"
+    )

@@ -386,3 +386,41 @@ def test_penalties_count_every_token_as_generated_by_default():
 def test_min_p_of_one_keeps_exactly_the_tokens_tied_with_the_most_likely():
     logits = np.array([2.0, 2.0, 0.0, 2.0], np.float32)
     assert_dist(dist(cfg(min_p=1.0), logits), {0: 1 / 3, 1: 1 / 3, 3: 1 / 3})
+
+
+def test_a_long_tail_of_unlikely_tokens_keeps_its_share_of_the_draws():
+    # A 262k vocabulary (gemma) at temperature 1 without truncation: token 0 holds 99.24%, each
+    # other token 2.9e-8 (0.76% together). 2.9e-8 is under half a float32 step of a running sum
+    # near 1 (2.98e-8), so a float32 cumulative sum would never step past token 0 and the tail
+    # could never be drawn. The draw is numpy's first number for the seed (not the sampler's).
+    vocab = 262_144
+    per_tail = 2.9e-8
+    tail_logit = math.log(per_tail / (1 - per_tail * (vocab - 1)))
+    logits = np.full(vocab, tail_logit, np.float32)
+    logits[0] = 0.0
+    each = math.exp(float(logits[1]))
+    p0 = 1 / (1 + (vocab - 1) * each)  # hand softmax of the float32 logits
+    seed = 82
+    r = np.random.default_rng(seed).random()
+    assert 0.995 < r < 0.999  # this seed's first draw lands in the tail
+    # tail token i covers (p0 + (i-1) * p, p0 + i * p]: the draw falls in token floor(...) + 1
+    want = math.floor((r - p0) / (each * p0)) + 1
+    token = make_sampler(cfg(seed=seed))(logits)
+    assert abs(token - want) <= 1, (token, want)
+
+
+def test_kth_largest_is_exact_when_few_values_are_near_the_peak():
+    from engine.sampling import kth_largest, top_ids
+
+    # Nothing within 16 of the peak but the peak itself: the k-th comes from the whole vector;
+    # a -inf (a token masked by a grammar) counts only when k reaches past the finite values.
+    values = np.array([0.0, -20.0, -np.inf, -30.0], np.float32)
+    assert [kth_largest(values, k) for k in (1, 2, 3, 4)] == [0.0, -20.0, -30.0, -np.inf]
+    assert top_ids(values, 4).tolist() == [0, 1, 3, 2]
+    assert kth_largest(np.array([np.inf, 1.0, 2.0], np.float32), 3) == 1.0
+
+
+def test_log_softmax_is_float32_whatever_the_input():
+    out = log_softmax(np.log(np.array([0.5, 0.25, 0.25])))  # float64 in
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, np.log([0.5, 0.25, 0.25]), rtol=1e-6)

@@ -187,3 +187,14 @@ def test_prompt_that_opens_think_starts_inside():
     assert not prompt_opens_reasoning("<think>x</think> answer")
     out = split(["plan", "</think>", "done"], starts_inside=True)
     assert out == {REASONING: "plan", ANSWER: "done"}
+
+
+def test_longest_partial_suffix_counts_only_proper_prefixes():
+    # What a streaming matcher holds back (stop strings, tool-call tags): a whole tag at the end
+    # is a match for the caller to find, never "a start of the tag" to hold.
+    from engine.stopping import longest_partial_suffix
+
+    assert longest_partial_suffix("say <tool", ["<tool_call>"]) == 5
+    assert longest_partial_suffix("say <tool_call>", ["<tool_call>"]) == 0
+    assert longest_partial_suffix("END", ["END", "ENDING"]) == 3  # a proper prefix of "ENDING"
+    assert longest_partial_suffix("x", ["x"]) == 0
