@@ -938,15 +938,13 @@ def _branch_rows(rows: list[sqlite3.Row]) -> list[sqlite3.Row]:
         by_parent.setdefault(r["parent_id"], []).append(r)
     branch: list[sqlite3.Row] = []
     parent: int | None = None
-    seen: set[int] = set()
+    # No message is reached twice, whatever the rows say: each has one parent, and the walk
+    # starts at the messages without one, so parent ids that form a cycle are never reached.
     while parent in by_parent:
         siblings = by_parent[parent]
         # The selected one; a group with none selected (never written so, but a recovered
         # database may be) shows its newest version.
         chosen = next((r for r in siblings if r["selected"]), siblings[-1])
-        if chosen["id"] in seen:
-            break
-        seen.add(chosen["id"])
         branch.append(chosen)
         parent = chosen["id"]
     return branch

@@ -289,6 +289,12 @@ def test_an_imported_tree_keeps_its_selection_depths_and_times(tmp_path, monkeyp
     assert [tree[t].position for t in ("Q", "A", "A'", "Q2a", "Q3", "A3")] == [0, 1, 1, 2, 2, 3]
     assert tree["A3"].parent_id == tree["Q3"].id and tree["Q3"].parent_id == tree["A'"].id
     assert all(x.created_at == 5.0 for x in tree.values())
+    # Exactly one selected version per group (the schema's rule), on the branch and off it.
+    groups = store._db.execute(
+        "SELECT parent_id, sum(selected) FROM messages WHERE conversation_id=? GROUP BY parent_id",
+        (cid,),
+    ).fetchall()
+    assert sorted(n for _parent, n in groups) == [1, 1, 1, 1, 1]  # None, 10, 20, 21, 40
     # Off the branch, a group shows its newest version.
     store.select_version(tree["A'"].id)
     assert [x.content for x in store.branch(cid)] == ["Q", "A'", "Q3", "A3'"]
