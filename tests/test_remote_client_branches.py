@@ -592,6 +592,7 @@ def test_rate_limits_say_when_to_try_again(serve, retry_after, tail, wait):
         == f"{label(server)} is rate limiting requests (HTTP 429): slow down{tail}"
     )
     assert caught.value.retry_after_s == wait
+    assert caught.value.host == label(server)
 
 
 def test_retry_after_as_an_http_date():
@@ -627,6 +628,7 @@ def test_text_reasoning_and_think_tags_stream_as_their_events(serve):
         "TextDelta",
     ]
     assert [e.text for e in of(ReasoningDelta, events)] == ["Plan A.", "Plan B.", "hidden"]
+    assert [e.text for e in of(TextDelta, events)] == ["Hello", " world"]
     done = finished(events)
     assert (done.text, done.reasoning) == ("Hello world", "Plan A.Plan B.hidden")
 
