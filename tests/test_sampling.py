@@ -461,3 +461,11 @@ def test_top_p_over_peaked_logits_stops_at_the_first_guess():
     assert scaled[order[:1024]].sum() >= 0.9 * total  # the premise, by a full sort
     superset = _nucleus_superset(logits, scaled, total, 0.9)
     assert sorted(superset.tolist()) == sorted(order[:1024].tolist())
+
+
+def test_top_p_reached_exactly_keeps_the_smaller_set():
+    # Four tied tokens hold exactly 0.25 each (dyadic, no rounding): the first two reach top-p
+    # 0.5 exactly, so the nucleus is those two (as transformers removes cumulative <= 1 - top_p).
+    tied = np.zeros(4, np.float32)
+    assert_dist(dist(cfg(top_p=0.5), tied), {0: 0.5, 1: 0.5})
+    assert_dist(dist(cfg(top_p=0.75), tied), {0: 1 / 3, 1: 1 / 3, 2: 1 / 3})
