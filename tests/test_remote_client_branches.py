@@ -1439,3 +1439,15 @@ def test_no_speed_without_the_time_or_the_tokens_to_measure_it(serve, monkeypatc
         serve, monkeypatch, 0.25, chunk(content="a"), chunk(content="b"), usage_chunk(1, 1)
     )
     assert (u.completion_tokens, u.decode_tok_s) == (1, 0.0)
+
+
+def test_content_that_is_not_text_is_left_out(serve):
+    server = serve(
+        stream(
+            chunk(content=123), chunk(content=["part"]), chunk(content="ok"), chunk("stop"), DONE
+        )
+    )
+    events = chat(server)
+    assert [e.text for e in of(TextDelta, events)] == ["ok"]
+    done = finished(events)
+    assert (done.text, done.finish_reason, done.error) == ("ok", FinishReason.STOP, None)
