@@ -200,7 +200,7 @@ def sampling_distribution(
 def _nucleus_superset(x: np.ndarray, scaled: np.ndarray, total: float, top_p: float) -> np.ndarray:
     """A set of the most likely ids that contains the top-p nucleus, found without sorting the
     whole vocabulary (~15 ms at 262k): take the `guess` largest logits (and everything tied with
-    the smallest of them) and double the guess until their mass reaches top_p. Peaked real
+    the smallest of them) and quadruple the guess until their mass reaches top_p. Peaked real
     distributions stop at the first guess."""
     vocab = x.shape[-1]
     guess = _NUCLEUS_FIRST_GUESS
