@@ -1119,6 +1119,7 @@ def test_a_call_that_cannot_run_is_malformed_and_named(serve, parts, problem):
     (bad,) = of(ToolCallMalformed, events)
     assert bad.id == "c" and bad.problem.startswith(problem)
     assert bad.text == parts[0]["function"].get("arguments", "")
+    assert bad.name == parts[0]["function"].get("name", "")
     done = finished(events)
     assert done.tool_calls == () and done.finish_reason == FinishReason.STOP
     assert done.usage.server_finish_reason == "tool_calls"
@@ -1451,3 +1452,11 @@ def test_content_that_is_not_text_is_left_out(serve):
     assert [e.text for e in of(TextDelta, events)] == ["ok"]
     done = finished(events)
     assert (done.text, done.finish_reason, done.error) == ("ok", FinishReason.STOP, None)
+
+
+def test_text_held_back_as_a_possible_think_tag_is_delivered_when_the_stream_ends(serve):
+    server = serve(stream(chunk(content="Hello <thi"), chunk("stop"), DONE))
+    events = chat(server)
+    assert "".join(e.text for e in of(TextDelta, events)) == "Hello <thi"
+    assert of(TextDelta, events)[-1].text.endswith("<thi")
+    assert finished(events).text == "Hello <thi"
