@@ -94,6 +94,14 @@ def test_a_slice_with_no_wanted_row_adds_nothing():
     assert work.result.tolist() == [[5.0] * V]
 
 
+def test_logits_at_as_a_small_integer_array_works_past_its_range():
+    # indices given as uint8 (any integer array is fine for forward()): slices starting past
+    # 255 must not do uint8 arithmetic with their start
+    work = _call(300, logits_at=np.array([200, 10], dtype=np.uint8), cache=_cache(512))
+    _serve(work, [256, 44])
+    assert work.result[:, 0].tolist() == [200, 10]
+
+
 def test_logits_at_may_ask_for_no_row_whole_or_sliced():
     # forward() returns an empty (0, n_vocab) array for logits_at=[]; this once raised
     # IndexError in took() (no row was kept), on the scheduler's thread
