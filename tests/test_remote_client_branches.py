@@ -1460,3 +1460,25 @@ def test_text_held_back_as_a_possible_think_tag_is_delivered_when_the_stream_end
     assert "".join(e.text for e in of(TextDelta, events)) == "Hello <thi"
     assert of(TextDelta, events)[-1].text.endswith("<thi")
     assert finished(events).text == "Hello <thi"
+
+
+def test_reasoning_that_is_not_text_is_left_out(serve):
+    server = serve(
+        stream(
+            chunk(reasoning_content=5),
+            chunk(reasoning=["x"]),
+            chunk(content="ok"),
+            chunk("stop"),
+            DONE,
+        )
+    )
+    done = finished(chat(server))
+    assert (done.text, done.reasoning, done.error) == ("ok", "", None)
+
+
+def test_a_last_chunk_without_its_blank_line_still_counts(serve):
+    last = b'data: {"choices": [{"delta": {"content": "b"}}]}'  # the body ends here: no [DONE]
+    server = serve(stream(chunk(content="a"), last))
+    done = finished(chat(server))
+    assert done.text == "ab"
+    assert done.finish_reason == FinishReason.ERROR and "no [DONE]" in done.error
