@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import json
 import re
 import string
 import sys
 import threading
 import time
+import traceback
 import types
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -158,6 +160,64 @@ def _check_int_bits(what: str, bits: int) -> None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --- the total size of what one render produces ------------------------------------------------
+# Each value above is bounded on its own, but a template can keep many of them at once: 1,000
+# upper-cased copies of a 3-million-character string (`l|map('upper')|list`), `s ~ loop.index`
+# collected in a loop, `dict` of many products. So every value a template makes (the result of a
+# filter, a call, `*`, `+`, `%`, `~`, the text of a block) adds its size in bytes to a total kept
+# for the render, and the render is refused once the total passes the budget. A value that is
+# one of its own inputs (`s|trim` returning `s`) is not new and costs nothing; a container costs
+# its own slots (its items were counted when they were made). Where the size is known in advance
+# (`*`, `+`, `~`) the budget is checked before the value is made; elsewhere right after, which
+# can overshoot by one value, itself at most MAX_OUTPUT_CHARS characters (16 MB).
+MAX_PRODUCED_BYTES = 64 * 2**20  # + one last value + the measuring: under 100 MB of growth
+_render_state = threading.local()  # .produced: the budget of the render running in this thread
+
+
+class _Produced:
+    """The running total of one render (kept per render thread)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.last: Any = None  # the value counted last: a macro returns its block's text again
+
+
+def _produced() -> _Produced | None:
+    return getattr(_render_state, "produced", None)
+
+
+def _budget_exceeded(total: int) -> _LimitExceeded:
+    return _LimitExceeded(
+        "output size",
+        f"the template would have produced {total} bytes of values in one render "
+        f"(limit {MAX_PRODUCED_BYTES})",
+    )
+
+
+def _precheck_produced(size: int) -> None:
+    """Refuse a value of `size` characters before it is made when it would pass the budget."""
+    state = _produced()
+    if state is not None and state.total + size > MAX_PRODUCED_BYTES:
+        raise _budget_exceeded(state.total + size)
+
+
+def _charge(value: Any, *inputs: Any) -> Any:
+    """Add a value just made to the render's total (unless it is one of `inputs`); returns it."""
+    state = _produced()
+    if state is None or value is state.last or not isinstance(value, _COUNTED):
+        return value
+    if any(value is x for x in inputs):
+        return value
+    state.total += sys.getsizeof(value)
+    state.last = value
+    if state.total > MAX_PRODUCED_BYTES:
+        raise _budget_exceeded(state.total)
+    return value
+
+
+_COUNTED = (str, bytes, list, tuple, dict, set, frozenset)
 
 
 # --- the size of a value's text, known before the text is made ------------------------------
@@ -613,6 +673,17 @@ def _guarded(filter_fn: Callable[..., Any], check: Callable[..., None]) -> Calla
     return guarded
 
 
+def _charged(filter_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`filter_fn` with its result added to the render's produced total (a filter over a lazy
+    iterator, |map, counts each item it makes as |list or |join draws it)."""
+
+    @functools.wraps(filter_fn)
+    def charged(*args: Any, **kwargs: Any) -> Any:
+        return _charge(filter_fn(*args, **kwargs), *args, *kwargs.values())
+
+    return charged
+
+
 def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
     words = (n if _is_int(n) else 0) * (max if _is_int(max) else 0)
     _check_size("lipsum text", words * 12)  # ~12 characters per word with punctuation
@@ -622,16 +693,20 @@ def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str
 def _checked_concat(parts: Sequence[Any]) -> str:
     """`a ~ b ~ c` (jinja's Concat node), with the result's length checked before it is built
     (and before any part that is not a string is turned into text)."""
-    _check_size("a concatenated string", _joined_length(parts, 0))
-    return "".join(part if isinstance(part, str) else str(part) for part in parts)
+    size = _joined_length(parts, 0)
+    _check_size("a concatenated string", size)
+    _precheck_produced(size)
+    return _charge("".join(part if isinstance(part, str) else str(part) for part in parts), *parts)
 
 
 def _checked_join(parts: Any) -> str:
     """jinja's `concat` (the text of a block: `{% set %}...{% endset %}`, a macro, a call or
     filter block), with its length checked before the pieces are joined."""
     parts = parts if isinstance(parts, list) else list(parts)
-    _check_size("the text of a block", sum(len(part) for part in parts))
-    return "".join(parts)
+    size = sum(len(part) for part in parts)
+    _check_size("the text of a block", size)
+    _precheck_produced(size)
+    return _charge("".join(parts), *parts)
 
 
 def _finalize(value: Any) -> Any:
@@ -670,6 +745,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             for seq, count in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and _is_int(count):
                     _check_size("a repeated sequence", len(seq) * count)
+                    _precheck_produced(len(seq) * count)
             if _is_int(left) and _is_int(right):
                 _check_int_bits("a product", left.bit_length() + right.bit_length())
         elif operator == "**":
@@ -680,9 +756,10 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         elif operator == "+":
             if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
                 _check_size("a concatenation", len(left) + len(right))
+                _precheck_produced(len(left) + len(right))
         elif operator == "%" and isinstance(left, str):
             _check_percent(left, right)
-        return super().call_binop(context, operator, left, right)
+        return _charge(super().call_binop(context, operator, left, right), left, right)
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         # jinja swaps str.format / format_map for a sandboxed formatter when the attribute is
@@ -712,7 +789,8 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             check = _STR_METHOD_CHECKS.get(name)
             if check is not None:
                 check(owner, *args, **kwargs)
-        return super().call(__context, __obj, *args, **kwargs)
+        result = super().call(__context, __obj, *args, **kwargs)
+        return _charge(result, __obj, owner, *args, *kwargs.values())
 
 
 def _budgeted_range():
@@ -744,6 +822,8 @@ def _environment() -> jinja2.Environment:
     for name, check in _FILTER_CHECKS.items():
         env.filters[name] = _guarded(env.filters[name], check)
     env.filters["join"] = _join_filter(env.filters["join"])
+    for name, filter_fn in env.filters.items():
+        env.filters[name] = _charged(filter_fn)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["lipsum"] = _lipsum
@@ -789,12 +869,16 @@ def _run_abandonable(
         except _Abandoned:
             pass
         except BaseException as exc:  # handed to the caller, which decides what it means
+            # The template's frames hold what it made (up to the produced budget); the error
+            # kept by the caller must not keep them alive (its line numbers stay readable).
+            traceback.clear_frames(exc.__traceback__)
             outcome["error"] = exc
         finally:
             sys.settrace(None)
             done.set()
 
-    threading.Thread(target=target, name="chat-template", daemon=True).start()
+    thread = threading.Thread(target=target, name="chat-template", daemon=True)
+    thread.start()
     deadline = time.monotonic() + timeout
     try:
         while not done.wait(min(0.05, max(deadline - time.monotonic(), 0.0))):
@@ -806,6 +890,7 @@ def _run_abandonable(
                 )
     finally:
         stop.set()
+    thread.join()  # done: it only has to let go of its frames (what the template made)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -909,52 +994,81 @@ class ChatTemplate:
             "messages": [dict(m) for m in messages],
             "add_generation_prompt": bool(add_generation_prompt),
         }
+        produced = _Produced()
+        error: ChatTemplateError | None = None
         try:
             text = _run_abandonable(
-                lambda: self._render_bounded(template, variables), timeout, cancel
+                lambda: self._render_bounded(template, variables, produced), timeout, cancel
             )
         except TemplateCancelled:
             raise
         except _TemplateRaised as exc:
-            raise ChatTemplateError(
+            error = ChatTemplateError(
                 f"the chat template {self.name!r} refused the conversation: {exc}"
-            ) from None
+            )
         except _LimitExceeded as exc:
-            raise ChatTemplateLimitError(
+            error = ChatTemplateLimitError(
                 exc.limit, f"the chat template {self.name!r} hit the {exc.limit} limit: {exc}"
-            ) from None
+            )
         except RecursionError:
-            raise ChatTemplateLimitError(
+            error = ChatTemplateLimitError(
                 "recursion depth",
                 f"the chat template {self.name!r} hit the recursion depth limit "
                 "(a macro or loop calls itself without end)",
-            ) from None
+            )
         except SecurityError as exc:
-            raise ChatTemplateError(
+            error = ChatTemplateError(
                 f"the chat template {self.name!r} tried an unsafe operation: {exc}"
-            ) from None
+            )
         except (
             Exception
         ) as exc:  # any error inside untrusted template code is the template's problem
             line = _template_line(exc.__traceback__)
             where = f" on line {line}" if line is not None else ""
-            raise ChatTemplateError(
+            error = ChatTemplateError(
                 f"the chat template {self.name!r} failed{where}: {type(exc).__name__}: {exc}"
-            ) from None
+            )
+        if produced.total > MAX_PRODUCED_BYTES // 4:
+            # What the template made sits in reference cycles (its context, its frames in the
+            # error's traceback, dropped above); collected now, a next render cannot add its
+            # own budget on top of it.
+            gc.collect()
+        if error is not None:
+            raise error  # outside the handlers: no chain back to the template's frames
         if self._strip_leading_bos and text.startswith(self.bos_token):
             text = text[len(self.bos_token) :]
         return text
 
-    def _render_bounded(self, template: jinja2.Template, variables: dict[str, Any]) -> str:
-        parts, size = [], 0
-        for chunk in template.generate(**variables):
-            size += len(chunk)
-            if size > MAX_OUTPUT_CHARS:
-                raise _LimitExceeded(
-                    "output size", f"the rendered prompt exceeds {MAX_OUTPUT_CHARS} characters"
-                )
-            parts.append(chunk)
-        return "".join(parts)
+    def _render_bounded(
+        self, template: jinja2.Template, variables: dict[str, Any], produced: _Produced
+    ) -> str:
+        _render_state.produced = produced  # this thread runs this one render
+        # template.generate(), with its context kept: the template's top-level variables sit in a
+        # reference cycle there, and would hold what it made (up to the produced budget) until
+        # the next garbage collection, so that a second render could add as much again.
+        context = template.new_context(variables)
+        try:
+            parts, size = [], 0
+            for chunk in self._chunks(template, context):
+                size += len(chunk)
+                if size > MAX_OUTPUT_CHARS:
+                    raise _LimitExceeded(
+                        "output size", f"the rendered prompt exceeds {MAX_OUTPUT_CHARS} characters"
+                    )
+                parts.append(chunk)
+            return "".join(parts)
+        finally:
+            context.vars.clear()
+            context.exported_vars.clear()
+            produced.last = None  # may be a list of everything the template made
+            _render_state.produced = None
+
+    @staticmethod
+    def _chunks(template: jinja2.Template, context: jinja2.runtime.Context) -> Any:
+        try:
+            yield from template.root_render_func(context)
+        except Exception:
+            template.environment.handle_exception()  # re-raises, with the template's line numbers
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, is_fallback={self.is_fallback})"

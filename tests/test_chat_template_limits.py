@@ -287,6 +287,11 @@ def test_ordinary_formatting_and_long_numbers_in_text_still_work():
 # fix, 7 of these went past 2.5 GB. Each must be refused by its limit, with the process's peak
 # memory growing by at most 100 MB.
 _BIG = "{% set s = 'x' * 3000000 %}{% set l = [s] * 1000 %}"
+# a loop that keeps a new 3-million-character value per step in a list
+_GROW = (
+    "{{% set s = 'x' * 3000000 %}}{{% set h = 'x' * 1500000 %}}{{% set ns = namespace(l=[]) %}}"
+    "{{% for i in range(1000) %}}{{% set ns.l = ns.l + [{item}] %}}{{% endfor %}}{{{{ ns.l|length }}}}"
+)
 TEXT_PAYLOADS = [
     # the seven shapes from the issue
     (_BIG + "{{ l }}", "output size"),  # the list's own output
@@ -321,6 +326,38 @@ TEXT_PAYLOADS = [
     (_BIG + "{{ l|center(10) }}", "output size"),
     (_BIG + "{{ {'a': l}|xmlattr }}", "output size"),
     ("{{ ''.maketrans('a' * 200000, 'b' * 200000)|length }}", "item count"),
+    # many distinct large values held at once (each legal on its own): the render's budget on
+    # everything it produces (MAX_PRODUCED_BYTES) refuses them; before it, only the deadline did,
+    # after gigabytes
+    (_BIG + "{{ l|map('upper')|list|length }}", "output size"),
+    (_BIG + "{{ l|map('replace', 'x', 'y')|list|length }}", "output size"),
+    (_BIG + "{{ l|map('trim')|map('upper')|select|list|length }}", "output size"),
+    (_BIG + "{{ l|map('upper')|batch(10)|list|length }}", "output size"),
+    (_GROW.format(item="s ~ loop.index"), "output size"),
+    (_GROW.format(item="s.upper()"), "output size"),
+    (_GROW.format(item="s.replace('x', 'y')"), "output size"),
+    (_GROW.format(item="h * 2"), "output size"),  # 3,000,000 characters each
+    (_GROW.format(item="s + 'y'"), "output size"),
+    (_GROW.format(item="'%s!' % s"), "output size"),
+    (_GROW.format(item="'{}!'.format(s)"), "output size"),
+    (
+        "{% set s = 'x' * 3000000 %}{% set ns = namespace(d={}) %}{% for i in range(1000) %}"
+        "{% set ns.d = dict(ns.d, **{'k' ~ i: s ~ i}) %}{% endfor %}{{ ns.d|length }}",
+        "output size",
+    ),  # a dict of many big values
+    (
+        "{% set s = 'x' * 3000000 %}{{ dict(a=s ~ 1, b=s ~ 2, c=s ~ 3, d=s ~ 4, e=s ~ 5, f=s ~ 6,"
+        " g=s ~ 7, h=s ~ 8, i=s ~ 9, j=s ~ 10, k=s ~ 11, m=s ~ 12, n=s ~ 13, o=s ~ 14, p=s ~ 15,"
+        " q=s ~ 16, r=s ~ 17, t=s ~ 18, u=s ~ 19, v=s ~ 20, w=s ~ 21, y=s ~ 22, z=s ~ 23,"
+        " aa=s ~ 24, ab=s ~ 25, ac=s ~ 26)|dictsort|length }}",
+        "output size",
+    ),
+    (
+        "{% set s = 'x' * 3000000 %}{% macro m(i) %}{{ s }}{{ i }}{% endmacro %}"
+        "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + [m(i)] %}"
+        "{% endfor %}{{ ns.l|length }}",
+        "output size",
+    ),  # the text of a macro, kept
 ]
 
 _TEXT_CHILD = """
@@ -415,6 +452,46 @@ def test_measured_conversions_render_as_in_plain_jinja(source):
     source = "{% set ns = namespace(a=[1, 'b']) %}" + source
     expected = _plain_jinja(source, messages=messages)
     assert ChatTemplate(source, name="t").render(messages) == expected
+
+
+# The budget on what one render produces must leave room for real templates at the output cap:
+# 150 messages of 25,000 characters, and one message of 3.7 million, render exactly as in plain
+# jinja (each real template copies a message a few times: `+`, |trim, tojson of the tools).
+_FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "templates")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["qwen2.5_instruct", "llama3.1_instruct", "mistral_7b_instruct_v0.3", "QWEN25_TOOLS",
+     "LLAMA31", "GEMMA_TEMPLATE", "CHATML_TEMPLATE"],
+)  # fmt: skip
+@pytest.mark.parametrize("shape", ["many", "one"])
+def test_real_templates_at_the_output_cap_render_within_the_budget(name, shape):
+    from engine import chat_template
+
+    path = os.path.join(_FIXTURES, name + ".jinja")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    else:
+        source = getattr(chat_template, name, None) or globals()[name]
+    if shape == "many":
+        contents = [f"m{i} " + "word " * 5000 for i in range(150)]
+    else:
+        contents = ["word " * 740000]
+    conversation = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": c}
+        for i, c in enumerate(contents)
+    ]
+    extra = (
+        {}
+        if "mistral" in name or name in ("GEMMA_TEMPLATE", "CHATML_TEMPLATE")
+        else {"tools": _TOOLS}
+    )
+    expected = _plain_jinja(source, messages=conversation, add_generation_prompt=True,
+                            bos_token="", eos_token="", **extra)  # fmt: skip
+    assert len(expected) > 3_700_000
+    assert ChatTemplate(source, name="real").render(conversation, **extra) == expected
 
 
 @settings(max_examples=300, deadline=None)
