@@ -19,9 +19,13 @@ so `tokenizer.encode(template.render(messages))` always starts with exactly one 
 A hostile template is bounded by limits checked *before* each operation that could allocate
 without bound (see "Resource limits" below), including every conversion of a value to text
 (`{{ value }}`, |string, |tojson, `~`, join, `%`, str.format, str.translate, the text of a block):
-its size is measured from lengths without making the text. What is not bounded is a template
-holding many distinct large values at once (each legal, e.g. `l|map('upper')|list` over a list
-of 3-million-character strings); the render deadline is the only limit on those.
+its size is measured from lengths without making the text. A template holding many distinct
+large values at once (each legal, e.g. `l|map('upper')|list` over a list of 3-million-character
+strings, or `s ~ loop.index` kept in a loop) is bounded by a budget on everything one render
+produces: every filter, call, `*`, `+`, `%`, `~` and block text adds the size of the value it made
+(checked before making it where the size is known) to a total, refused as "output size" past
+MAX_PRODUCED_BYTES (64 MB, so that a render grows the process by less than 100 MB). What one
+render made does not outlive it (its context, its last value and its error's frames are let go).
 
 A file without a template gets a named fallback: Gemma's turn format for Gemma models (whose
 vocabulary has `<start_of_turn>`; the system prompt goes in front of the first user turn, as
