@@ -535,9 +535,7 @@ class ChatSession(QObject):
         model (ModelInfo.base_model) the user switched to it, remembered per model file."""
         info = self.controller.model
         return bool(
-            info is not None
-            and info.base_model
-            and info.path in self.settings.completion_models
+            info is not None and info.base_model and info.path in self.settings.completion_models
         )
 
     def set_plain_completion(self, on: bool) -> None:
