@@ -111,7 +111,7 @@ def replay_html(report: ReplayReport) -> str:
     if report.identical:
         head = (
             f"<b style='color:#2e8b57'>✔ Reproduced exactly</b>: all {report.original_tokens} "
-            "tokens are the same."
+            "tokens are the same, and the replay ended where the original did."
         )
     else:
         d = report.divergence
