@@ -24,8 +24,10 @@ large values at once (each legal, e.g. `l|map('upper')|list` over a list of 3-mi
 strings, or `s ~ loop.index` kept in a loop) is bounded by a budget on everything one render
 produces: every filter, call, `*`, `+`, `%`, `~` and block text adds the size of the value it made
 (checked before making it where the size is known) to a total, refused as "output size" past
-MAX_PRODUCED_BYTES (64 MB, so that a render grows the process by less than 100 MB). What one
-render made does not outlive it (its context, its last value and its error's frames are let go).
+MAX_PRODUCED_BYTES (64 MB, so that a render grows the process by less than 100 MB). Past the
+budget, where the process's resident size can be read (Linux), the render's real growth decides
+instead: values made and already dropped (a prompt built piece by piece over a long chat) do not
+refuse a render that holds little. What one render made does not outlive it (its context, its last value and its error's frames are let go).
 
 A file without a template gets a named fallback: Gemma's turn format for Gemma models (whose
 vocabulary has `<start_of_turn>`; the system prompt goes in front of the first user turn, as
@@ -38,6 +40,7 @@ import collections
 import functools
 import gc
 import json
+import os
 import re
 import string
 import sys
@@ -186,6 +189,38 @@ class _Produced:
     def __init__(self) -> None:
         self.total = 0
         self.last: Any = None  # the value counted last: a macro returns its block's text again
+        self.resident_at_start = _resident_bytes()
+
+
+def _resident_bytes() -> int | None:
+    """The process's resident size now (Linux's /proc/self/statm), or None where unreadable."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _still_over_budget(state: _Produced, extra: int) -> bool:
+    """The charged total passed the budget; is the render really that large? The total counts
+    every value made, also those already dropped: a prompt built piece by piece
+    (`ns.s = ns.s ~ piece` over a long chat) is charged its length at every step, quadratically,
+    though only the last string is alive. Where the process's resident size can be read, the
+    render's real growth since it started replaces the total, and only a growth (plus the value
+    about to be made) over the budget refuses the render; elsewhere the total stands."""
+    if state.resident_at_start is None:
+        return True
+    now = _resident_bytes()
+    if now is None:
+        return True
+    growth = max(0, now - state.resident_at_start)
+    if growth + extra > MAX_PRODUCED_BYTES:
+        return True
+    state.total = growth
+    return False
 
 
 def _produced() -> _Produced | None:
@@ -203,7 +238,11 @@ def _budget_exceeded(total: int) -> _LimitExceeded:
 def _precheck_produced(size: int) -> None:
     """Refuse a value of `size` characters before it is made when it would pass the budget."""
     state = _produced()
-    if state is not None and state.total + size > MAX_PRODUCED_BYTES:
+    if (
+        state is not None
+        and state.total + size > MAX_PRODUCED_BYTES
+        and _still_over_budget(state, size)
+    ):
         raise _budget_exceeded(state.total + size)
 
 
@@ -216,7 +255,7 @@ def _charge(value: Any, *inputs: Any) -> Any:
         return value
     state.total += sys.getsizeof(value)
     state.last = value
-    if state.total > MAX_PRODUCED_BYTES:
+    if state.total > MAX_PRODUCED_BYTES and _still_over_budget(state, 0):
         raise _budget_exceeded(state.total)
     return value
 

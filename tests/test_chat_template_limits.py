@@ -494,6 +494,23 @@ def test_real_templates_at_the_output_cap_render_within_the_budget(name, shape):
     assert ChatTemplate(source, name="real").render(conversation, **extra) == expected
 
 
+def test_a_prompt_built_piece_by_piece_over_a_long_chat_is_not_refused():
+    # `ns.s = ns.s ~ piece` makes a new string at every message and drops the old one: the
+    # render's budget charges their lengths, about n^2/2 (here over 1 GB), though the process
+    # holds one prompt of 0.9 MB. The real growth, not that sum, decides.
+    source = (
+        "{% set ns = namespace(s='') %}{% for m in messages %}"
+        "{% set ns.s = ns.s ~ '<' ~ m.role ~ '>' ~ m.content ~ '\\n' %}{% endfor %}{{ ns.s }}"
+    )
+    conversation = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i} " + "w" * 300}
+        for i in range(3000)
+    ]
+    expected = _plain_jinja(source, messages=conversation)
+    assert len(expected) > 900_000
+    assert ChatTemplate(source, name="accumulating").render(conversation) == expected
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200), st.sampled_from(["repr", "ascii", "json", "json_ascii"]))
 def test_the_escaped_length_is_an_upper_bound_within_the_quotes(text, mode):
