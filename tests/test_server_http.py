@@ -468,10 +468,15 @@ def test_a_queued_request_is_told_its_place(served):
 
 
 def test_body_limits(served):
-    status, _, body = request(
-        served, "POST", "/v1/chat/completions", b"{}", {"Content-Length": "abc"}
-    )
-    assert status == 400
+    # Headers only: a body the server never reads (it cannot, without a length) would still sit in
+    # its socket when it closes, and that close resets the connection before the 400 is read.
+    with socket.create_connection((served.host, served.port), timeout=WAIT_S) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: abc\r\n\r\n"
+        )
+        answer = read_until_closed(sock)
+    assert status_of(answer) == 400, answer
     huge = {"Content-Length": str(2**20 + 1)}
     connection = http.client.HTTPConnection(served.host, served.port, timeout=WAIT_S)
     try:
