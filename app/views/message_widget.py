@@ -82,6 +82,17 @@ def confirm_and_open_link(url: QUrl, parent: QWidget | None = None) -> bool:
     return QDesktopServices.openUrl(url)
 
 
+def follow_link(url: QUrl, code_texts: list[str], parent: QWidget) -> None:
+    """A click on a link in a message: a copy link puts its code block (by number) on the
+    clipboard; any other link is opened only after confirm_and_open_link asks."""
+    if url.scheme() == COPY_SCHEME:
+        number = url.path()
+        if number.isdigit() and int(number) < len(code_texts):
+            QGuiApplication.clipboard().setText(code_texts[int(number)])
+        return
+    confirm_and_open_link(url, parent)
+
+
 class AutoHeightBrowser(QTextBrowser):
     """A QTextBrowser as tall as its document, so the chat scrolls as one column."""
 
@@ -104,12 +115,7 @@ class AutoHeightBrowser(QTextBrowser):
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
 
     def _on_link(self, url: QUrl) -> None:
-        if url.scheme() == COPY_SCHEME:
-            number = url.path()
-            if number.isdigit() and int(number) < len(self.code_texts):
-                QGuiApplication.clipboard().setText(self.code_texts[int(number)])
-            return
-        confirm_and_open_link(url, self)
+        follow_link(url, self.code_texts, self)
 
     def minimumSizeHint(self) -> QSize:
         # QAbstractScrollArea's hint counts both scroll bars; the chat only needs a sliver.
@@ -258,12 +264,7 @@ class MessageBody(QWidget):
         return [part for part in self.parts if part.objectName() == "prose"]
 
     def _on_link(self, url: QUrl) -> None:
-        if url.scheme() == COPY_SCHEME:
-            number = url.path()
-            if number.isdigit() and int(number) < len(self.code_texts):
-                QGuiApplication.clipboard().setText(self.code_texts[int(number)])
-            return
-        confirm_and_open_link(url, self)
+        follow_link(url, self.code_texts, self)
 
     def eventFilter(self, obj, event):
         if event.type() == QEvent.MouseButtonPress:
