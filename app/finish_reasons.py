@@ -32,6 +32,19 @@ FINISH_LABELS: dict[str, str] = {
     FinishReason.REPETITION: NOTE_REPETITION,
 }
 
+# The same reasons in a sentence: why an answer with no text ended (the tool loop's note under
+# it, "The model ended its turn without text (finish reason: stop — the model stopped by itself)").
+FINISH_WORDS: dict[str, str] = {
+    FinishReason.STOP: "the model stopped by itself",
+    FinishReason.LENGTH: "the token limit was reached",
+    FinishReason.TOOL_CALLS: "it ended on tool calls",
+    FinishReason.STOP_SEQUENCE: "a stop sequence matched",
+    FinishReason.GRAMMAR_COMPLETE: "the JSON value was complete",
+    FinishReason.REPETITION: "the model was repeating itself, so the engine stopped it",
+    FinishReason.CANCELLED: "you stopped it",
+    FinishReason.ERROR: "it failed",
+}
+
 # A server's words that the client maps to a category of ours without losing anything: the
 # category's own label says it all.
 PLAIN_SERVER_WORDS: dict[str, FinishReason] = {

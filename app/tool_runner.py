@@ -32,6 +32,7 @@ import threading
 
 from PySide6.QtCore import QObject, Signal
 
+from app.finish_reasons import FINISH_WORDS
 from app.store import Store, StoredMessage
 from app.tool_registry import OfferedTool, ToolRegistry
 from app.tools.builtin import run_builtin
@@ -350,18 +351,6 @@ class ToolRunner(QObject):
                 "which did not run."
             )
         return note
-
-
-FINISH_WORDS = {  # engine.types.FinishReason values, as a user reads them
-    "stop": "the model stopped by itself",
-    "length": "the token limit was reached",
-    "tool_calls": "it ended on tool calls",
-    "stop_sequence": "a stop sequence matched",
-    "grammar_complete": "the JSON value was complete",
-    "repetition": "the model was repeating itself, so the engine stopped it",
-    "cancelled": "you stopped it",
-    "error": "it failed",
-}
 
 
 def call_key(name: str, arguments) -> str:
