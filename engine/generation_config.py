@@ -48,6 +48,12 @@ MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1000
 
 
+# Fields added after receipts were first recorded, with the behaviour the engine had before each
+# existed: a receipt without the field replays as it ran then (engine/receipt.py), not with
+# today's default.
+BEFORE_FIELD_EXISTED: dict[str, object] = {"stop_on_repetition": False}
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     do_sample: bool = False

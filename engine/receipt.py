@@ -45,6 +45,7 @@ from typing import Any
 from engine.cancel import CancelToken
 from engine.errors import EngineError
 from engine.events import FINISH_CANCELLED, Finished, TokenSampled
+from engine.generation_config import BEFORE_FIELD_EXISTED
 from engine.types import (
     Divergence,
     GenerationRequest,
@@ -306,9 +307,10 @@ def replay_request(
     values.pop("seed", None)
     if seed is not None:
         values["seed"] = seed
-    # Receipts recorded before the repetition stop existed ran without it: a reply that looped
-    # for 1,000 tokens then must loop for 1,000 tokens in its replay, not end at the 256th.
-    values.setdefault("stop_on_repetition", False)
+    # A receipt recorded before a field existed ran without it (a reply that looped for 1,000
+    # tokens before the repetition stop must loop for 1,000 tokens in its replay too).
+    for name, before in BEFORE_FIELD_EXISTED.items():
+        values.setdefault(name, before)
     if n_tokens is not None:
         # None is an unbounded reply (the default preset has no max_new_tokens): the original's
         # length alone caps the replay then.
