@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.cancel import CancelToken
 from engine.kv_cache import KVCache
 
 # A small vocabulary of text pieces; ids are list positions.
@@ -374,3 +375,17 @@ def batched_fake_lm(logits_for, *, n_ctx: int = 64, max_batch: int = 32, **kwarg
     return FakeLoadedModel(
         BatchedScriptedModel(logits_for, max_batch=max_batch), n_ctx=n_ctx, **kwargs
     )
+
+
+class CancelAfter(CancelToken):
+    """A cancel token that reads as cancelled from its (polls + 1)-th check on: the user pressing
+    Stop at a known point (inside a forward pass, mid-reply, mid-replay). cancel() still works."""
+
+    def __init__(self, polls: int):
+        super().__init__()
+        self.polls = polls
+
+    @property
+    def cancelled(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0 or super().cancelled

@@ -32,6 +32,7 @@ from tests.fake_model import (
     IM_END,
     IM_START,
     VOCAB_SIZE,
+    CancelAfter,
     fake_lm,
     one_hot,
     use_fake_detokenizer,
@@ -374,19 +375,6 @@ def test_real_replies_with_default_settings_replay_exactly(qtbot, tmp_path, smol
     close_window(window)
 
 
-class StopsAfter(CancelToken):
-    """Reads as cancelled after `polls` checks: the user pressing Stop mid-replay."""
-
-    def __init__(self, polls):
-        super().__init__()
-        self.polls = polls
-
-    @property
-    def cancelled(self):
-        self.polls -= 1
-        return self.polls < 0 or super().cancelled
-
-
 def test_a_stopped_replay_gives_no_verdict(smollm2):
     # The reply must run to its 20-token cap so the Stop lands mid-replay; an unseeded sampled
     # reply sometimes ended after 4 tokens and the replay finished before the Stop. So: the
@@ -401,7 +389,7 @@ def test_a_stopped_replay_gives_no_verdict(smollm2):
             break
     assert len(finished.token_ids) == 20, "no seed gave a reply that reached its cap"
     receipt = build_receipt(smollm2, request, finished, "0" * 64)
-    report = replay(smollm2, receipt, [], "0" * 64, StopsAfter(400))
+    report = replay(smollm2, receipt, [], "0" * 64, CancelAfter(400))
     assert report.stopped and not report.identical and report.divergence is None
     assert report.replayed_tokens < report.original_tokens == len(finished.token_ids)
     full = replay(smollm2, receipt, [], "0" * 64)

@@ -27,6 +27,7 @@ from tests.fake_model import (
     IM_END,
     IM_START,
     VOCAB_SIZE,
+    CancelAfter,
     fake_lm,
     ids,
     one_hot,
@@ -85,19 +86,6 @@ def record(lm, request, cancel=None):
 
 def chat(**kwargs):
     return GenerationRequest(messages=MESSAGES, top_logprobs=5, **kwargs)
-
-
-class CancelAfter(CancelToken):
-    """Reads as cancelled after `polls` checks (the user pressing Stop)."""
-
-    def __init__(self, polls):
-        super().__init__()
-        self.polls = polls
-
-    @property
-    def cancelled(self):
-        self.polls -= 1
-        return self.polls < 0 or super().cancelled
 
 
 def run_until_tokens(lm, request, n):
