@@ -227,6 +227,13 @@ def _too_long(
 DEFAULT_REPLY_RESERVE = 512
 
 
+def reply_reserve(n_ctx: int, max_new_tokens: int | None) -> int:
+    """Room fit_chat keeps for the reply: the preset's max_new_tokens, or with no maximum
+    min(DEFAULT_REPLY_RESERVE, n_ctx // 4) (engine/compaction.py measures "near the limit"
+    against the same room)."""
+    return min(DEFAULT_REPLY_RESERVE, n_ctx // 4) if max_new_tokens is None else max_new_tokens
+
+
 def fit_chat(
     lm: LanguageModel,
     messages: list[dict],
@@ -237,9 +244,7 @@ def fit_chat(
     reply's room fit the context. The room is the preset's max_new_tokens, or with no maximum
     min(DEFAULT_REPLY_RESERVE, n_ctx // 4). None when the room alone fills the context: nothing
     can be fitted, and generate() refuses the request with ContextOverflowError naming both."""
-    reserve = (
-        min(DEFAULT_REPLY_RESERVE, lm.n_ctx // 4) if max_new_tokens is None else max_new_tokens
-    )
+    reserve = reply_reserve(lm.n_ctx, max_new_tokens)
     if reserve >= lm.n_ctx:
         return None
     return fit_conversation(
