@@ -12,7 +12,8 @@ A receipt is a plain JSON-ready dict (stored with the reply, exported with the c
      "json_mode", "json_schema",
      "output":  {"token_ids", "n_tokens", "finish_reason"},
      "usage":   {...engine.events.Usage...},
-     "checks":  {"prompt": sha256, "preset": sha256, "output": sha256}}
+     "checks":  {"prompt": sha256, "preset": sha256, "output": sha256},
+     "compaction": {...}}          # only on a compacted history (with_compaction), checked too
 
 `checks` are digests of the sections as recorded, so a receipt edited afterwards (by hand, or
 by a tool) is told apart from one whose run cannot be reproduced here.
@@ -271,7 +272,24 @@ def build_receipt(
     return receipt
 
 
+def with_compaction(receipt: dict, section: dict) -> dict:
+    """The receipt of a reply whose prompt was built on a compacted history (engine/compaction.py
+    receipt_section: the summarised message ids, the summary's text and sha256), with a check
+    of that section beside the others. The prompt's token ids already hold the summary as it
+    was sent, so a replay from them is exact whatever the chat's summary says now."""
+    out = {**receipt, "compaction": dict(section)}
+    # the other sections' checks stay as recorded: adding this one must not re-bless them
+    out["checks"] = {**(receipt.get("checks") or {}), "compaction": canonical_sha256(section)}
+    return out
+
+
 def section_checks(receipt: dict) -> dict:
+    if "compaction" in receipt:
+        return {**_core_checks(receipt), "compaction": canonical_sha256(receipt["compaction"])}
+    return _core_checks(receipt)
+
+
+def _core_checks(receipt: dict) -> dict:
     return {
         "prompt": canonical_sha256(receipt.get("prompt", {}).get("token_ids")),
         "preset": canonical_sha256(
