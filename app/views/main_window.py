@@ -969,7 +969,14 @@ class MainWindow(QMainWindow):
         result = dialog.exec()
         if result:
             new = dialog.result_settings()
-            for name in ("threads", "context_size", "kv_cache_type", "theme", "font_size"):
+            for name in (
+                "threads",
+                "context_size",
+                "kv_cache_type",
+                "theme",
+                "font_size",
+                "fetch_allow_private",
+            ):
                 setattr(self.settings, name, getattr(new, name))
             self.settings_file.save(self.settings)
             apply_theme(QApplication.instance(), self.settings.theme, self.settings.font_size)
