@@ -56,6 +56,9 @@ class Settings:
     # base models (model paths) the user chats with in plain completion: the typed text is
     # continued as it is, without a chat template (app/session.py)
     completion_models: list[str] = field(default_factory=list)
+    # the fetch_url tool may reach loopback, private and link-local addresses (off: a model
+    # could otherwise read the router's page or a cloud metadata service)
+    fetch_allow_private: bool = False
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -93,6 +96,7 @@ class Settings:
         self.collapsed_panels = [p for p in PANELS if p in _list(self.collapsed_panels)]
         paths = [p for p in _list(self.completion_models) if isinstance(p, str) and p]
         self.completion_models = list(dict.fromkeys(paths))[:1000]
+        self.fetch_allow_private = self.fetch_allow_private is True  # "yes" in a hand edit: no
         return self
 
     def remember_model(self, path: str) -> None:
