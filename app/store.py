@@ -17,7 +17,19 @@ has a parent; regenerate and edit add a sibling "version" instead of overwriting
 receipt (engine/receipt.py). Version 4 adds tool calls: a message's `tool_json` (an assistant reply's
 `tool_calls` in OpenAI's shape plus any malformed calls it wrote; a `role: "tool"` message's
 `tool_call_id`, tool name, approval and error kind) and a chat's `tools_json` (the tools enabled
-in it and those the user allowed always). `_migrate` upgrades in place, one version at a time.
+in it and those the user allowed always). Version 5 adds projects (a `projects` table holding a
+name, a system prompt and `settings_json`, and `conversations.project_id`, set to NULL when its
+project is deleted so the chats stay), the `compactions` table (a summary standing in for a run
+of older messages, which stay in `messages`), and a full-text index for search (below).
+`_migrate` upgrades in place, one version at a time, each step in one transaction.
+
+Search: two external-content FTS5 tables, `message_search` over `messages.content` and
+`title_search` over `conversations.title`, kept in step by triggers. A reply is indexed once it
+stops streaming (status != 'streaming'): re-indexing the whole text on every partial save would
+make a long reply cost quadratic time, and a half-written reply is not worth finding. The index
+is not part of the versioned schema: it is created (and filled from the rows) whenever a database
+is opened without it, and a Python whose SQLite lacks FTS5 drops the triggers (so writes keep
+working) and searches with LIKE instead (`Store.search_uses_fts` says which).
 
 The tree: `parent_id` is the message this one follows (NULL for a chat's first message);
 siblings are the messages sharing a parent (for the first message: the chat's NULL-parent
@@ -46,7 +58,7 @@ from engine.types import MessageStatus
 if TYPE_CHECKING:
     from app.chat_import import ImportedChat, ImportedMessage
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DEFAULT_TITLE = "New chat"
 
 # Message status values (engine/types.py says what each means).
@@ -151,6 +163,66 @@ _SCHEMA_V3 = (
     + "CREATE INDEX messages_by_parent ON messages(parent_id);\n"
 )
 
+# A compaction (schema 5): `summary` stands in, while `active`, for the messages whose ids
+# `covered_json` lists (oldest first); those messages stay in `messages` so it can be undone.
+_COMPACTIONS = """
+CREATE TABLE compactions (
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    covered_json TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    active INTEGER NOT NULL DEFAULT 1,
+    receipt_json TEXT,
+    created_at REAL NOT NULL
+);
+CREATE INDEX compactions_by_conversation ON compactions(conversation_id);
+"""
+
+# The full-text index (module docstring). `WHEN`-less triggers with `SELECT ... WHERE` bodies: an
+# update must remove the old text before adding the new one, in that order, which two separate
+# triggers would not guarantee. A streaming reply is not in the index (module docstring), so its
+# removal is skipped too: FTS5's 'delete' must be given exactly what was indexed.
+_SEARCH_INDEX = """
+CREATE VIRTUAL TABLE IF NOT EXISTS message_search USING fts5(
+    content, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS title_search USING fts5(
+    title, content='conversations', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS message_search_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO message_search(rowid, content)
+        SELECT new.id, new.content WHERE new.status != 'streaming';
+END;
+CREATE TRIGGER IF NOT EXISTS message_search_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO message_search(message_search, rowid, content)
+        SELECT 'delete', old.id, old.content WHERE old.status != 'streaming';
+END;
+CREATE TRIGGER IF NOT EXISTS message_search_update AFTER UPDATE OF content, status ON messages BEGIN
+    INSERT INTO message_search(message_search, rowid, content)
+        SELECT 'delete', old.id, old.content WHERE old.status != 'streaming';
+    INSERT INTO message_search(rowid, content)
+        SELECT new.id, new.content WHERE new.status != 'streaming';
+END;
+CREATE TRIGGER IF NOT EXISTS title_search_insert AFTER INSERT ON conversations BEGIN
+    INSERT INTO title_search(rowid, title) VALUES (new.id, new.title);
+END;
+CREATE TRIGGER IF NOT EXISTS title_search_delete AFTER DELETE ON conversations BEGIN
+    INSERT INTO title_search(title_search, rowid, title) VALUES ('delete', old.id, old.title);
+END;
+CREATE TRIGGER IF NOT EXISTS title_search_update AFTER UPDATE OF title ON conversations BEGIN
+    INSERT INTO title_search(title_search, rowid, title) VALUES ('delete', old.id, old.title);
+    INSERT INTO title_search(rowid, title) VALUES (new.id, new.title);
+END;
+"""
+_SEARCH_TRIGGERS = (
+    "message_search_insert",
+    "message_search_delete",
+    "message_search_update",
+    "title_search_insert",
+    "title_search_delete",
+    "title_search_update",
+)
+
 # Version 4: tool calls on messages and the tools enabled per chat (module docstring).
 _SCHEMA_V4 = _SCHEMA_V3.replace(
     "    receipt_json TEXT,\n", "    receipt_json TEXT,\n    tool_json TEXT,\n"
@@ -158,6 +230,32 @@ _SCHEMA_V4 = _SCHEMA_V3.replace(
     "    system_prompt TEXT NOT NULL DEFAULT '',\n",
     "    system_prompt TEXT NOT NULL DEFAULT '',\n    tools_json TEXT,\n",
 )
+# Version 5: projects, compactions (module docstring). The search index is created apart
+# (`_SEARCH_INDEX`), since a Python without FTS5 must still open the database.
+# A project's `settings_json`: {"model", "preset", "tools", "collections"} (app/projects.py).
+_PROJECTS = """
+CREATE TABLE projects (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    settings_json TEXT,
+    position INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+"""
+_CONVERSATIONS_BY_PROJECT = "CREATE INDEX conversations_by_project ON conversations(project_id);\n"
+_SCHEMA_V5 = (
+    _PROJECTS
+    + _SCHEMA_V4.replace(
+        "    tools_json TEXT,\n",
+        "    tools_json TEXT,\n    project_id INTEGER REFERENCES projects(id) ON DELETE SET NULL,\n",
+    )
+    + _COMPACTIONS
+    + _CONVERSATIONS_BY_PROJECT
+)
+# Version 4 as it shipped; kept so tests build a v4 database and test the 4 -> 5 migration.
+SCHEMA_V4 = _SCHEMA_V4 + "PRAGMA user_version = 4;\n"
 # Version 3 as it shipped; kept so tests build a v3 database and test the 3 -> 4 migration.
 SCHEMA_V3 = _SCHEMA_V3 + "PRAGMA user_version = 3;\n"
 
@@ -253,7 +351,10 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
+        # Whether search uses the FTS5 index or LIKE (module docstring).
+        self.search_uses_fts = fts5_available()
         self._migrate()
+        self._ensure_search_index()
         self._create_chat_backends()
         if mark_interrupted:
             # A reply that was streaming when the app died is kept, marked so the user can see
@@ -300,8 +401,10 @@ class Store:
                 raise StoreError(f"{self.path} is not a LocalChat database (no schema version).")
             # executescript would commit on its own; statements one by one keep it atomic.
             with self._transaction():
-                for statement in _statements(_SCHEMA_V4):
+                for statement in _statements(_SCHEMA_V5):
                     self._db.execute(statement)
+                if self.search_uses_fts:
+                    self._create_search_index()
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             return
         if version == 1:
@@ -312,6 +415,9 @@ class Store:
             version = 3
         if version == 3:
             self._migrate_3_to_4()
+            version = 4
+        if version == 4:
+            self._migrate_4_to_5()
 
     def _migrate_1_to_2(self) -> None:
         with self._transaction():
@@ -374,6 +480,54 @@ class Store:
             self._db.execute("ALTER TABLE messages ADD COLUMN tool_json TEXT")
             self._db.execute("ALTER TABLE conversations ADD COLUMN tools_json TEXT")
             self._db.execute("PRAGMA user_version = 4")
+
+    def _migrate_4_to_5(self) -> None:
+        """Projects, compactions and the search index; a version-4 chat is in no project."""
+        with self._transaction():
+            for statement in _statements(_PROJECTS + _COMPACTIONS):
+                self._db.execute(statement)
+            self._db.execute(
+                "ALTER TABLE conversations ADD COLUMN"
+                " project_id INTEGER REFERENCES projects(id) ON DELETE SET NULL"
+            )
+            self._db.execute(_CONVERSATIONS_BY_PROJECT)
+            if self.search_uses_fts:
+                self._create_search_index()
+            self._db.execute("PRAGMA user_version = 5")
+
+    def _create_search_index(self) -> None:
+        """Create the FTS5 tables and triggers and fill them from the rows (inside the caller's
+        transaction). 'delete-all' first: a table left from before (its triggers dropped by a
+        Python without FTS5, see the module docstring) may hold stale entries."""
+        for statement in _statements_with_bodies(_SEARCH_INDEX):
+            self._db.execute(statement)
+        self._db.execute("INSERT INTO message_search(message_search) VALUES ('delete-all')")
+        self._db.execute("INSERT INTO title_search(title_search) VALUES ('delete-all')")
+        self._db.execute(
+            "INSERT INTO message_search(rowid, content)"
+            " SELECT id, content FROM messages WHERE status != 'streaming'"
+        )
+        self._db.execute(
+            "INSERT INTO title_search(rowid, title) SELECT id, title FROM conversations"
+        )
+
+    def _ensure_search_index(self) -> None:
+        """The index for a database written without it (an FTS5-less Python, a recovered copy),
+        or, without FTS5 here, no triggers that would make every write fail."""
+        present = {
+            row[0]
+            for row in self._db.execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table', 'trigger')"
+            )
+        }
+        with contextlib.suppress(sqlite3.OperationalError):  # read-only: search with what is there
+            if not self.search_uses_fts:
+                for trigger in _SEARCH_TRIGGERS:
+                    if trigger in present:
+                        self._db.execute(f"DROP TRIGGER {trigger}")
+            elif not {"message_search", "title_search", *_SEARCH_TRIGGERS} <= present:
+                with self._transaction():
+                    self._create_search_index()
 
     def _transaction(self):
         return _Transaction(self._db)
@@ -915,6 +1069,31 @@ class _Transaction:
 
 def _statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def _statements_with_bodies(script: str) -> list[str]:
+    """`_statements` for a script with triggers, whose bodies hold `;` themselves: a statement
+    ends where SQLite says it is complete."""
+    statements, current = [], ""
+    for piece in script.split(";"):
+        current += piece + ";"
+        if sqlite3.complete_statement(current):
+            if current.strip(" \n;"):
+                statements.append(current.strip())
+            current = ""
+    return statements
+
+
+def fts5_available() -> bool:
+    """Whether this Python's SQLite has the FTS5 module (most builds; some distributions' do not)."""
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute("CREATE VIRTUAL TABLE probe USING fts5(text)")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        probe.close()
 
 
 def _escape_like(text: str) -> str:

@@ -126,7 +126,7 @@ def test_migration_from_v3_keeps_messages_and_adds_tool_columns(tmp_path):
     db.close()
     store = Store(path)
     try:
-        assert store.schema_version == 4
+        assert store.schema_version == 5  # through 4 (tools) to 5 (projects)
         (m,) = store.branch(1)
         assert m.content == "hi" and m.tool is None
         assert store.chat_tools(1) == {}

@@ -1,0 +1,179 @@
+"""Schema 5 (projects, compactions, the search index) and the store's project and search API,
+on real SQLite files."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from app import store as store_mod
+from app.store import SCHEMA_V4, SCHEMA_VERSION, Store
+
+
+def _v4_database(path):
+    """A database as the schema-4 release wrote it: two chats, a branched tree with receipts and
+    tool calls, a streaming reply the app was killed during, and a chat backend binding."""
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA_V4)
+    db.execute(
+        "INSERT INTO conversations(id, title, system_prompt, tools_json, created_at, updated_at)"
+        " VALUES (1, 'Lighthouse keeping', 'Be brief.', ?, 10.0, 20.0)",
+        (json.dumps({"enabled": ["builtin:calculator"]}),),
+    )
+    db.execute(
+        "INSERT INTO conversations(id, title, system_prompt, created_at, updated_at)"
+        " VALUES (2, 'Bread', '', 11.0, 30.0)"
+    )
+    rows = [
+        # id, conversation, position, role, content, status, parent, selected, receipt, tool
+        (1, 1, 0, "user", "How often is the lamp cleaned?", "complete", None, 1, None, None),
+        (2, 1, 1, "assistant", "Weekly, with a soft cloth.", "complete", 1, 0, '{"seed": 1}', None),
+        (3, 1, 1, "assistant", "Daily during fog season.", "complete", 1, 1, '{"seed": 2}', None),
+        (4, 1, 2, "tool", "42", "complete", 3, 1, None, '{"tool_call_id": "c1"}'),
+        (5, 2, 0, "user", "Sourdough starter ratio?", "complete", None, 1, None, None),
+        (6, 2, 1, "assistant", "Equal flour and wat", "streaming", 5, 1, None, None),
+    ]
+    db.executemany(
+        "INSERT INTO messages(id, conversation_id, position, role, content, status, parent_id,"
+        " selected, receipt_json, tool_json, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,1.0)",
+        rows,
+    )
+    db.execute(
+        "CREATE TABLE chat_backends (conversation_id INTEGER PRIMARY KEY REFERENCES"
+        " conversations(id) ON DELETE CASCADE, kind TEXT NOT NULL, connection_id TEXT,"
+        " model TEXT NOT NULL)"
+    )
+    db.execute("INSERT INTO chat_backends VALUES (2, 'remote', 'lan', 'qwen')")
+    db.commit()
+    db.close()
+
+
+def _columns(db: sqlite3.Connection, table: str) -> dict[str, tuple]:
+    return {r[1]: (r[2], r[3], r[4]) for r in db.execute(f"PRAGMA table_info({table})")}
+
+
+def _hits(store: Store, query: str) -> set[int]:
+    return {
+        r[0]
+        for r in store._db.execute(
+            "SELECT rowid FROM message_search WHERE message_search MATCH ?", (query,)
+        )
+    }
+
+
+def test_a_schema_4_database_migrates_to_5_without_loss(tmp_path):
+    path = tmp_path / "v4.sqlite3"
+    _v4_database(path)
+    store = Store(path)
+    try:
+        assert store.schema_version == SCHEMA_VERSION == 5
+        assert store.integrity_check() == "ok"
+        chats = {c.id: c for c in store.list_conversations()}
+        assert chats[1].title == "Lighthouse keeping" and chats[1].system_prompt == "Be brief."
+        assert store.chat_tools(1) == {"enabled": ["builtin:calculator"]}
+        assert [m.id for m in store.branch(1)] == [1, 3, 4]
+        assert store.receipt(3) == {"seed": 2} and store.receipt(2) == {"seed": 1}
+        assert store.branch(1)[1].version_ids == (2, 3)
+        assert store.branch(1)[2].tool == {"tool_call_id": "c1"}
+        assert store.chat_backend(2).model == "qwen"
+        # The reply that was streaming when the old app died is kept, marked interrupted, and
+        # searchable like any finished one.
+        assert store.message(6).status == "interrupted" and store.message(6).content.endswith("wat")
+        assert _hits(store, "fog") == {3}
+        assert _hits(store, "weekly") == {2}  # an unselected version is still found
+        assert _hits(store, "wat") == {6}
+        assert {
+            r[0]
+            for r in store._db.execute(
+                "SELECT rowid FROM title_search WHERE title_search MATCH 'bread'"
+            )
+        } == {2}
+        projects = store._db.execute("SELECT project_id FROM conversations").fetchall()
+        assert [tuple(r) for r in projects] == [(None,), (None,)]
+    finally:
+        store.close()
+
+
+def test_the_migrated_schema_is_the_schema_a_new_database_gets(tmp_path):
+    """A user who upgraded and a new user must have the same tables and columns, or a later
+    migration written against one breaks the other."""
+    _v4_database(tmp_path / "old.sqlite3")
+    Store(tmp_path / "old.sqlite3").close()
+    Store(tmp_path / "new.sqlite3").close()
+    old, new = sqlite3.connect(tmp_path / "old.sqlite3"), sqlite3.connect(tmp_path / "new.sqlite3")
+    names = "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name"
+    assert [r[0] for r in old.execute(names)] == [r[0] for r in new.execute(names)]
+    for table in ("conversations", "messages", "projects", "compactions"):
+        assert _columns(old, table) == _columns(new, table), table
+    assert _columns(new, "conversations")["project_id"] == ("INTEGER", 0, None)
+    fks = {(r[2], r[3], r[6]) for r in old.execute("PRAGMA foreign_key_list(conversations)")}
+    assert ("projects", "project_id", "SET NULL") in fks
+
+
+def test_a_failed_migration_leaves_the_version_4_database_as_it_was(tmp_path, monkeypatch):
+    path = tmp_path / "v4.sqlite3"
+    _v4_database(path)
+
+    def broken(self):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(Store, "_create_search_index", broken)
+    with pytest.raises(sqlite3.OperationalError):
+        Store(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert "project_id" not in _columns(db, "conversations")
+    assert db.execute("SELECT name FROM sqlite_master WHERE name='projects'").fetchone() is None
+    assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 6
+
+
+def test_the_index_follows_inserts_edits_finished_replies_and_deletes(tmp_path):
+    store = Store(tmp_path / "c.sqlite3")
+    chat = store.create_conversation("Walks")
+    store.add_message(chat, "user", "a cliff path near Zennor")
+    reply = store.begin_reply(chat)
+    store.save_partial(reply, "half written puffin")
+    assert _hits(store, "puffin") == set()  # a streaming reply is not indexed yet
+    store.finish_reply(
+        reply,
+        content="puffins nest there",
+        reasoning="",
+        status="complete",
+        finish_reason="stop",
+        usage=None,
+    )
+    assert _hits(store, "puffins") == {reply}
+    store.update_message_content(reply, "gannets nest there")
+    assert _hits(store, "puffins") == set() and _hits(store, "gannets") == {reply}
+    store.delete_conversation(chat)  # the cascade removes the messages' entries too
+    assert _hits(store, "gannets") == set() and _hits(store, "zennor") == set()
+    store._db.execute("INSERT INTO message_search(message_search) VALUES ('integrity-check')")
+    store._db.execute("INSERT INTO title_search(title_search) VALUES ('integrity-check')")
+    store.close()
+
+
+def test_without_fts5_the_triggers_go_and_writes_still_work(tmp_path, monkeypatch):
+    """A database with the index, opened by a Python whose SQLite lacks FTS5: the triggers would
+    make every message write fail with 'no such module', so they are dropped; reopened with FTS5,
+    the index is rebuilt from the rows, including those written meanwhile."""
+    path = tmp_path / "c.sqlite3"
+    store = Store(path)
+    chat = store.create_conversation("Tides")
+    store.add_message(chat, "user", "spring tide tables")
+    store.close()
+
+    monkeypatch.setattr(store_mod, "fts5_available", lambda: False)
+    store = Store(path)
+    assert store.search_uses_fts is False
+    triggers = "SELECT name FROM sqlite_master WHERE type='trigger'"
+    assert store._db.execute(triggers).fetchall() == []
+    store.add_message(chat, "user", "neap tide at noon")
+    store.close()
+
+    monkeypatch.setattr(store_mod, "fts5_available", lambda: True)
+    store = Store(path)
+    assert _hits(store, "neap") == {2} and _hits(store, "spring") == {1}
+    store._db.execute("INSERT INTO message_search(message_search) VALUES ('integrity-check')")
+    store.close()
