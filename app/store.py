@@ -46,7 +46,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -872,36 +872,67 @@ class Store:
         """A new chat holding an imported export's whole tree (app/chat_import.py validated it),
         in one transaction: a failure leaves the database as it was. The branch's messages are
         the selected versions; a group off the branch shows its newest. Returns the chat's id."""
-        on_branch = set(chat.branch)
+        return self.import_conversations([chat])[0]
+
+    def import_conversations(
+        self, chats: Sequence[ImportedChat], projects: Sequence[str | None] | None = None
+    ) -> list[int]:
+        """Many imported chats (a zip export, app/archive_import.py) in one transaction: all or
+        none. `projects[i]` names chat i's project: the first project of that name, created when
+        there is none. Returns the new chats' ids in order."""
+        names = list(projects) if projects is not None else [None] * len(chats)
         with self._writing():
             with self._transaction():
-                now = time.time()
-                cur = self._db.execute(
-                    "INSERT INTO conversations(title, system_prompt, created_at, updated_at)"
-                    " VALUES (?,?,?,?)",
-                    (chat.title, chat.system_prompt, chat.created_at or now, now),
-                )
-                cid = cur.lastrowid
-                groups: dict[int | None, list[int]] = {}
-                for m in chat.messages:
-                    groups.setdefault(m.parent_key, []).append(m.key)
-                new_id: dict[int, int] = {}
-                depth: dict[int, int] = {}
-                for m in chat.messages:  # parents before children
-                    siblings = groups[m.parent_key]
-                    branch_sibling = next((k for k in siblings if k in on_branch), None)
-                    selected = m.key == (
-                        branch_sibling if branch_sibling is not None else siblings[-1]
-                    )
-                    parent = None if m.parent_key is None else new_id[m.parent_key]
-                    depth[m.key] = 0 if m.parent_key is None else depth[m.parent_key] + 1
-                    cur = self._db.execute(
-                        "INSERT INTO messages(conversation_id, position, parent_id, selected,"
-                        f" {_MESSAGE_COLUMNS}) VALUES (?,?,?,?,{_MESSAGE_PLACEHOLDERS})",
-                        (cid, depth[m.key], parent, int(selected), *_message_row(m)),
-                    )
-                    new_id[m.key] = cur.lastrowid
-            return cid
+                project_ids: dict[str, int] = {}
+                ids = []
+                for chat, name in zip(chats, names, strict=True):
+                    if name is not None and name not in project_ids:
+                        project_ids[name] = self._project_named(name)
+                    project = None if name is None else project_ids[name]
+                    ids.append(self._insert_imported(chat, project))
+            return ids
+
+    def _project_named(self, name: str) -> int:
+        row = self._db.execute(
+            "SELECT id FROM projects WHERE name=? ORDER BY id LIMIT 1", (name,)
+        ).fetchone()
+        if row is not None:
+            return row[0]
+        now = time.time()
+        position = self._db.execute("SELECT coalesce(max(position)+1, 0) FROM projects").fetchone()
+        return self._db.execute(
+            "INSERT INTO projects(name, position, created_at, updated_at) VALUES (?,?,?,?)",
+            (name, position[0], now, now),
+        ).lastrowid
+
+    def _insert_imported(self, chat: ImportedChat, project_id: int | None) -> int:
+        """One imported chat's rows (inside the caller's transaction)."""
+        on_branch = set(chat.branch)
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO conversations(title, system_prompt, created_at, updated_at, project_id)"
+            " VALUES (?,?,?,?,?)",
+            (chat.title, chat.system_prompt, chat.created_at or now, now, project_id),
+        )
+        cid = cur.lastrowid
+        groups: dict[int | None, list[int]] = {}
+        for m in chat.messages:
+            groups.setdefault(m.parent_key, []).append(m.key)
+        new_id: dict[int, int] = {}
+        depth: dict[int, int] = {}
+        for m in chat.messages:  # parents before children
+            siblings = groups[m.parent_key]
+            branch_sibling = next((k for k in siblings if k in on_branch), None)
+            selected = m.key == (branch_sibling if branch_sibling is not None else siblings[-1])
+            parent = None if m.parent_key is None else new_id[m.parent_key]
+            depth[m.key] = 0 if m.parent_key is None else depth[m.parent_key] + 1
+            cur = self._db.execute(
+                "INSERT INTO messages(conversation_id, position, parent_id, selected,"
+                f" {_MESSAGE_COLUMNS}) VALUES (?,?,?,?,{_MESSAGE_PLACEHOLDERS})",
+                (cid, depth[m.key], parent, int(selected), *_message_row(m)),
+            )
+            new_id[m.key] = cur.lastrowid
+        return cid
 
     def _path_to(self, message: StoredMessage) -> list[int]:
         """Ids from the chat's first message down to `message` (following parents)."""
