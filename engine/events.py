@@ -5,7 +5,8 @@ Order for one request: zero or more TokenSampled / TextDelta / ReasoningDelta an
 request offered tools, ToolCallStarted -> ToolCallArgumentsDelta* -> ToolCallFinished or
 ToolCallMalformed per call (in stream order with the text around it), then exactly one
 Finished (also on cancel and on error; an error after the request was accepted is a Finished with
-finish_reason="error" and `error` set).
+finish_reason="error" and `error` set). A prompt longer than one prefill chunk first yields
+PrefillProgress events: one before the first chunk, then one after each chunk read.
 """
 
 from __future__ import annotations
@@ -79,6 +80,22 @@ class ToolCallMalformed:
     name: str  # "" when the model never wrote a readable name
     text: str  # what the model wrote for the call
     problem: str
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """The prompt is being read: where, how fast, how long is left (engine/prefill_progress.py).
+
+    Yielded before the first prefill chunk (eta_s None: nothing is measured yet) and after each
+    chunk, only when more than one chunk is to be read. Positions count the whole prompt, the
+    tokens a prefix cache already held (`cached`) included, so done runs cached..total."""
+
+    done: int  # prompt tokens in the KV cache now
+    total: int  # prompt tokens in all
+    cached: int  # of those, held by the prefix cache (not read)
+    elapsed_s: float  # since this prefill's first chunk started
+    tok_s: float | None  # tokens read per second so far; None before the first chunk
+    eta_s: float | None  # seconds left; None before the first chunk, 0.0 when done
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ including an exception, ends with exactly one `Finished` event.
 
 The iterator is a stack of small generators, each adding one thing:
 
-    _prefill            prompt -> KV cache + first logits, in chunks, cancel checked between chunks
+    _prefill            prompt -> KV cache + first logits, in chunks, cancel checked between chunks;
+                        a prompt of several chunks yields PrefillProgress (tokens read, time left:
+                        engine/prefill_progress.py) before the first chunk and after each
     _decode_steps       logits -> processors -> sampler -> Step(token, logprobs), one forward per
                         token, or a verified speculative draft per forward; cancel checked before
                         every sampled token
@@ -96,6 +98,7 @@ from engine.events import (
     FINISH_STOP_SEQUENCE,
     FINISH_TOOL_CALLS,
     Finished,
+    PrefillProgress,
     ReasoningDelta,
     TextDelta,
     TokenSampled,
@@ -105,6 +108,7 @@ from engine.events import (
 from engine.generation_config import GenerationConfig
 from engine.harmony import HarmonySplitter, is_harmony_vocabulary, prompt_channel
 from engine.model_protocol import LanguageModel
+from engine.prefill_progress import PrefillEstimate, ratio_for_config
 from engine.presets import ResolvedPreset, resolve_preset
 from engine.prompt_ids import chat_prompt_ids
 from engine.reasoning import REASONING, ReasoningSplitter, prompt_opens_reasoning
@@ -420,8 +424,9 @@ class _Progress:
 
 def _prefill(
     lm: LanguageModel, plan: _Plan, cancel: CancelToken, progress: _Progress, model: ForwardModel
-) -> np.ndarray | None:
-    """Fill the KV cache with the prompt; -> logits after it, or None when cancelled."""
+) -> Generator[PrefillProgress, None, np.ndarray | None]:
+    """Fill the KV cache with the prompt; -> logits after it, or None when cancelled. Yields
+    PrefillProgress when more than one chunk is to be read (see engine/events.py)."""
     prompt = plan.prompt_ids
     hit = None
     if plan.prefix_cache is not None:
@@ -436,16 +441,25 @@ def _prefill(
         cache, done, logits = model.new_cache(plan.capacity), 0, None
     progress.cache = cache
     progress.fed_tokens = list(prompt[:done])
+    estimate, cached = None, done
+    if len(prompt) - done > PREFILL_CHUNK:
+        estimate = PrefillEstimate(done, len(prompt), ratio_for_config(lm.config))
+        yield _progress_event(estimate, cached)
     while done < len(prompt):
         if cancel.cancelled:
             return None
         chunk = prompt[done : done + PREFILL_CHUNK]
+        chunk_started = time.perf_counter()
         try:
             logits = model.forward(chunk, cache, cancel=cancel)
         except ForwardCancelled:
             return None  # the chunk was not committed: cache holds progress.fed_tokens
+        if estimate is not None:
+            estimate.record(done, done + len(chunk), time.perf_counter() - chunk_started)
         done += len(chunk)
         progress.fed_tokens.extend(chunk)
+        if estimate is not None:
+            yield _progress_event(estimate, cached)
     logits = np.asarray(logits, dtype=np.float32)
     progress.last_logits = logits
     if plan.prefix_cache is not None:
@@ -453,14 +467,26 @@ def _prefill(
     return logits
 
 
+def _progress_event(estimate: PrefillEstimate, cached: int) -> PrefillProgress:
+    return PrefillProgress(
+        done=estimate.done,
+        total=estimate.total,
+        cached=cached,
+        elapsed_s=estimate.elapsed,
+        tok_s=estimate.tokens_per_second(),
+        eta_s=estimate.seconds_left(),
+    )
+
+
 def _decode_steps(
     lm: LanguageModel, plan: _Plan, cancel: CancelToken, progress: _Progress, model: ForwardModel
-) -> Generator[_Step, None, None]:
+) -> Generator[_Step | PrefillProgress, None, None]:
     """Prefill, then choose tokens one by one until the caller stops asking, the budget is spent
-    or the cancel token is set. Yields each chosen token; the caller decides whether it ends the
-    request. The cache always holds progress.fed_tokens, except transiently during a draft."""
+    or the cancel token is set. Yields the prefill's PrefillProgress events, then each chosen
+    token; the caller decides whether it ends the request. The cache always holds
+    progress.fed_tokens, except transiently during a draft."""
     progress.prompt_started = time.perf_counter()
-    logits = _prefill(lm, plan, cancel, progress, model)
+    logits = yield from _prefill(lm, plan, cancel, progress, model)
     progress.prefill_done = time.perf_counter()
     if logits is None:
         progress.cancelled = True
@@ -598,6 +624,9 @@ def _events(
     steps = _decode_steps(lm, plan, cancel, progress, model)
     try:
         for step in steps:
+            if isinstance(step, PrefillProgress):
+                yield step
+                continue
             n_sampled += 1
             if step.token_id in plan.eog_ids:
                 reason = FINISH_STOP

@@ -1,0 +1,150 @@
+"""Prefill progress: the time-left model (engine/prefill_progress.py, hand-computed cases) and the
+PrefillProgress events the generation loop yields per chunk (fake model, no real load)."""
+
+from __future__ import annotations
+
+import pytest
+from fake_model import BOS, fake_lm, ids, script_tokens, use_fake_detokenizer
+
+from engine.cancel import CancelToken
+from engine.events import Finished, PrefillProgress, TokenSampled
+from engine.generate import GenerationRequest, generate
+from engine.prefill_progress import PrefillEstimate, attention_ratio, span_cost
+
+
+# --- the cost model ------------------------------------------------------------------------------
+def test_attention_ratio_from_the_layer_shape():
+    # fixed: 4*(2 + 2*1) + 2*4 + 3*4*3 = 16 + 8 + 36 = 60 multiply-adds; per position: 2*2 = 4
+    assert attention_ratio(4, 2, 1, 3) == pytest.approx(4 / 60)
+
+
+def test_attention_ratio_refuses_a_shape_that_is_not_positive():
+    with pytest.raises(ValueError, match="n_ff must be positive, got 0"):
+        attention_ratio(4, 2, 1, 0)
+
+
+def test_span_cost_sums_the_per_position_cost():
+    # positions 0..3 at 1 + 0.5 p: 1 + 1.5 + 2 + 2.5 = 7
+    assert span_cost(0, 4, 0.5) == pytest.approx(7.0)
+    # positions 4..7: 3 + 3.5 + 4 + 4.5 = 15
+    assert span_cost(4, 8, 0.5) == pytest.approx(15.0)
+
+
+def test_no_estimate_before_the_first_chunk():
+    estimate = PrefillEstimate(0, 8, 0.5)
+    assert estimate.seconds_left() is None
+    assert estimate.tokens_per_second() is None
+
+
+def test_time_left_after_one_chunk_grows_with_position():
+    # 4 tokens at positions 0..3 cost 7 units and took 7 s: a = 1 s per unit; positions 4..7
+    # cost 15 units -> 15 s. A plain rate (4 tokens in 7 s) would say 7 s.
+    estimate = PrefillEstimate(0, 8, 0.5)
+    estimate.record(0, 4, 7.0)
+    assert estimate.seconds_left() == pytest.approx(15.0)
+    assert estimate.tokens_per_second() == pytest.approx(4 / 7)
+
+
+def test_time_left_starts_after_the_cached_tokens():
+    # a prefix cache held positions 0..3: the chunk 4..7 costs 15 units in 30 s (a = 2);
+    # positions 8..9 cost 2 + 0.5 * 17 = 10.5 units -> 21 s
+    estimate = PrefillEstimate(4, 10, 0.5)
+    estimate.record(4, 8, 30.0)
+    assert estimate.seconds_left() == pytest.approx(21.0)
+    assert estimate.tokens_per_second() == pytest.approx(4 / 30)
+
+
+def test_the_newest_chunks_set_the_speed():
+    # chunk 0..1 (cost 2.5) ran cold in 10 s (a = 4), chunk 2..3 (cost 4.5) in 4.5 s (a = 1):
+    # weights 1 and 2 -> a = (4 + 2) / 3 = 2; positions 4..11 cost 8 + 0.5 * 60 = 38 -> 76 s
+    estimate = PrefillEstimate(0, 12, 0.5)
+    estimate.record(0, 2, 10.0)
+    estimate.record(2, 4, 4.5)
+    assert estimate.seconds_left() == pytest.approx(76.0)
+
+
+def test_the_slope_is_fitted_from_the_warm_chunks_and_blended_with_the_prior():
+    # true cost 1 + 0.5 p (a = 1): chunks of 2 at 0..1 (cold: 10 s), 2..3 (4.5), 4..5 (6.5),
+    # 6..7 (8.5). Warm per-token times 2.25, 3.25, 4.25 at mid positions 2.5, 4.5, 6.5: slope 0.5,
+    # intercept 1 -> fitted 0.5; blended with the prior 0.1 at weight 4 against 3 chunks:
+    # (0.1 * 4 + 0.5 * 3) / 7 = 1.9 / 7
+    estimate = PrefillEstimate(0, 12, 0.1)
+    for start, seconds in ((0, 10.0), (2, 4.5), (4, 6.5), (6, 8.5)):
+        estimate.record(start, start + 2, seconds)
+    assert estimate.ratio() == pytest.approx(1.9 / 7)
+
+
+def test_a_fit_with_the_prior_right_predicts_exactly():
+    # prior = true ratio 0.5: every warm chunk implies a = 1; positions 8..11 cost
+    # 4 + 0.5 * 38 = 23 -> 23 s (the cold first chunk has left the speed window)
+    estimate = PrefillEstimate(0, 12, 0.5)
+    for start, seconds in ((0, 10.0), (2, 4.5), (4, 6.5), (6, 8.5)):
+        estimate.record(start, start + 2, seconds)
+    assert estimate.ratio() == pytest.approx(0.5)
+    assert estimate.seconds_left() == pytest.approx(23.0)
+
+
+def test_a_falling_slope_keeps_the_prior():
+    # later chunks faster than earlier ones (another program finished): no negative attention cost
+    estimate = PrefillEstimate(0, 12, 0.2)
+    for start, seconds in ((0, 5.0), (2, 9.0), (4, 6.0), (6, 3.0)):
+        estimate.record(start, start + 2, seconds)
+    assert estimate.ratio() == pytest.approx(0.2)
+
+
+def test_done_means_no_time_left():
+    estimate = PrefillEstimate(0, 4, 0.5)
+    estimate.record(0, 4, 3.0)
+    assert estimate.seconds_left() == 0.0
+
+
+def test_a_chunk_that_does_not_continue_the_prefill_is_refused():
+    estimate = PrefillEstimate(0, 8, 0.5)
+    estimate.record(0, 4, 1.0)
+    with pytest.raises(ValueError, match="chunk 5..8 does not continue the prefill at 4 of 8"):
+        estimate.record(5, 8, 1.0)
+
+
+# --- the events the loop yields ------------------------------------------------------------------
+@pytest.fixture
+def _fake_detokenizer(monkeypatch):
+    use_fake_detokenizer(monkeypatch)
+
+
+@pytest.mark.usefixtures("_fake_detokenizer")
+def test_a_long_prompt_reports_progress_per_chunk_before_the_first_token():
+    prompt = [BOS] + ids("a") * 600  # 601 tokens: chunks of 256, 256, 89
+    lm = fake_lm(script_tokens(len(prompt), ids("b")), n_ctx=1024)
+    events = list(generate(lm, GenerationRequest(prompt_ids=prompt)))
+    progress = [e for e in events if isinstance(e, PrefillProgress)]
+    assert [(p.done, p.total, p.cached) for p in progress] == [
+        (0, 601, 0),
+        (256, 601, 0),
+        (512, 601, 0),
+        (601, 601, 0),
+    ]
+    assert progress[0].eta_s is None and progress[0].tok_s is None
+    assert all(p.eta_s is not None and p.eta_s >= 0 for p in progress[1:])
+    assert progress[-1].eta_s == 0.0
+    first_token = next(i for i, e in enumerate(events) if isinstance(e, TokenSampled))
+    assert all(events.index(p) < first_token for p in progress)
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "stop"
+
+
+@pytest.mark.usefixtures("_fake_detokenizer")
+def test_a_prompt_of_one_chunk_reports_no_progress():
+    prompt = [BOS] + ids("a") * 255  # exactly one chunk
+    lm = fake_lm(script_tokens(len(prompt), ids("b")), n_ctx=1024)
+    events = list(generate(lm, GenerationRequest(prompt_ids=prompt)))
+    assert not [e for e in events if isinstance(e, PrefillProgress)]
+
+
+@pytest.mark.usefixtures("_fake_detokenizer")
+def test_cancel_mid_prefill_reports_only_the_chunks_read():
+    prompt = [BOS] + ids("a") * 600
+    lm = fake_lm(script_tokens(len(prompt), ids("b")), n_ctx=1024)
+    cancel = CancelToken()
+    lm.model.on_forward = lambda call: cancel.cancel() if call.start == 256 else None
+    events = list(generate(lm, GenerationRequest(prompt_ids=prompt), cancel))
+    assert [e.done for e in events if isinstance(e, PrefillProgress)] == [0, 256, 512]
+    assert events[-1].finish_reason == "cancelled"
