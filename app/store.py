@@ -1076,6 +1076,84 @@ class Store:
                 (conversation_id, position),
             )
 
+    # --- compactions (issue 35: a summary standing in for older messages) -----------------------
+    def add_compaction(
+        self, conversation_id: int, covered: list[int], summary: str, receipt: dict | None = None
+    ) -> int:
+        """Make `summary` stand in for the messages `covered` (ids, oldest first) in one
+        transaction: the chat's earlier compaction, if any, goes inactive (the new summary
+        includes it) and this one is the active one. `receipt` is how the summary was written.
+        The covered messages themselves are not touched."""
+        if not covered or not summary.strip():
+            raise ValueError("a compaction needs covered messages and a summary")
+        with self._writing():
+            with self._transaction():
+                self._db.execute(
+                    "UPDATE compactions SET active=0 WHERE conversation_id=? AND active=1",
+                    (conversation_id,),
+                )
+                cur = self._db.execute(
+                    "INSERT INTO compactions(conversation_id, covered_json, summary, active,"
+                    " receipt_json, created_at) VALUES (?,?,?,1,?,?)",
+                    (
+                        conversation_id,
+                        json.dumps([int(i) for i in covered]),
+                        summary,
+                        json.dumps(receipt) if receipt is not None else None,
+                        time.time(),
+                    ),
+                )
+            return cur.lastrowid
+
+    def active_compaction(self, conversation_id: int) -> StoredCompaction | None:
+        row = self._db.execute(
+            "SELECT * FROM compactions WHERE conversation_id=? AND active=1 ORDER BY id DESC",
+            (conversation_id,),
+        ).fetchone()
+        return _compaction_from_row(row) if row is not None else None
+
+    def compaction(self, compaction_id: int) -> StoredCompaction | None:
+        row = self._db.execute("SELECT * FROM compactions WHERE id=?", (compaction_id,)).fetchone()
+        return _compaction_from_row(row) if row is not None else None
+
+    def set_compaction_summary(self, compaction_id: int, summary: str) -> None:
+        """The user's edit of a summary (what the model sees from the next reply on)."""
+        if not summary.strip():
+            raise ValueError("a summary cannot be empty")
+        with self._writing():
+            self._db.execute(
+                "UPDATE compactions SET summary=? WHERE id=?", (summary, compaction_id)
+            )
+
+    def deactivate_compaction(self, compaction_id: int) -> None:
+        """Restore the originals: the summary stops standing in for them (the row stays, so a
+        reply's receipt can still name it)."""
+        with self._writing():
+            self._db.execute("UPDATE compactions SET active=0 WHERE id=?", (compaction_id,))
+
+
+@dataclass(frozen=True)
+class StoredCompaction:
+    id: int
+    conversation_id: int
+    covered: tuple[int, ...]  # message ids the summary stands in for, oldest first
+    summary: str
+    active: bool
+    receipt: dict | None  # how the summary was written (engine/receipt.py)
+    created_at: float
+
+
+def _compaction_from_row(row: sqlite3.Row) -> StoredCompaction:
+    return StoredCompaction(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        covered=tuple(int(i) for i in _json_or(row["covered_json"], [])),
+        summary=row["summary"],
+        active=bool(row["active"]),
+        receipt=_json_or(row["receipt_json"], None),
+        created_at=row["created_at"],
+    )
+
 
 class _Transaction:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on error (autocommit connection otherwise)."""
