@@ -29,8 +29,10 @@ from app.settings import Settings, SettingsFile
 from app.store import Store, StoredMessage, StoreWriteError
 from app.tool_registry import ToolRegistry
 from app.tool_runner import ToolRunner
+from engine.compaction import edited_note, receipt_section, with_summary_note
 from engine.errors import EngineError
 from engine.events import Finished, ToolCallMalformed
+from engine.receipt import with_compaction
 from engine.types import GenerationRequest, JsonMode, MessageStatus, ModelInfo, Role
 
 TOP_LOGPROBS = 5
@@ -124,6 +126,12 @@ class ChatSession(QObject):
         self._action_error: StoreWriteError | None = None
         self._write_failures = 0
         self._storage_problem = ""
+        # issue 35 (app/features/compaction.py): a summary being written holds the engine like a
+        # reply does; the compaction a request was built on goes into its reply's receipt
+        self.compacting = False
+        self.request_compaction = None  # app.store.StoredCompaction of the last build_request
+        self._reply_compaction: dict | None = None  # engine.compaction.receipt_section
+        self._replay_receipt: dict | None = None
 
         controller.modelLoaded.connect(self._on_model_loaded)
         controller.replyText.connect(self._on_text)
@@ -150,7 +158,7 @@ class ChatSession(QObject):
     # --- conversations --------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self._recorder is not None or self.tools.active
+        return self._recorder is not None or self.tools.active or self.compacting
 
     def open_conversation(self, conversation_id: int) -> None:
         """Show a chat. Leaving a chat whose reply is streaming stops that reply (kept, marked
@@ -463,15 +471,36 @@ class ChatSession(QObject):
         if receipt is None:
             self.replayFailed.emit(message_id, "This reply has no receipt to replay from.")
             return False
-        self._replaying = message_id
+        self._replaying, self._replay_receipt = message_id, receipt
         self.controller.replay(receipt, self.store.tokens(message_id))
         self.replayStarted.emit(message_id)
         return True
 
     def _on_replay_finished(self, report) -> None:
         message_id, self._replaying = self._replaying, None
+        note = self._summary_since(self._replay_receipt)
+        if note is not None:  # the receipt's prompt ids hold the summary as it was sent
+            report = dataclasses.replace(report, differences=(*report.differences, note))
         if message_id is not None:
             self.replayFinished.emit(message_id, report)
+
+    def _summary_since(self, receipt: dict | None) -> str | None:
+        """Whether the summary a reply was built on has been edited or restored away since."""
+        section = (receipt or {}).get("compaction")
+        if not isinstance(section, dict):
+            return None
+        compaction = self.store.compaction(int(section.get("compaction_id") or 0))
+        return edited_note(
+            section, compaction.summary if compaction and compaction.active else None
+        )
+
+    def compaction_on(self, conversation_id: int, branch: list[StoredMessage]):
+        """The chat's active compaction when every message it covers is on `branch` (another
+        version of an early message leaves it aside), else None."""
+        compaction = self.store.active_compaction(conversation_id)
+        if compaction is None or not set(compaction.covered) <= {m.id for m in branch}:
+            return None
+        return compaction
 
     def _on_replay_failed(self, text: str) -> None:
         message_id, self._replaying = self._replaying, None
@@ -491,6 +520,9 @@ class ChatSession(QObject):
         )
         if self.plain_completion:
             return self._completion_request(branch)
+        self.request_compaction = compaction = self.compaction_on(conversation_id, branch)
+        if compaction is not None:  # the summary stands in for the messages it covers
+            branch = [m for m in branch if m.id not in set(compaction.covered)]
         for m in branch:
             if m.id in unsaved:  # its final save failed: the copy in memory is the reply
                 m = unsaved[m.id].in_memory(m)
@@ -514,6 +546,8 @@ class ChatSession(QObject):
                 and (m.content or m.role == Role.USER)
             ):
                 messages.append({"role": m.role, "content": m.content})
+        if compaction is not None:
+            messages = with_summary_note(messages, compaction.summary, len(compaction.covered))
         tools, tool_choice = self.tools.request_tools(conversation_id)
         presets = self.presets
         return GenerationRequest(
@@ -574,6 +608,12 @@ class ChatSession(QObject):
             self.tools.begin_turn()
         self._malformed = []
         request = self.build_request(cid)
+        built_on = self.request_compaction if request.messages is not None else None
+        self._reply_compaction = (
+            None
+            if built_on is None
+            else receipt_section(built_on.id, built_on.covered, built_on.summary)
+        )
         parent = self.branch[-1].id if self.branch else None
         reply_id = self.store.begin_reply(cid, json_mode=self.json_mode, parent_id=parent)
         self._recorder = ReplyRecorder(self.store, reply_id)
@@ -702,6 +742,10 @@ class ChatSession(QObject):
         recorder, self._recorder = self._recorder, None
         if recorder is None:
             return
+        if self._reply_compaction is not None and finished.receipt is not None:
+            finished = dataclasses.replace(
+                finished, receipt=with_compaction(finished.receipt, self._reply_compaction)
+            )
         status = recorder.finish(finished)
         calls = list(finished.tool_calls) if status == MessageStatus.COMPLETE else []
         dropped = 0
