@@ -10,7 +10,7 @@ them:
 - which messages to summarise (`choose_covered`: whole turns, oldest first, enough to bring the
   prompt down to TARGET of that room, never the latest turn);
 - the request that asks the model for the summary (`summary_request_messages`);
-- the prompt built on a compaction (`compacted_messages`: covered messages out, the note in);
+- the prompt built on a compaction (`with_summary_note`: the note beside the system prompt);
 - the receipt section of a reply built on one (`receipt_section`) and what a replay says when
   the summary was edited since (`edited_note`).
 
@@ -68,18 +68,23 @@ def near_limit(prompt_tokens: int, n_ctx: int, max_new_tokens: int | None) -> bo
 
 
 def choose_covered(
-    items: Sequence[ChatItem], prompt_tokens: int, n_ctx: int, max_new_tokens: int | None
+    items: Sequence[ChatItem],
+    prompt_tokens: int,
+    n_ctx: int,
+    max_new_tokens: int | None,
+    fixed_chars: int = 0,
 ) -> list[int]:
     """Ids of the oldest whole turns to summarise, oldest first; [] when there is nothing to
     summarise (a chat of one turn).
 
     `prompt_tokens` is the engine's exact count for the prompt these items make (the last
     reply's context use); each message's share of it is estimated from its characters, as the
-    GUI thread has no tokenizer. A turn is a user message with everything after it up to the
+    GUI thread has no tokenizer; `fixed_chars` are the characters always sent (the system
+    prompt, an earlier summary's note), part of the count but never covered. A turn is a user message with everything after it up to the
     next user message. Turns are taken until the rest is estimated at TARGET of the budget, but
     never the latest turn, and never more than the summary request itself can hold."""
     budget = prompt_budget(n_ctx, max_new_tokens)
-    total_chars = sum(len(i.content) for i in items)
+    total_chars = fixed_chars + sum(len(i.content) for i in items)
     if not items or total_chars == 0 or budget <= 0:
         return []
     per_char = prompt_tokens / total_chars
@@ -136,17 +141,13 @@ def summary_note(summary: str, n_messages: int) -> str:
     )
 
 
-def compacted_messages(
-    messages: Sequence[dict], ids: Sequence[int | None], covered: Sequence[int], summary: str
-) -> list[dict]:
-    """The request's messages with the covered ones left out and the summary's note in their
-    place: appended to the leading system prompt, or as a system message of its own first.
-    `ids[k]` is the store id of messages[k] (None for the system prompt). Merging into one
-    system message matters: several templates (Gemma's, Llama 2's) accept a system message only
-    first, and the context fit keeps leading system messages, so the note is never dropped."""
-    left_out = set(covered)
-    kept = [dict(m) for m, i in zip(messages, ids, strict=True) if i is None or i not in left_out]
-    note = summary_note(summary, len(covered))
+def with_summary_note(messages: Sequence[dict], summary: str, n_covered: int) -> list[dict]:
+    """The request's messages (the covered ones already left out) with the summary's note:
+    appended to the leading system prompt, or as a system message of its own first. One system
+    message matters: several templates (Gemma's, Llama 2's) accept a system message only first,
+    and the context fit keeps leading system messages, so the note is never dropped."""
+    kept = [dict(m) for m in messages]
+    note = summary_note(summary, n_covered)
     if kept and kept[0].get("role") == "system":
         kept[0]["content"] = f"{kept[0].get('content', '')}\n\n{note}"
         return kept
@@ -175,8 +176,9 @@ def edited_note(section: dict | None, summary_now: str | None) -> str | None:
     recorded = section.get("summary_sha256")
     if summary_now is None:
         return (
-            "the summary this reply was built on is no longer in the chat (its originals were "
-            "restored); the replay used the summary recorded in the receipt"
+            "the summary this reply was built on is no longer used by the chat (its originals "
+            "were restored, or a newer summary replaced it); the replay used the summary "
+            "recorded in the receipt"
         )
     if summary_sha256(summary_now) != recorded:
         return (
