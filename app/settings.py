@@ -17,6 +17,7 @@ from pathlib import Path
 import platformdirs
 
 from app.regular_files import FileTooLargeError, NotRegularFileError, read_regular
+from engine.compaction import DEFAULT_LONG_CHAT_MODE, LONG_CHAT_MODES
 from engine.types import DEFAULT_KV_CACHE_TYPE, KV_CACHE_TYPES
 
 THEMES = ("system", "light", "dark")
@@ -59,6 +60,9 @@ class Settings:
     # the fetch_url tool may reach loopback, private and link-local addresses (off: a model
     # could otherwise read the router's page or a cloud metadata service)
     fetch_allow_private: bool = False
+    # "When a chat is too long" (engine/compaction.py LONG_CHAT_MODES): drop the oldest turns,
+    # offer a summary of them written by the model, or write one without asking
+    long_chat: str = DEFAULT_LONG_CHAT_MODE
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -97,6 +101,8 @@ class Settings:
         paths = [p for p in _list(self.completion_models) if isinstance(p, str) and p]
         self.completion_models = list(dict.fromkeys(paths))[:1000]
         self.fetch_allow_private = self.fetch_allow_private is True  # "yes" in a hand edit: no
+        if self.long_chat not in LONG_CHAT_MODES:
+            self.long_chat = DEFAULT_LONG_CHAT_MODE
         return self
 
     def remember_model(self, path: str) -> None:
