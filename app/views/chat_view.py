@@ -59,6 +59,11 @@ class ChatView(QScrollArea):
         self.earlier_button.setVisible(False)
         self.earlier_button.clicked.connect(self.earlierRequested)
         self._layout.insertWidget(0, self.earlier_button, 0, Qt.AlignHCenter)
+        # Above everything: the summary standing in for a compacted chat's oldest messages
+        # (app/features/compaction.py puts its card here); it outlives show_messages.
+        self.top_slot = QVBoxLayout()
+        self.top_slot.setContentsMargins(0, 0, 0, 0)
+        self._layout.insertLayout(0, self.top_slot)
         self._layout.addStretch(1)
         self.setWidget(self._column)
         self.widgets: list[MessageWidget] = []
