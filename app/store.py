@@ -53,6 +53,8 @@ from typing import TYPE_CHECKING, Literal
 
 import platformdirs
 
+from app.names import clean_name
+from app.project_settings import Project, ProjectSettings
 from engine.types import MessageStatus
 
 if TYPE_CHECKING:
@@ -76,6 +78,22 @@ class Conversation:
     system_prompt: str
     created_at: float
     updated_at: float
+    project_id: int | None = None  # schema 5: the project the chat is in, None for none
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A chat that matches a search: `snippet` shows the match, with the matched words between
+    SNIPPET_MARK characters; `message_id` is the best matching message (None: the title matched)."""
+
+    conversation: Conversation
+    snippet: str
+    message_id: int | None
+
+
+# Put around each matched word in a SearchHit snippet; the sidebar draws them bold. Private-use
+# characters: message text cannot be confused with them (unlike "<b>" in a chat about HTML).
+SNIPPET_MARK = ("\ue000", "\ue001")
 
 
 @dataclass(frozen=True)
@@ -589,35 +607,92 @@ class Store:
         return self._db.execute("PRAGMA integrity_check").fetchone()[0]
 
     # --- conversations --------------------------------------------------------------------------
-    def create_conversation(self, title: str = DEFAULT_TITLE, system_prompt: str = "") -> int:
+    def create_conversation(
+        self, title: str = DEFAULT_TITLE, system_prompt: str = "", project_id: int | None = None
+    ) -> int:
         with self._writing():
             now = time.time()
             cur = self._db.execute(
-                "INSERT INTO conversations(title, system_prompt, created_at, updated_at) VALUES (?,?,?,?)",
-                (title, system_prompt, now, now),
+                "INSERT INTO conversations(title, system_prompt, created_at, updated_at,"
+                " project_id) VALUES (?,?,?,?,?)",
+                (title, system_prompt, now, now, project_id),
             )
             return cur.lastrowid
 
     def conversation(self, conversation_id: int) -> Conversation | None:
         row = self._db.execute(
-            "SELECT id, title, system_prompt, created_at, updated_at FROM conversations WHERE id=?",
-            (conversation_id,),
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id=?", (conversation_id,)
         ).fetchone()
         return Conversation(**dict(row)) if row else None
 
     def list_conversations(self, search: str = "") -> list[Conversation]:
         """Newest first. `search` matches titles and message text, case-insensitively."""
-        sql = "SELECT id, title, system_prompt, created_at, updated_at FROM conversations"
-        args: tuple = ()
         if search.strip():
-            pattern = "%" + _escape_like(search.strip()) + "%"
-            sql += (
-                " WHERE title LIKE ? ESCAPE '\\' OR id IN (SELECT conversation_id FROM messages"
-                " WHERE content LIKE ? ESCAPE '\\')"
-            )
-            args = (pattern, pattern)
-        sql += " ORDER BY updated_at DESC, id DESC"
-        return [Conversation(**dict(r)) for r in self._db.execute(sql, args)]
+            return [hit.conversation for hit in self.search(search)]
+        sql = f"SELECT {_CONVERSATION_COLUMNS} FROM conversations ORDER BY updated_at DESC, id DESC"
+        return [Conversation(**dict(r)) for r in self._db.execute(sql)]
+
+    def search(self, text: str, limit: int = 200) -> list[SearchHit]:
+        """Chats whose title or message text holds every word of `text` (a word may be the start
+        of a longer one, so results come while typing), newest first, each with a snippet.
+        Case and accents are ignored. Without FTS5 (module docstring) `text` is matched as one
+        substring with LIKE, case-insensitively for ASCII letters only."""
+        words = _search_words(text)
+        if not words:
+            return []
+        if not self.search_uses_fts:
+            return self._search_like(text.strip(), limit)
+        query = " ".join('"' + w.replace('"', '""') + '"*' for w in words)
+        title_sql = (
+            f"SELECT {_CONVERSATION_COLUMNS_QUALIFIED}, NULL AS message_id,"
+            " snippet(title_search, 0, ?, ?, '…', 12) AS snippet, 0 AS rank"
+            " FROM title_search JOIN conversations ON conversations.id = title_search.rowid"
+            " WHERE title_search MATCH ?"
+        )
+        # bm25 rank (lower is better); a chat's best matching message stands for it
+        message_sql = (
+            f"SELECT {_CONVERSATION_COLUMNS_QUALIFIED},"
+            " messages.id AS message_id,"
+            " snippet(message_search, 0, ?, ?, '…', 12) AS snippet, message_search.rank AS rank"
+            " FROM message_search JOIN messages ON messages.id = message_search.rowid"
+            " JOIN conversations ON conversations.id = messages.conversation_id"
+            " WHERE message_search MATCH ? ORDER BY message_search.rank"
+        )
+        hits: dict[int, SearchHit] = {}
+        for sql in (title_sql, message_sql):
+            for r in self._db.execute(sql, (*SNIPPET_MARK, query)):
+                if r["id"] not in hits:
+                    hits[r["id"]] = SearchHit(
+                        Conversation(**{k: r[k] for k in _CONVERSATION_FIELDS}),
+                        r["snippet"],
+                        r["message_id"],
+                    )
+        ordered = sorted(
+            hits.values(), key=lambda h: (-h.conversation.updated_at, -h.conversation.id)
+        )
+        return ordered[:limit]
+
+    def _search_like(self, text: str, limit: int) -> list[SearchHit]:
+        pattern = "%" + _escape_like(text) + "%"
+        rows = self._db.execute(
+            f"SELECT {_CONVERSATION_COLUMNS}, (SELECT id FROM messages"
+            " WHERE conversation_id = conversations.id AND content LIKE ? ESCAPE '\\'"
+            " ORDER BY id LIMIT 1) AS message_id FROM conversations"
+            " WHERE title LIKE ? ESCAPE '\\' OR message_id IS NOT NULL"
+            " ORDER BY updated_at DESC, id DESC LIMIT ?",
+            (pattern, pattern, limit),
+        ).fetchall()
+        hits = []
+        for r in rows:
+            conv = Conversation(**{k: r[k] for k in _CONVERSATION_FIELDS})
+            source = conv.title
+            if r["message_id"] is not None and text.lower() not in conv.title.lower():
+                message = self._db.execute(
+                    "SELECT content FROM messages WHERE id=?", (r["message_id"],)
+                ).fetchone()
+                source = message[0] if message else ""
+            hits.append(SearchHit(conv, _like_snippet(source, text), r["message_id"]))
+        return hits
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         with self._writing():
@@ -636,6 +711,75 @@ class Store:
     def delete_conversation(self, conversation_id: int) -> None:
         with self._writing():
             self._db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
+
+    # --- projects (schema 5; app/project_settings.py says what a project holds) ----------------
+    def create_project(
+        self, name: str, system_prompt: str = "", settings: ProjectSettings | None = None
+    ) -> int:
+        """A new project, last in the list. `name` is checked by app.names.clean_name (an
+        InvalidNameError says what is wrong; nothing is written)."""
+        name = clean_name(name, "project name")
+        with self._writing():
+            now = time.time()
+            position = self._db.execute(
+                "SELECT coalesce(max(position) + 1, 0) FROM projects"
+            ).fetchone()[0]
+            cur = self._db.execute(
+                "INSERT INTO projects(name, system_prompt, settings_json, position, created_at,"
+                " updated_at) VALUES (?,?,?,?,?,?)",
+                (
+                    name,
+                    system_prompt,
+                    json.dumps((settings or ProjectSettings()).to_json()),
+                    position,
+                    now,
+                    now,
+                ),
+            )
+            return cur.lastrowid
+
+    def project(self, project_id: int) -> Project | None:
+        row = self._db.execute("SELECT * FROM projects WHERE id=?", (project_id,)).fetchone()
+        return _project_from_row(row) if row else None
+
+    def projects(self) -> list[Project]:
+        """In the user's order (`position`, then creation)."""
+        rows = self._db.execute("SELECT * FROM projects ORDER BY position, id").fetchall()
+        return [_project_from_row(r) for r in rows]
+
+    def rename_project(self, project_id: int, name: str) -> None:
+        name = clean_name(name, "project name")
+        self._update_project(project_id, "name=?", (name,))
+
+    def set_project_system_prompt(self, project_id: int, system_prompt: str) -> None:
+        self._update_project(project_id, "system_prompt=?", (system_prompt,))
+
+    def set_project_settings(self, project_id: int, settings: ProjectSettings) -> None:
+        self._update_project(project_id, "settings_json=?", (json.dumps(settings.to_json()),))
+
+    def _update_project(self, project_id: int, assignment: str, args: tuple) -> None:
+        with self._writing():
+            cur = self._db.execute(
+                f"UPDATE projects SET {assignment}, updated_at=? WHERE id=?",
+                (*args, time.time(), project_id),
+            )
+        if cur.rowcount == 0:
+            raise StoreError(f"There is no project {project_id} (deleted meanwhile?).")
+
+    def delete_project(self, project_id: int) -> None:
+        """Delete the project; its chats stay, in no project (the foreign key's SET NULL)."""
+        with self._writing():
+            self._db.execute("DELETE FROM projects WHERE id=?", (project_id,))
+
+    def move_conversation(self, conversation_id: int, project_id: int | None) -> None:
+        """Put a chat in a project, or (None) in none. Its last-changed time stays: moving a chat
+        does not make it the newest."""
+        with self._writing():
+            if project_id is not None and self.project(project_id) is None:
+                raise StoreError(f"There is no project {project_id} (deleted meanwhile?).")
+            self._db.execute(
+                "UPDATE conversations SET project_id=? WHERE id=?", (project_id, conversation_id)
+            )
 
     def _touch(self, conversation_id: int) -> None:
         with self._writing():
@@ -1203,6 +1347,50 @@ def fts5_available() -> bool:
         return False
     finally:
         probe.close()
+
+
+_CONVERSATION_FIELDS = ("id", "title", "system_prompt", "created_at", "updated_at", "project_id")
+_CONVERSATION_COLUMNS = ", ".join(_CONVERSATION_FIELDS)
+# The same in a join with messages, which has columns of the same names
+_CONVERSATION_COLUMNS_QUALIFIED = ", ".join(
+    f"conversations.{f} AS {f}" for f in _CONVERSATION_FIELDS
+)
+
+
+def _project_from_row(row: sqlite3.Row) -> Project:
+    return Project(
+        id=row["id"],
+        name=row["name"],
+        system_prompt=row["system_prompt"],
+        settings=ProjectSettings.from_json(_json_or(row["settings_json"], {})),
+        position=row["position"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _search_words(text: str) -> list[str]:
+    """The words of a search, as FTS5's unicode61 tokenizer splits them (letters and digits;
+    everything else separates), so punctuation typed in the box cannot become query syntax."""
+    return "".join(ch if ch.isalnum() else " " for ch in text).split()
+
+
+def _like_snippet(text: str, needle: str, width: int = 40) -> str:
+    """Up to `width` characters either side of the first `needle` in `text`, marked like FTS5's
+    snippet() marks its matches."""
+    at = text.lower().find(needle.lower())
+    if at < 0:
+        return text[: 2 * width]
+    start, end = max(0, at - width), at + len(needle)
+    return (
+        ("…" if start else "")
+        + text[start:at]
+        + SNIPPET_MARK[0]
+        + text[at:end]
+        + SNIPPET_MARK[1]
+        + text[end : end + width]
+        + ("…" if end + width < len(text) else "")
+    )
 
 
 def _escape_like(text: str) -> str:

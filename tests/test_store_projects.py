@@ -9,7 +9,15 @@ import sqlite3
 import pytest
 
 from app import store as store_mod
-from app.store import SCHEMA_V4, SCHEMA_VERSION, Store
+from app.names import (
+    EmptyNameError,
+    InvalidNameError,
+    NameControlCharacterError,
+    NameTooLongError,
+    clean_name,
+)
+from app.project_settings import Project, ProjectSettings, chat_defaults
+from app.store import SCHEMA_V4, SCHEMA_VERSION, Store, StoreError
 
 
 def _v4_database(path):
@@ -177,3 +185,191 @@ def test_without_fts5_the_triggers_go_and_writes_still_work(tmp_path, monkeypatc
     assert _hits(store, "neap") == {2} and _hits(store, "spring") == {1}
     store._db.execute("INSERT INTO message_search(message_search) VALUES ('integrity-check')")
     store.close()
+
+
+# --- names ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typed", "error"),
+    [
+        ("", EmptyNameError),
+        (" \t\n ", EmptyNameError),
+        ("x" * 10_000, NameTooLongError),
+        ("x" * 201, NameTooLongError),
+        ("\x00\x01\x02\x1b[31m", NameControlCharacterError),
+        ("Essays\x07", NameControlCharacterError),
+        ("txt.exe\u202egpj", NameControlCharacterError),
+    ],
+)
+def test_a_bad_project_name_is_refused_with_a_typed_error_and_nothing_is_written(
+    tmp_path, typed, error
+):
+    store = Store(tmp_path / "c.sqlite3")
+    with pytest.raises(error) as info:
+        store.create_project(typed)
+    assert isinstance(info.value, InvalidNameError) and str(info.value).startswith("The project")
+    assert store.projects() == []
+    kept = store.create_project("Kept")
+    with pytest.raises(error):
+        store.rename_project(kept, typed)
+    assert [p.name for p in store.projects()] == ["Kept"]
+    store.close()
+
+
+def test_the_error_says_how_long_and_which_character():
+    with pytest.raises(NameTooLongError, match="10,000 characters long; the limit is 200"):
+        clean_name("x" * 10_000, "project name")
+    with pytest.raises(NameControlCharacterError, match=r"character U\+001B; remove it"):
+        clean_name("a\x1bb")
+    with pytest.raises(NameControlCharacterError, match=r"U\+202E \(RIGHT-TO-LEFT OVERRIDE\)"):
+        clean_name("a\u202eb")
+
+
+def test_a_name_is_trimmed_and_its_line_breaks_become_spaces_but_emoji_stay():
+    assert clean_name("  Trip\r\n  to\tRome  ") == "Trip to Rome"
+    assert clean_name("x" * 200) == "x" * 200
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # joined by U+200D (category Cf)
+    assert clean_name(f"{family} chats") == f"{family} chats"
+
+
+# --- projects -------------------------------------------------------------------------------------
+
+
+def test_projects_are_created_listed_in_order_renamed_and_keep_their_settings(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    store = Store(path)
+    essays = store.create_project("Essays", "You are an editor.")
+    code = store.create_project("Code")
+    settings = ProjectSettings(
+        model="/models/qwen.gguf",
+        preset={"temperature": 0.2},
+        tools=["builtin:calculator"],
+        collections=[3],
+        extra={"from_a_newer_app": True},
+    )
+    store.set_project_settings(code, settings)
+    store.rename_project(essays, "  Long essays ")
+    store.close()
+    store = Store(path)  # read back from the file
+    assert [(p.id, p.name) for p in store.projects()] == [(essays, "Long essays"), (code, "Code")]
+    assert store.project(essays).system_prompt == "You are an editor."
+    assert store.project(code).settings == settings
+    store.set_project_system_prompt(code, "Answer with code only.")
+    assert store.project(code).system_prompt == "Answer with code only."
+    with pytest.raises(StoreError, match="no project 99"):
+        store.rename_project(99, "Ghost")
+    store.close()
+
+
+def test_a_damaged_settings_value_costs_that_setting_not_the_project(tmp_path):
+    store = Store(tmp_path / "c.sqlite3")
+    pid = store.create_project("P")
+    store._db.execute(
+        "UPDATE projects SET settings_json=? WHERE id=?",
+        (json.dumps({"model": 7, "preset": "hot", "tools": ["a", 1], "collections": {}}), pid),
+    )
+    assert store.project(pid).settings == ProjectSettings(tools=["a"])
+    store._db.execute("UPDATE projects SET settings_json='{not json' WHERE id=?", (pid,))
+    assert store.project(pid).settings == ProjectSettings()
+    store.close()
+
+
+def test_chats_move_into_and_out_of_projects_and_survive_their_projects_deletion(tmp_path):
+    store = Store(tmp_path / "c.sqlite3")
+    pid = store.create_project("Trip")
+    a = store.create_conversation("Hotels", project_id=pid)
+    b = store.create_conversation("Trains")
+    store.add_message(b, "user", "Night train to Vienna")
+    before = store.conversation(b).updated_at
+    store.move_conversation(b, pid)
+    assert store.conversation(b).project_id == pid
+    assert store.conversation(b).updated_at == before  # moving is not a change to the chat
+    store.move_conversation(a, None)
+    assert store.conversation(a).project_id is None
+    store.move_conversation(a, pid)
+    store.delete_project(pid)
+    assert store.projects() == []
+    assert {c.id: c.project_id for c in store.list_conversations()} == {a: None, b: None}
+    assert [m.content for m in store.branch(b)] == ["Night train to Vienna"]
+    with pytest.raises(StoreError, match="no project"):
+        store.move_conversation(a, pid)
+    assert store.conversation(a).project_id is None
+    store.close()
+
+
+# --- search ---------------------------------------------------------------------------------------
+
+
+def _search_fixture(store: Store) -> dict[str, int]:
+    chats = {
+        "bread": store.create_conversation("Sourdough"),
+        "paris": store.create_conversation("Weekend in Paris"),
+        "code": store.create_conversation("Regex help"),
+    }
+    store.add_message(chats["bread"], "user", "My starter smells of acetone, is it dead?")
+    store.add_message(chats["bread"], "assistant", "No: feed it twice a day at 25 °C.")
+    store.add_message(chats["paris"], "user", "Where is the best crème brûlée?")
+    store.add_message(chats["code"], "user", 'Match "a_b%" literally AND NOT other text')
+    return chats
+
+
+def test_search_finds_titles_and_message_text_with_a_marked_snippet(tmp_path):
+    store = Store(tmp_path / "c.sqlite3")
+    chats = _search_fixture(store)
+    (hit,) = store.search("acetone")
+    assert hit.conversation.id == chats["bread"]
+    assert hit.message_id == store.branch(chats["bread"])[0].id
+    assert hit.snippet == "My starter smells of \ue000acetone\ue001, is it dead?"
+    (hit,) = store.search("weekend")
+    assert (hit.conversation.id, hit.message_id) == (chats["paris"], None)
+    assert hit.snippet == "\ue000Weekend\ue001 in Paris"
+    # accents and case are ignored, the last word may be unfinished, every word must be there
+    assert [h.conversation.id for h in store.search("CREME bru")] == [chats["paris"]]
+    assert [h.conversation.id for h in store.search("feed twi")] == [chats["bread"]]
+    assert store.search("feed paris") == []
+    # what the user types is never query syntax
+    assert [h.conversation.id for h in store.search('"a_b%" AND NOT')] == [chats["code"]]
+    assert store.search('" * ( NEAR') == []
+    assert store.search("   ") == []
+    # list_conversations(search) is the same set, newest first
+    assert [c.id for c in store.list_conversations("paris")] == [chats["paris"]]
+    store.close()
+
+
+def test_without_fts5_search_falls_back_to_a_substring_match(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_mod, "fts5_available", lambda: False)
+    store = Store(tmp_path / "c.sqlite3")
+    chats = _search_fixture(store)
+    assert store.search_uses_fts is False
+    (hit,) = store.search("ACETONE")
+    assert hit.conversation.id == chats["bread"]
+    assert hit.snippet == "My starter smells of \ue000acetone\ue001, is it dead?"
+    # LIKE's wildcards are literal here
+    assert [h.conversation.id for h in store.search("a_b%")] == [chats["code"]]
+    assert store.search("a%b") == []
+    (hit,) = store.search("weekend")
+    assert hit.snippet == "\ue000Weekend\ue001 in Paris"
+    store.close()
+
+
+# --- what a chat in a project uses ----------------------------------------------------------------
+
+
+def _project(**settings) -> Project:
+    return Project(1, "Essays", "You are an editor.", ProjectSettings(**settings), 0, 0.0, 0.0)
+
+
+def test_a_chat_uses_its_own_prompt_and_tools_else_its_projects():
+    project = _project(tools=["builtin:calculator"], model="/m.gguf", preset={"temperature": 0.1})
+    d = chat_defaults("", {}, project)
+    assert (d.system_prompt, d.system_prompt_source) == ("You are an editor.", "project")
+    assert (d.tools, d.tools_source) == (("builtin:calculator",), "project")
+    assert (d.model, d.preset) == ("/m.gguf", {"temperature": 0.1})
+    assert d.source_text(d.system_prompt_source) == "project “Essays”"
+    d = chat_defaults("Be terse.", {"enabled": []}, project)
+    assert (d.system_prompt, d.system_prompt_source) == ("Be terse.", "chat")
+    assert (d.tools, d.tools_source) == ((), "chat")  # all tools off is the chat's own choice
+    d = chat_defaults("  ", {"always": ["x"]}, None)
+    assert (d.system_prompt, d.system_prompt_source, d.tools, d.tools_source) == ("", "", (), "")
+    assert chat_defaults("", {}, _project()).tools_source == ""  # the project sets no tools
