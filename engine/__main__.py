@@ -52,7 +52,13 @@ EXIT_CODES_HELP = """exit codes:
 
 # Text arguments (attribute -> name in messages); they must be valid UTF-8, as the tokenizer
 # cannot encode the lone surrogates Python uses to carry undecodable argv bytes.
-TEXT_ARGUMENTS = {"prompt": "PROMPT", "text": "TEXT", "system": "--system", "stop": "--stop"}
+TEXT_ARGUMENTS = {
+    "prompt": "PROMPT",
+    "text": "TEXT",
+    "system": "--system",
+    "stop": "--stop",
+    "question": "QUESTION",
+}
 
 
 # --- model resolution ----------------------------------------------------------------------------
@@ -881,6 +887,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"open connections at once (default {DEFAULT_MAX_CONNECTIONS}); more: 503, closed",
     )
+    from engine.documents import cli as documents_cli
+
+    documents_cli.add_index_arguments(
+        sub.add_parser(
+            "index",
+            help="build or update a document collection (PDF, DOCX, HTML, Markdown, text, code)",
+            epilog=EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    documents_cli.add_ask_arguments(
+        model_command("ask", "answer a question from a collection, with citations", True)
+    )
     return parser
 
 
@@ -890,6 +909,18 @@ def cmd_bench(args) -> int:
     return run_bench_command(args, resolve_model_path(args.model))
 
 
+def cmd_index(args) -> int:
+    from engine.documents.cli import cmd_index as run_index
+
+    return run_index(args)
+
+
+def cmd_ask(args) -> int:
+    from engine.documents.cli import cmd_ask as run_ask
+
+    return run_ask(args, _load)
+
+
 COMMANDS = {
     "info": cmd_info,
     "tokenize": cmd_tokenize,
@@ -897,6 +928,8 @@ COMMANDS = {
     "score": cmd_score,
     "bench": cmd_bench,
     "serve": cmd_serve,
+    "index": cmd_index,
+    "ask": cmd_ask,
 }
 
 
