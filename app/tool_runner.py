@@ -4,7 +4,8 @@ The session hands it a finished reply's calls (`run_calls`). Each call becomes a
 message in the conversation (a child of the one before, so the tree stays a line), shown at once
 as pending. The calls then run one after another:
 
-- a built-in tool (app/tools/builtin.py) runs without asking;
+- a built-in tool (app/tools/builtin.py) runs without asking, except fetch_url, which reaches the
+  network and so asks like an MCP tool;
 - an MCP tool waits for the user (`answer`: Allow once, Always for this tool in this chat, Deny)
   unless the chat already allows it always. Deny answers the model with "the user denied".
 
@@ -35,7 +36,7 @@ from PySide6.QtCore import QObject, Signal
 from app.finish_reasons import FINISH_WORDS
 from app.store import Store, StoredMessage
 from app.tool_registry import OfferedTool, ToolRegistry
-from app.tools.builtin import run_builtin
+from app.tools.builtin import ToolContext, builtin_needs_approval, run_builtin
 from app.tools.errors import McpServerCrashed, ToolError, UnknownToolError
 from app.tools.mcp_client import ToolCancelled
 from app.tools.result import ToolResult
@@ -144,7 +145,9 @@ class ToolRunner(QObject):
                 approval = REPEATED  # never asked for nor run: it gets the first call's result
                 self.repeats += 1
                 self._repeated_names.append(call.name)
-            elif offered is None or offered.server is None:
+            elif offered is None or (
+                offered.server is None and not builtin_needs_approval(offered.name)
+            ):
                 approval = ToolApproval.AUTOMATIC
             elif offered.key in always:
                 approval = ToolApproval.ALWAYS
@@ -279,13 +282,17 @@ class ToolRunner(QObject):
                 why = f": {state.message}" if state is not None and state.message else ""
                 problem = McpServerCrashed(f"MCP server {offered.server!r} is not running{why}")
 
+        context = ToolContext(
+            allow_private_addresses=self.registry.settings.fetch_allow_private, cancel=token
+        )
+
         def run() -> None:
             outcome: ToolResult | ToolError
             try:
                 if problem is not None:
                     outcome = problem
                 elif server is None:
-                    outcome = run_builtin(name, arguments)
+                    outcome = run_builtin(name, arguments, context)
                 else:
                     outcome = server.call_tool(
                         name, arguments, timeout=self.registry.call_timeout_s, cancel=token

@@ -1,5 +1,5 @@
-"""Settings: threads, context size, KV cache type, theme, font size, and the way to Connections (remote
-servers, app/views/connections_dialog.py)."""
+"""Settings: threads, context size, KV cache type, theme, font size, whether fetch_url may reach
+private addresses, and the way to Connections (remote servers, app/views/connections_dialog.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 from dataclasses import replace
 
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -73,6 +74,15 @@ class SettingsDialog(QDialog):
         connections.setToolTip("OpenAI-compatible servers whose models you can chat with")
         connections.clicked.connect(lambda: self.done(OPEN_CONNECTIONS))
         form.addRow("Remote servers", connections)
+        self.fetch_private = QCheckBox("Let fetch_url reach local and private network addresses")
+        self.fetch_private.setObjectName("fetch_allow_private")
+        self.fetch_private.setToolTip(
+            "Off: the fetch_url tool refuses this computer (localhost), your local network "
+            "(192.168.x.x, 10.x.x.x), link-local and multicast addresses, so a model cannot "
+            "read your router's pages or a cloud metadata service"
+        )
+        self.fetch_private.setChecked(settings.fetch_allow_private)
+        form.addRow("Web tool", self.fetch_private)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -87,4 +97,5 @@ class SettingsDialog(QDialog):
             kv_cache_type=self.kv_cache.currentData(),
             theme=self.theme.currentData(),
             font_size=self.font_size.value(),
+            fetch_allow_private=self.fetch_private.isChecked(),
         )
