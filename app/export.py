@@ -17,7 +17,7 @@ from app.store import Conversation, StoredMessage
 from engine.types import MessageStatus, Role
 
 EXPORT_FORMAT_VERSION = 2  # 2: the tree (id, parent_id, branch) and receipts
-ROLE_TITLES = {
+ROLE_TITLES: dict[str, str] = {
     Role.SYSTEM: "System",
     Role.USER: "You",
     Role.ASSISTANT: "Assistant",

@@ -25,7 +25,7 @@ MEMBER_STEM_BYTES = 120
 
 def write_zip(path: Path, chats: list[ChatSnapshot], scope: ExportScope, step: Step) -> None:
     names = _MemberNames()
-    entries = []
+    entries: list[dict] = []
     total = len(chats)
     step(0, total)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
