@@ -635,19 +635,24 @@ class Store:
     def search(self, text: str, limit: int = 200) -> list[SearchHit]:
         """Chats whose title or message text holds every word of `text` (a word may be the start
         of a longer one, so results come while typing), newest first, each with a snippet.
-        Case and accents are ignored. Without FTS5 (module docstring) `text` is matched as one
-        substring with LIKE, case-insensitively for ASCII letters only."""
+        Case and accents are ignored. Punctuation typed with the words must be there as typed
+        ("50%" finds "50% off", not "500 off"): the word hits are narrowed to those holding the
+        text itself. Text without any word ("%", "\\") and any search without FTS5 (module
+        docstring) is one substring matched with LIKE (case-insensitive for ASCII letters)."""
+        text = text.strip()
         words = _search_words(text)
-        if not words:
+        if not text:
             return []
-        if not self.search_uses_fts:
-            return self._search_like(text.strip(), limit)
+        if not words or not self.search_uses_fts:
+            return self._search_like(text, limit)
         query = " ".join('"' + w.replace('"', '""') + '"*' for w in words)
+        # instr on lower(): ASCII case only, enough for the punctuation it is there for
+        literal = "" if " ".join(words) == text else text.lower()
         title_sql = (
             f"SELECT {_CONVERSATION_COLUMNS_QUALIFIED}, NULL AS message_id,"
             " snippet(title_search, 0, ?, ?, '…', 12) AS snippet, 0 AS rank"
             " FROM title_search JOIN conversations ON conversations.id = title_search.rowid"
-            " WHERE title_search MATCH ?"
+            " WHERE title_search MATCH ? AND instr(lower(conversations.title), ?) > 0"
         )
         # bm25 rank (lower is better); a chat's best matching message stands for it
         message_sql = (
@@ -656,11 +661,12 @@ class Store:
             " snippet(message_search, 0, ?, ?, '…', 12) AS snippet, message_search.rank AS rank"
             " FROM message_search JOIN messages ON messages.id = message_search.rowid"
             " JOIN conversations ON conversations.id = messages.conversation_id"
-            " WHERE message_search MATCH ? ORDER BY message_search.rank"
+            " WHERE message_search MATCH ? AND instr(lower(messages.content), ?) > 0"
+            " ORDER BY message_search.rank"
         )
         hits: dict[int, SearchHit] = {}
         for sql in (title_sql, message_sql):
-            for r in self._db.execute(sql, (*SNIPPET_MARK, query)):
+            for r in self._db.execute(sql, (*SNIPPET_MARK, query, literal)):
                 if r["id"] not in hits:
                     hits[r["id"]] = SearchHit(
                         Conversation(**{k: r[k] for k in _CONVERSATION_FIELDS}),

@@ -329,8 +329,12 @@ def test_search_finds_titles_and_message_text_with_a_marked_snippet(tmp_path):
     assert [h.conversation.id for h in store.search("feed twi")] == [chats["bread"]]
     assert store.search("feed paris") == []
     # what the user types is never query syntax
-    assert [h.conversation.id for h in store.search('"a_b%" AND NOT')] == [chats["code"]]
+    assert [h.conversation.id for h in store.search('"a_b%" literally AND NOT')] == [chats["code"]]
     assert store.search('" * ( NEAR') == []
+    # punctuation typed with the words must be there as typed
+    assert [h.conversation.id for h in store.search("25 °C")] == [chats["bread"]]
+    assert store.search("25°C") == []
+    assert [h.conversation.id for h in store.search("dead?")] == [chats["bread"]]
     assert store.search("   ") == []
     # list_conversations(search) is the same set, newest first
     assert [c.id for c in store.list_conversations("paris")] == [chats["paris"]]
