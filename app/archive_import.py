@@ -19,14 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import NoReturn
 
-from app.chat_import import (
-    MAX_IMPORT_BYTES,
-    MAX_IMPORT_MESSAGES,
-    MAX_TITLE_CHARS,
-    ImportedChat,
-    parse_chat_export,
-)
+from app.chat_import import MAX_IMPORT_BYTES, MAX_IMPORT_MESSAGES, ImportedChat, parse_chat_export
 from app.export_zip import ARCHIVE_FORMAT, ARCHIVE_VERSION, MANIFEST_NAME
+from app.names import InvalidNameError, clean_name
 from engine.errors import ChatImportError
 
 READABLE_ARCHIVE_VERSIONS = (ARCHIVE_VERSION,)
@@ -90,14 +85,7 @@ class _ArchiveReader:
         messages = 0
         for index, entry in enumerate(entries):
             member = self.member_name(entry, index, members)
-            project = entry.get("project")
-            if project is not None and (not isinstance(project, str) or not project.strip()):
-                self.fail(f'manifest chat {index + 1}: "project" is not a project\'s name')
-            if project is not None and len(project) > MAX_TITLE_CHARS:
-                self.fail(
-                    f"manifest chat {index + 1}: the project name is {len(project):,} "
-                    f"characters; the limit is {MAX_TITLE_CHARS:,}"
-                )
+            project = self.project_name(entry, index)
             try:
                 chat = parse_chat_export(self.unpack(members[member], MAX_IMPORT_BYTES), member)
             except ChatImportError as exc:
@@ -189,6 +177,18 @@ class _ArchiveReader:
                 f'{MANIFEST_NAME}: "counts.chats" is {declared!r} but "chats" lists {len(entries)}'
             )
         return data
+
+    def project_name(self, entry: dict, index: int) -> str | None:
+        """The chat's project as a name the app accepts (app/names.py), None for no project."""
+        project = entry.get("project")
+        if project is None:
+            return None
+        if not isinstance(project, str):
+            self.fail(f'manifest chat {index + 1}: "project" is {type(project).__name__}, not text')
+        try:
+            return clean_name(project, "project name")
+        except InvalidNameError as exc:
+            self.fail(f"manifest chat {index + 1}: {exc}")
 
     def member_name(self, entry: dict, index: int, members: dict[str, zipfile.ZipInfo]) -> str:
         member = entry.get("json")

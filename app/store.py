@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Literal
 import platformdirs
 
 from app.names import clean_name
-from app.project_settings import Project, ProjectSettings
+from app.project_settings import ChatDefaults, Project, ProjectSettings, chat_defaults
 from engine.types import MessageStatus
 
 if TYPE_CHECKING:
@@ -777,6 +777,15 @@ class Store:
         with self._writing():
             self._db.execute("DELETE FROM projects WHERE id=?", (project_id,))
 
+    def chat_defaults(self, conversation_id: int) -> ChatDefaults:
+        """The system prompt, tools, default model and preset the chat uses: its own, else its
+        project's (app/project_settings.py), each with where it came from."""
+        conv = self.conversation(conversation_id)
+        if conv is None:
+            return ChatDefaults()
+        project = self.project(conv.project_id) if conv.project_id is not None else None
+        return chat_defaults(conv.system_prompt, self.chat_tools(conversation_id), project)
+
     def move_conversation(self, conversation_id: int, project_id: int | None) -> None:
         """Put a chat in a project, or (None) in none. Its last-changed time stays: moving a chat
         does not make it the newest."""
@@ -1043,17 +1052,12 @@ class Store:
             return ids
 
     def _project_named(self, name: str) -> int:
+        """The first project called `name`, created (inside the caller's transaction) if none."""
+        name = clean_name(name, "project name")
         row = self._db.execute(
             "SELECT id FROM projects WHERE name=? ORDER BY id LIMIT 1", (name,)
         ).fetchone()
-        if row is not None:
-            return row[0]
-        now = time.time()
-        position = self._db.execute("SELECT coalesce(max(position)+1, 0) FROM projects").fetchone()
-        return self._db.execute(
-            "INSERT INTO projects(name, position, created_at, updated_at) VALUES (?,?,?,?)",
-            (name, position[0], now, now),
-        ).lastrowid
+        return row[0] if row is not None else self.create_project(name)
 
     def _insert_imported(self, chat: ImportedChat, project_id: int | None) -> int:
         """One imported chat's rows (inside the caller's transaction)."""

@@ -139,6 +139,15 @@ def hostile_archives(good: bytes):
         "has a backslash",
     )
     yield (
+        "a project name with a control character",
+        lambda p: write_zip(
+            p,
+            {"a.json": good},
+            {**manifest_for("a.json"), "chats": [{"json": "a.json", "project": "Work\x1b[2J"}]},
+        ),
+        "manifest chat 1: The project name contains the control character U+001B",
+    )
+    yield (
         "a bad chat after a good one",
         lambda p: write_zip(
             p,
