@@ -35,7 +35,7 @@ def add_index_arguments(p) -> None:
     )
     p.add_argument("--chunk-tokens", type=int, default=None, metavar="N",
                    help="tokens per chunk (default 200, at most the model's limit)")  # fmt: skip
-    p.add_argument("--overlap", type=int, default=DEFAULT_OVERLAP_TOKENS, metavar="N",
+    p.add_argument("--overlap", type=int, default=None, metavar="N",
                    help=f"tokens shared by neighbouring chunks (default {DEFAULT_OVERLAP_TOKENS})")  # fmt: skip
     p.add_argument("--max-mb", type=float, default=DEFAULT_MAX_BYTES / 2**20, metavar="MB",
                    help="skip files larger than this (default %(default).0f)")  # fmt: skip
@@ -239,5 +239,3 @@ def cmd_ask(args, load_model: Callable[[Any], Any]) -> int:
         print(f"error: {done.error}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
-
-

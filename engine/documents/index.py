@@ -123,7 +123,7 @@ def index_paths(
     cancel: Any = None,
     progress: Callable[[IndexProgress], None] | None = None,
     chunk_tokens: int | None = None,
-    overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
+    overlap_tokens: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     embed_model_path: str | None = None,
     embed_batch: int = EMBED_BATCH,
@@ -132,6 +132,10 @@ def index_paths(
     report = IndexReport()
     tokens = (
         chunk_tokens if chunk_tokens is not None else min(DEFAULT_CHUNK_TOKENS, embedder.max_tokens)
+    )
+    # the default overlap shrinks with small chunks (a fifth of one at most)
+    overlap = (
+        overlap_tokens if overlap_tokens is not None else min(DEFAULT_OVERLAP_TOKENS, tokens // 5)
     )
     try:
         collection.bind_model(embedder.model_id, embedder.dim, embed_model_path)
@@ -189,7 +193,7 @@ def index_paths(
         try:
             outcome = _index_one(
                 collection, path, known.get(key), embedder, report,
-                cancel=cancel, tokens=tokens, overlap=overlap_tokens, max_bytes=max_bytes,
+                cancel=cancel, tokens=tokens, overlap=overlap, max_bytes=max_bytes,
                 batch=embed_batch, on_batch=batch_done,
             )  # fmt: skip
         except IndexCancelled:
