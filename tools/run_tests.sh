@@ -8,6 +8,9 @@ bash tools/bootstrap.sh test,peer
 # The 1.1 GB Qwen2.5-Coder file for the slow tool-call test: fetched and checked once per machine
 # into the user cache (a no-op once it is there).
 .venv/bin/python -m tools.fetch_qwen_coder > /dev/null
+# The default embedding model's GGUF (tools/make_embedding_model.py): bootstrap makes it when it
+# installs; this remakes it if the cache was cleared since (a no-op when it is there).
+.venv/bin/python -m tools.make_embedding_model > /dev/null
 # Lint and types first: a finding fails the run before the (minutes-long) suite starts.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
