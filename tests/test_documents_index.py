@@ -71,14 +71,20 @@ def test_a_folder_is_indexed_with_pages_and_headings(corpus, collection):
     assert n == 1
 
 
-def test_reindexing_touches_only_changed_files(corpus, collection):
+def test_reindexing_touches_only_changed_files(corpus, collection, monkeypatch):
+    import engine.documents.index as index_module
+
     embedder = HashEmbedder()
     index_paths(collection, [corpus], embedder)
     before = {row[0]: row for row in snapshot(collection)}
     embedder.calls.clear()
+    hashed = []
+    real_hash = index_module.file_sha256
+    monkeypatch.setattr(index_module, "file_sha256", lambda p: hashed.append(p) or real_hash(p))
     again = index_paths(collection, [corpus], embedder)
     assert again.added == [] and again.updated == [] and len(again.unchanged) == 4
     assert embedder.calls == []  # nothing re-embedded
+    assert hashed == []  # same size and mtime: not even read
 
     (corpus / "guide.md").write_text("# Cats\nCats sleep all day.\n", encoding="utf-8")
     third = index_paths(collection, [corpus], embedder)
@@ -163,6 +169,7 @@ def test_cancel_mid_file_leaves_that_file_as_it_was(tmp_path, collection):
     cancel = CancelAfterBatches(embedder, first_file_batches + 2)
     report = index_paths(collection, [docs], embedder, cancel=cancel, embed_batch=2)
     assert report.cancelled and [os.path.basename(p) for p in report.updated] == ["f0.txt"]
+    assert len(embedder.calls) == first_file_batches + 2  # stopped at the next batch, not later
     after = snapshot(collection)
     assert [r for r in after if r[0].endswith(("f1.txt", "f2.txt"))] == [
         r for r in before if r[0].endswith(("f1.txt", "f2.txt"))
