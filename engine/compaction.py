@@ -34,8 +34,10 @@ LONG_CHAT_MODES = ("drop_oldest", "offer", "auto")  # Settings: "When a chat is 
 DEFAULT_LONG_CHAT_MODE = "offer"
 NEAR_LIMIT = 0.85
 TARGET = 0.50
-# The summary's own length cap: a few paragraphs, small next to what it replaces.
+# The summary's own length cap: a few paragraphs, small next to what it replaces; an eighth of
+# a small context (a 1,024-token window gets 128), never under 64 tokens.
 SUMMARY_MAX_TOKENS = 320
+SUMMARY_MIN_TOKENS = 64
 # Tokens the summary request's instructions and the transcript's labels take beyond the covered
 # messages' own text (measured: about 90 with SmolLM2's ChatML template); rounded up.
 SUMMARY_OVERHEAD_TOKENS = 160
@@ -54,6 +56,10 @@ class ChatItem:
     id: int
     role: str
     content: str
+
+
+def summary_max_tokens(n_ctx: int) -> int:
+    return max(SUMMARY_MIN_TOKENS, min(SUMMARY_MAX_TOKENS, int(n_ctx) // 8))
 
 
 def prompt_budget(n_ctx: int, max_new_tokens: int | None) -> int:
@@ -93,7 +99,8 @@ def choose_covered(
         return []
     # The summary request holds the covered text plus instructions, and keeps room for the
     # summary: past that it would be refused.
-    request_room = int(n_ctx) - SUMMARY_MAX_TOKENS - SUMMARY_OVERHEAD_TOKENS
+    summary_tokens = summary_max_tokens(n_ctx)
+    request_room = int(n_ctx) - summary_tokens - SUMMARY_OVERHEAD_TOKENS
     target = TARGET * budget
     covered_end = 0
     for start in starts[1:]:  # cutting before the k-th turn start covers everything above it
@@ -101,7 +108,7 @@ def choose_covered(
         if covered_tokens > request_room:
             break
         covered_end = start
-        if prompt_tokens - covered_tokens + SUMMARY_MAX_TOKENS <= target:
+        if prompt_tokens - covered_tokens + summary_tokens <= target:
             break
     return [i.id for i in items[:covered_end]]
 

@@ -1,0 +1,265 @@
+"""Visible, reversible compaction in the window (issue 35), over the scripted engine of
+tests/app_fakes.py: the offer near the context limit, the summary written by the engine and
+stored, the prompt built on it, the receipt recording it, edit, show originals, restore, and a
+cancelled or failed summary leaving the store as it was.
+
+The numbers, by hand. The fake engine counts a message as its words + 4 tokens; every user
+message and reply here is 60 words ("word" x 60, 299 characters), so a message is 64 tokens.
+The context is 1,024 tokens and the preset's max_new_tokens 256, so the prompt's room is 768
+and "near" is 0.85 x 768 = 652.8. After turn k the reply's context use is (2k - 1) x 64 + 60:
+turn 5 -> 636 (no offer), turn 6 -> 764 (offer: "764 of 1,024 tokens").
+Which turns: 12 messages of 299 characters make 764 tokens, 0.2129 a character. The summary
+may take 1,024 // 8 = 128 tokens; the goal is a prompt of 0.5 x 768 = 384, so at least
+764 + 128 - 384 = 508 tokens must go: 4 turns (8 messages, 2,392 characters, 509.3 tokens);
+3 turns (382.0 tokens) are not enough.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.features.compaction import UNCHANGED
+from engine.errors import EngineError
+from engine.events import Finished
+from tests.app_fakes import WAIT_MS, FakeEngine, close_window, make_window
+
+WORDS = " ".join(["word"] * 60)
+SUMMARY = "The user and the assistant exchanged four rounds of words."
+
+
+def _engine(**kwargs) -> FakeEngine:
+    return FakeEngine(replies=[WORDS] * 6 + [SUMMARY, "after"], **kwargs)
+
+
+def _window(qtbot, tmp_path, engine, long_chat: str = "offer"):
+    (tmp_path / "settings.json").write_text(
+        json.dumps({"context_size": 1024, "long_chat": long_chat})
+    )
+    return make_window(qtbot, tmp_path, engine)
+
+
+def _turns(qtbot, window, n: int) -> None:
+    for _ in range(n):
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+            assert window.session.send(WORDS)
+
+
+def _summarise(qtbot, window) -> None:
+    c = window.compaction
+    with qtbot.waitSignal(window.session.controller.replyFinished, timeout=WAIT_MS):
+        window.compaction_offer.summarise_button.click()
+    qtbot.waitUntil(lambda: not c.running, timeout=WAIT_MS)
+
+
+def _compactions(window) -> list[tuple]:
+    rows = window.store._db.execute(
+        "SELECT conversation_id, covered_json, summary, active FROM compactions"
+    ).fetchall()
+    return [tuple(row) for row in rows]
+
+
+@pytest.fixture
+def engine():
+    return _engine()
+
+
+def test_offer_appears_only_near_the_limit_with_the_counts(qtbot, tmp_path, engine):
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        assert window.session.controller.model.n_ctx == 1024
+        _turns(qtbot, window, 5)
+        assert not window.compaction_offer.isVisible()  # 636 < 652.8
+        _turns(qtbot, window, 1)
+        assert window.compaction_offer.isVisible()
+        assert "(764 of 1,024 tokens)" in window.compaction_offer.label.text()
+        window.compaction_offer.not_now_button.click()
+        assert not window.compaction_offer.isVisible()
+        assert _compactions(window) == []
+    finally:
+        close_window(window)
+
+
+def test_summarise_stores_the_summary_and_the_next_prompt_is_built_on_it(qtbot, tmp_path, engine):
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        branch = [m.id for m in window.session.branch]
+        _summarise(qtbot, window)
+        # the summary request: the model's own instructions and the 4 oldest turns
+        request = engine.requests[6]
+        assert request.messages[0]["role"] == "system"
+        assert request.messages[1]["content"].count("User: ") == 4
+        assert request.messages[1]["content"].count("Assistant: ") == 4
+        assert request.overrides["do_sample"] is False
+        assert request.overrides["max_new_tokens"] == 128
+        rows = _compactions(window)
+        assert rows == [(window.session.conversation_id, json.dumps(branch[:8]), SUMMARY, 1)]
+        card = window.compaction.card
+        assert card.isVisible() and card.title.text() == "Summary of 8 earlier messages"
+        assert card.summary_text == SUMMARY
+        hidden = [w.message.id for w in window.chat_view.widgets if not w.isVisibleTo(window)]
+        assert hidden == branch[:8]
+        # the originals stay in the store
+        assert [m.id for m in window.store.branch(window.session.conversation_id)] == branch
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+            assert window.session.send("next question")
+        messages = engine.requests[7].messages
+        assert messages[0]["role"] == "system"
+        assert messages[0]["content"].endswith(SUMMARY)
+        assert "8 earlier messages" in messages[0]["content"]
+        # the 2 newest turns and the new question follow, nothing older
+        assert [m["content"] for m in messages[1:]] == [WORDS] * 4 + ["next question"]
+    finally:
+        close_window(window)
+
+
+class ReceiptEngine(FakeEngine):
+    """The fake engine, with a receipt on each Finished (the real bridge attaches one)."""
+
+    def generate(self, lm, request, cancel):
+        for event in super().generate(lm, request, cancel):
+            if isinstance(event, Finished):
+                receipt = {"prompt": {"messages": [dict(m) for m in request.messages]}}
+                event = Finished(**{**event.__dict__, "receipt": receipt})
+            yield event
+
+
+def test_the_receipt_of_a_reply_on_a_summary_records_it(qtbot, tmp_path):
+    engine = ReceiptEngine(replies=[WORDS] * 6 + [SUMMARY, "after"])
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        covered = [m.id for m in window.session.branch][:8]
+        _summarise(qtbot, window)
+        earlier = window.session.branch[-1].id
+        assert "compaction" not in window.store.receipt(earlier)  # built on no summary
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as reply:
+            window.session.send("next question")
+        receipt = window.store.receipt(reply.args[0].id)
+        section = receipt["compaction"]
+        assert section["covered_message_ids"] == covered
+        assert section["summary"] == SUMMARY
+        # sha256 of SUMMARY, computed with `printf %s "$SUMMARY" | sha256sum`
+        assert (
+            section["summary_sha256"]
+            == "423d219f7c3005ff941ce34b6d3772dbbcd44dc68d8db5118f9eb13445647c8a"
+        )
+        assert "compaction" in receipt["checks"]
+    finally:
+        close_window(window)
+
+
+def test_cancel_leaves_the_store_as_it_was_and_says_so(qtbot, tmp_path):
+    engine = _engine(pause_after=2)
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        engine.gate.set()  # the chat's replies run through
+        _turns(qtbot, window, 6)
+        engine.gate.clear()  # the summary stops after 2 words
+        window.compaction_offer.summarise_button.click()
+        card = window.compaction.card
+        qtbot.waitUntil(lambda: card.summary_text.strip() != "", timeout=WAIT_MS)
+        assert window.session.busy and not window.session.send("while summarising")
+        with qtbot.waitSignal(window.session.controller.replyFinished, timeout=WAIT_MS):
+            card.cancel_button.click()
+            engine.gate.set()
+        assert _compactions(window) == []
+        assert card.status.text() == f"Summary cancelled. {UNCHANGED}"
+        assert not window.session.busy
+        assert all(w.isVisibleTo(window) for w in window.chat_view.widgets)
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+            window.session.send("next")
+        assert len(engine.requests[-1].messages) == 13  # every message, no summary note
+    finally:
+        close_window(window)
+
+
+def test_a_failed_summary_leaves_the_store_as_it_was_and_says_why(qtbot, tmp_path, engine):
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        engine.fail_generate_with = EngineError("the model ran out of memory")
+        with qtbot.waitSignal(window.session.controller.replyErrored, timeout=WAIT_MS):
+            window.compaction_offer.summarise_button.click()
+        assert _compactions(window) == []
+        assert "the model ran out of memory" in window.compaction.card.status.text()
+        assert UNCHANGED in window.compaction.card.status.text()
+        assert not window.session.busy
+    finally:
+        close_window(window)
+
+
+def test_edit_show_originals_and_restore(qtbot, tmp_path, engine):
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        covered = [m.id for m in window.session.branch][:8]
+        _summarise(qtbot, window)
+        card = window.compaction.card
+        card.text.setPlainText("Edited: they talked about words.")
+        assert card.save_button.isVisibleTo(window)
+        card.save_button.click()
+        assert _compactions(window)[0][2] == "Edited: they talked about words."
+        assert not card.save_button.isVisibleTo(window)
+        # show originals: in place, greyed
+        card.originals_button.click()
+        shown = {w.message.id: w for w in window.chat_view.widgets}
+        assert all(shown[i].isVisibleTo(window) and not shown[i].isEnabled() for i in covered)
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+            window.session.send("next")
+        assert (
+            engine.requests[-1].messages[0]["content"].endswith("Edited: they talked about words.")
+        )
+        card.restore_button.click()
+        assert _compactions(window)[0][3] == 0  # inactive, kept
+        assert not card.isVisible()
+        assert all(w.isVisibleTo(window) and w.isEnabled() for w in window.chat_view.widgets)
+        assert not window.compaction_offer.isVisible()  # restored on purpose: not offered again
+    finally:
+        close_window(window)
+
+
+def test_drop_oldest_setting_never_offers(qtbot, tmp_path, engine):
+    window = _window(qtbot, tmp_path, engine, long_chat="drop_oldest")
+    try:
+        _turns(qtbot, window, 6)
+        assert not window.compaction_offer.isVisible()
+        assert _compactions(window) == []
+    finally:
+        close_window(window)
+
+
+def test_auto_setting_summarises_without_asking(qtbot, tmp_path, engine):
+    window = _window(qtbot, tmp_path, engine, long_chat="auto")
+    try:
+        _turns(qtbot, window, 6)
+        qtbot.waitUntil(lambda: len(_compactions(window)) == 1, timeout=WAIT_MS)
+        assert not window.compaction_offer.isVisible()
+        assert _compactions(window)[0][2] == SUMMARY
+        # the last reply's count predates the summary: no second summary on its strength
+        qtbot.waitUntil(lambda: not window.session.busy, timeout=WAIT_MS)
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+            assert window.session.send("next")
+        assert len(engine.requests) == 8 and len(_compactions(window)) == 1
+        assert engine.requests[-1].messages[0]["content"].endswith(SUMMARY)
+    finally:
+        close_window(window)
+
+
+def test_reopening_the_chat_shows_its_summary(qtbot, tmp_path, engine):
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        _summarise(qtbot, window)
+        cid = window.session.conversation_id
+        window.session.new_conversation()
+        assert not window.compaction.card.isVisible()
+        window.session.open_conversation(cid)
+        assert window.compaction.card.isVisible()
+        assert window.compaction.card.summary_text == SUMMARY
+        hidden = [w for w in window.chat_view.widgets if not w.isVisibleTo(window)]
+        assert len(hidden) == 8
+    finally:
+        close_window(window)
