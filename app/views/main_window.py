@@ -45,6 +45,7 @@ from app.backends.router import BackendRouter
 from app.chat_import import read_chat_export
 from app.controller import EngineController
 from app.export import export_file_name, render_export, safe_export_path, write_export
+from app.features.compaction import CompactionController
 from app.icon import app_icon
 from app.preset_state import parse_value
 from app.schema_check import check_schema
@@ -53,6 +54,7 @@ from app.settings import Settings, SettingsFile
 from app.store import Store, StoredMessage, StoreWriteError
 from app.theme import apply_theme
 from app.views.chat_view import ChatView
+from app.views.compaction_widgets import CompactionOffer
 from app.views.compare_view import CompareDialog, CompareRun
 from app.views.connections_dialog import ConnectionsDialog
 from app.views.download_panel import DownloadPanel
@@ -143,6 +145,8 @@ class MainWindow(QMainWindow):
         self.resize(1280, 800)
         self._build()
         self._connect()
+        # issue 35: visible, reversible compaction of long chats
+        self.compaction = CompactionController(self.session, self.chat_view, self.compaction_offer)
         self._make_actions()
         self._fit_to_screen()
         self._share_width()
@@ -223,6 +227,8 @@ class MainWindow(QMainWindow):
         prompt_row.addWidget(self.persona_picker)
         center_layout.addLayout(prompt_row)
         center_layout.addWidget(self.chat_view, 1)
+        self.compaction_offer = CompactionOffer()  # issue 35: near the context limit
+        center_layout.addWidget(self.compaction_offer)
         center_layout.addLayout(input_row)
         center_layout.addLayout(footer)
 
@@ -976,6 +982,7 @@ class MainWindow(QMainWindow):
                 "theme",
                 "font_size",
                 "fetch_allow_private",
+                "long_chat",
             ):
                 setattr(self.settings, name, getattr(new, name))
             self.settings_file.save(self.settings)
