@@ -223,6 +223,34 @@ def _without_path(exc: Exception, path: Path) -> str:
     return text
 
 
+def run_prediction(info: dict, args):
+    """Memory and speed on this machine (engine/run_prediction.py), for a runnable file."""
+    from engine.run_prediction import predict_file, this_machine
+
+    if not info["supported"]:
+        return None
+    return predict_file(
+        info["path"],
+        n_ctx=args.n_ctx,
+        cache_type=args.cache_type,
+        machine=this_machine(args.threads),
+    )
+
+
+def prediction_line(p) -> str:
+    """e.g. "needs ~1.3 GB of 9.8 GB free (weights 954 MiB, KV 112 MiB at 4096 f16, engine
+    285 MiB); prefill ~125 tok/s, decode ~18 tok/s on 2 threads (read bandwidth 35.0 GB/s)"."""
+    fit = "" if p.fits is not False else " - DOES NOT FIT in free memory"
+    borrowed = f"; no calibration for {', '.join(p.uncalibrated)}" if p.uncalibrated else ""
+    return (
+        f"{p.summary().split(' · ')[0]}{fit} (weights {p.weights_bytes / 2**20:.0f} MiB, "
+        f"KV {p.kv_bytes / 2**20:.0f} MiB at {p.n_ctx} {p.cache_type}, engine "
+        f"{p.overhead_bytes / 2**20:.0f} MiB); prefill ~{p.prefill_tok_s:.0f} tok/s, decode "
+        f"~{p.decode_tok_s:.1f} tok/s on {p.threads} threads, {p.kernel_path} kernels (read "
+        f"bandwidth {p.bandwidth_bytes_per_s / 1e9:.1f} GB/s){borrowed}"
+    )
+
+
 def template_label(name: str, is_fallback: bool) -> str:
     """The template's name, marked "(fallback)" once (fallback names already carry the mark)."""
     return f"{name} (fallback)" if is_fallback and "fallback" not in name else name
@@ -233,11 +261,13 @@ def cmd_info(args) -> int:
 
     info = model_info(resolve_model_path(args.model))
     info["kernels"] = planned_kernel_path(quant_mix=info["quant_mix"], head_dim=info["head_dim"])
+    prediction = run_prediction(info, args)
+    info["predicted"] = prediction.to_json() if prediction else None
     if args.json:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0
     hidden = {"quant_mix", "tokenizer", "chat_template", "preset", "chat_preset", "supported"}
-    hidden |= {"unsupported_reason", "unsupported_tensors"}
+    hidden |= {"unsupported_reason", "unsupported_tensors", "predicted"}
     supported = "yes" if info["supported"] else f"no ({info['unsupported_reason']})"
     print(f"{'supported':16} {supported}")
     for key, value in info.items():
@@ -265,6 +295,8 @@ def cmd_info(args) -> int:
     template = info["chat_template"]
     if template is not None:
         print(f"chat template    {template_label(template['name'], template['is_fallback'])}")
+    if prediction is not None:
+        print(f"{'predicted':16} {prediction_line(prediction)}")
     for title, key in (("preset (raw prompt):", "preset"), ("preset (--chat):", "chat_preset")):
         preset = info[key]
         if preset is None:
@@ -723,9 +755,14 @@ def build_parser() -> argparse.ArgumentParser:
             add_cache_type_argument(p)
         return p
 
-    model_command(
-        "info", "architecture, sizes, quant mix, tokenizer, template, preset with sources"
+    p = model_command(
+        "info",
+        "architecture, sizes, quant mix, tokenizer, template, preset with sources, and the "
+        "memory and speed predicted on this machine",
     )
+    p.add_argument("--n-ctx", type=int, default=None, help="context window to predict memory for")
+    p.add_argument("--threads", type=int, default=None, help="threads to predict speed for")
+    add_cache_type_argument(p)
 
     p = model_command("tokenize", "token ids and pieces of TEXT")
     p.add_argument("text")
