@@ -263,3 +263,21 @@ def test_reopening_the_chat_shows_its_summary(qtbot, tmp_path, engine):
         assert len(hidden) == 8
     finally:
         close_window(window)
+
+
+def test_settings_choose_what_happens_to_a_long_chat(qtbot, tmp_path):
+    from app.settings import Settings, SettingsFile
+    from app.views.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    assert dialog.long_chat.currentText() == "Offer a summary"  # the default
+    assert [dialog.long_chat.itemText(i) for i in range(dialog.long_chat.count())] == [
+        "Drop the oldest turns",
+        "Offer a summary",
+        "Summarise automatically",
+    ]
+    dialog.long_chat.setCurrentIndex(2)
+    assert dialog.result_settings().long_chat == "auto"
+    (tmp_path / "settings.json").write_text(json.dumps({"long_chat": "shorten it somehow"}))
+    assert SettingsFile(tmp_path / "settings.json").load().long_chat == "offer"

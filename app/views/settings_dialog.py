@@ -18,13 +18,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings import CONTEXT_SIZE_RANGE, FONT_SIZE_RANGE, THEMES, Settings
+from app.settings import CONTEXT_SIZE_RANGE, FONT_SIZE_RANGE, LONG_CHAT_MODES, THEMES, Settings
 from engine.types import KV_CACHE_TYPES, KvCacheType
 
 # What each KV cache type is called in the dialog (every KV_CACHE_TYPES member has one).
 KV_CACHE_LABELS = {
     KvCacheType.F16: "16-bit (f16, exact)",
     KvCacheType.Q8_0: "8-bit (q8_0, half the memory)",
+}
+
+# "When a chat is too long" (engine/compaction.py LONG_CHAT_MODES)
+LONG_CHAT_LABELS = {
+    "drop_oldest": "Drop the oldest turns",
+    "offer": "Offer a summary",
+    "auto": "Summarise automatically",
 }
 
 # exec() result: the settings were accepted and the user asked for Settings > Connections
@@ -69,6 +76,16 @@ class SettingsDialog(QDialog):
         form.addRow(note)
         form.addRow("Theme", self.theme)
         form.addRow("Font size", self.font_size)
+        self.long_chat = QComboBox()
+        self.long_chat.setObjectName("long_chat")
+        for mode in LONG_CHAT_MODES:
+            self.long_chat.addItem(LONG_CHAT_LABELS[mode], mode)
+        self.long_chat.setCurrentIndex(LONG_CHAT_MODES.index(settings.long_chat))
+        self.long_chat.setToolTip(
+            "Near the model's context limit: leave the oldest turns out of the prompt, or have "
+            "the model summarise them (the messages stay in the chat and can be restored)"
+        )
+        form.addRow("When a chat is too long", self.long_chat)
         connections = QPushButton("Connections…")
         connections.setObjectName("open_connections")
         connections.setToolTip("OpenAI-compatible servers whose models you can chat with")
@@ -98,4 +115,5 @@ class SettingsDialog(QDialog):
             theme=self.theme.currentData(),
             font_size=self.font_size.value(),
             fetch_allow_private=self.fetch_private.isChecked(),
+            long_chat=self.long_chat.currentData(),
         )
