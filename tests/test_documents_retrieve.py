@@ -135,3 +135,17 @@ def test_the_record_detects_a_changed_document(library):
     changed = changed_since(c, record)
     assert [(ch.marker, ch.why) for ch in changed] == [(1, "removed")]
     assert changed[0].file.endswith("garden.md")
+
+
+def test_question_words_do_not_outrank_the_word_asked_about(tmp_path):
+    docs = tmp_path / "d"
+    docs.mkdir()
+    (docs / "a.txt").write_text("How is the pump on the boat? The pump is on the deck.", "utf-8")
+    (docs / "b.txt").write_text("Warranty lasts two years.", "utf-8")
+    with Collection.open("s", root=tmp_path / "c") as c:
+        index_paths(c, [docs], HashEmbedder())
+        ids = c.keyword_search("how long is the warranty?", 5)
+        assert [c.chunks([i])[i].file.rsplit("/", 1)[1] for i in ids] == ["b.txt"]
+        # a query of nothing but such words still searches them
+        only = c.keyword_search("how is the", 5)
+        assert [c.chunks([i])[i].file.rsplit("/", 1)[1] for i in only] == ["a.txt"]

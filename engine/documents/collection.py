@@ -30,6 +30,15 @@ from engine.documents.problems import CollectionError, DiskFull
 from engine.errors import ConfigValidationError
 
 SCHEMA_VERSION = 1
+# Question words and function words left out of the keyword query (English; other languages'
+# words all stay, which only costs precision). The vector side still sees the whole question.
+STOPWORDS = frozenset({
+    "a", "an", "and", "are", "as", "at", "be", "by", "can", "could", "did", "do", "does", "for",
+    "from", "had", "has", "have", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my",
+    "of", "on", "or", "our", "should", "so", "than", "that", "the", "their", "them", "then",
+    "there", "these", "this", "those", "to", "was", "we", "were", "what", "when", "where",
+    "which", "who", "why", "will", "with", "would", "you", "your",
+})  # fmt: skip
 _NAME = re.compile(r"^[\w][\w .-]{0,63}$")
 
 _SCHEMA = """
@@ -347,6 +356,10 @@ class Collection:
         """Chunk ids, best BM25 first. Every word of the query is quoted (so '-', 'AND', ':' in
         what a user typed are words, not FTS5 syntax) and any of them may match."""
         words = re.findall(r"\w+", query)
+        # "how", "is", "the" would make every chunk a match and let a chunk that shares only
+        # those outrank one that shares the rare word the question is about
+        content = [w for w in words if w.lower() not in STOPWORDS]
+        words = content or words
         if not words:
             return []
         match = " OR ".join('"' + w.replace('"', '""') + '"' for w in dict.fromkeys(words))
