@@ -937,6 +937,16 @@ def build_parser() -> argparse.ArgumentParser:
     documents_cli.add_ask_arguments(
         model_command("ask", "answer a question from a collection, with citations", True)
     )
+    from engine.embedding_cli import add_embed_arguments
+
+    add_embed_arguments(
+        sub.add_parser(
+            "embed",
+            help="embedding vectors of TEXTs from a GGUF embedding model (bert, nomic-bert)",
+            epilog=EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     return parser
 
 
@@ -958,6 +968,12 @@ def cmd_ask(args) -> int:
     return run_ask(args, _load)
 
 
+def cmd_embed(args) -> int:
+    from engine.embedding_cli import cmd_embed as run_embed
+
+    return run_embed(args)
+
+
 COMMANDS = {
     "info": cmd_info,
     "tokenize": cmd_tokenize,
@@ -967,6 +983,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "index": cmd_index,
     "ask": cmd_ask,
+    "embed": cmd_embed,
 }
 
 
