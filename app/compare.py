@@ -23,7 +23,14 @@ from app.backends.remote import is_remote_path
 from app.reply_recorder import token_record
 from app.session import TOP_LOGPROBS, ChatSession
 from engine.errors import EngineError
-from engine.events import FINISH_CANCELLED, FINISH_ERROR, Finished, TokenSampled, Usage
+from engine.events import (
+    FINISH_CANCELLED,
+    FINISH_ERROR,
+    Finished,
+    PrefillProgress,
+    TokenSampled,
+    Usage,
+)
 from engine.receipt import first_divergence
 from engine.types import GenerationRequest, JsonMode, MessageStatus, ResolvedPreset, Role
 
@@ -67,6 +74,7 @@ class ColumnState:
     first_token_at: float | None = None
     model_name: str = ""  # as the worker described it once the column started
     tokenizer_key: str = ""  # its vocabulary's fingerprint: equal keys, comparable token ids
+    prefill: PrefillProgress | None = None  # the newest, while its prompt is read
 
     @property
     def running(self) -> bool:
@@ -392,6 +400,8 @@ class CompareRun(QObject):
         column.tokens.extend(batch.tokens)
         column.text += "".join(batch.text)
         column.reasoning += "".join(batch.reasoning)
+        if batch.progress is not None:
+            column.prefill = batch.progress
         if batch.usage is not None:
             column.usage = batch.usage
         self.columnChanged.emit(index)

@@ -47,6 +47,7 @@ class EngineController(QObject):
     replyUsage = Signal(object)
     replyNotice = Signal(str)  # e.g. older turns left out to fit the context
     replyToolEvents = Signal(object)  # list of engine ToolCall* events, in order
+    replyProgress = Signal(object)  # engine PrefillProgress: the prompt is being read
     replyFinished = Signal(object)  # engine Finished
     replyErrored = Signal(str)
     replayFinished = Signal(object)  # ReplayReport
@@ -266,6 +267,8 @@ class EngineController(QObject):
                 if item.request_id == self._active:  # else: a superseded request's tail
                     for notice in item.notices:
                         self.replyNotice.emit(notice)
+                    if item.progress is not None:
+                        self.replyProgress.emit(item.progress)
                     self._emit_batch(item.text, item.reasoning, item.tokens, item.usage)
                     if item.tool_events:
                         self.replyToolEvents.emit(item.tool_events)

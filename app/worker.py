@@ -23,6 +23,7 @@ from app.engine_bridge import ContextTrimmed, EngineBridge, StreamNotice
 from engine.cancel import CancelToken
 from engine.events import (
     Finished,
+    PrefillProgress,
     ReasoningDelta,
     TextDelta,
     TokenSampled,
@@ -51,7 +52,16 @@ class EventBatch:
     """Consecutive stream events of one request, merged on the worker thread so the GUI thread
     does O(1) work per drain instead of O(events)."""
 
-    __slots__ = ("request_id", "text", "reasoning", "tokens", "usage", "notices", "tool_events")
+    __slots__ = (
+        "request_id",
+        "text",
+        "reasoning",
+        "tokens",
+        "usage",
+        "notices",
+        "tool_events",
+        "progress",
+    )
 
     def __init__(self, request_id: int):
         self.request_id = request_id
@@ -61,6 +71,8 @@ class EventBatch:
         self.usage: Usage | None = None
         self.notices: list[str] = []  # ContextTrimmed / StreamNotice messages
         self.tool_events: list = []  # ToolCall* events, in the order the engine sent them
+        # the newest PrefillProgress only: the GUI shows where the prefill is now, not its history
+        self.progress: PrefillProgress | None = None
 
     def add(self, event) -> bool:
         """False for events that are not stream events (Finished, failures)."""
@@ -76,6 +88,8 @@ class EventBatch:
             self.notices.append(event.message)
         elif isinstance(event, TOOL_CALL_EVENTS):
             self.tool_events.append(event)
+        elif isinstance(event, PrefillProgress):
+            self.progress = event
         else:
             return False
         return True

@@ -35,6 +35,7 @@ class BackendRouter(QObject):
     replyFinished = Signal(object)
     replyErrored = Signal(str)
     replyToolEvents = Signal(object)  # ToolCall* events, local or from a server's tool_calls
+    replyProgress = Signal(object)  # engine PrefillProgress (local engine: a remote sends none)
     replayFinished = Signal(object)  # engine.types.ReplayReport
     replayFailed = Signal(str)
 
@@ -71,6 +72,7 @@ class BackendRouter(QObject):
             "replyFinished",
             "replyErrored",
             "replyToolEvents",
+            "replyProgress",
         ):
             getattr(controller, name).connect(getattr(self, name))
 

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.compare import ColumnSpec, CompareRun, Divergence, confidence
+from app.features.prefill_progress import describe_progress, prefill_running
 from app.preset_state import format_value, parse_value
 from engine.events import TokenSampled
 
@@ -442,6 +443,8 @@ class CompareDialog(QDialog):
 
     @staticmethod
     def _usage_text(column) -> str:
+        if column.running and not column.tokens and prefill_running(column.prefill):
+            return describe_progress(column.prefill)  # the column's prompt is being read
         u = column.usage
         ttft = column.ttft_ms
         bits = []

@@ -57,7 +57,7 @@ from engine.batching.forward_work import (
 )
 from engine.cancel import CancelToken, ForwardCancelled
 from engine.errors import SchedulerClosedError, TemplateCancelled
-from engine.events import FINISH_ERROR, Finished
+from engine.events import FINISH_ERROR, Finished, PrefillProgress
 from engine.generate import (
     Plan,
     cancelled_before_the_prompt,
@@ -94,6 +94,8 @@ class Ticket:
         self._events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._released = False
         self._admitted = threading.Event()
+        # the newest PrefillProgress while its prompt is read (a status line polls it), else None
+        self.prefill: PrefillProgress | None = None
 
     @property
     def admitted(self) -> bool:
@@ -226,6 +228,13 @@ class BatchScheduler:
                 max_queue=ledger.max_queue,
             )
 
+    def prefills(self) -> tuple[PrefillProgress, ...]:
+        """The newest prefill progress of each running request whose prompt is being read, in
+        admission order (plain values: safe to read from any thread, e.g. a status bar timer)."""
+        with self._cond:
+            tickets = list(self._tickets.values())
+        return tuple(t.prefill for t in tickets if t.prefill is not None)
+
     def close(self) -> None:
         """Cancel every running and queued request, let them end, stop the scheduler thread."""
         with self._cond:
@@ -289,7 +298,10 @@ class BatchScheduler:
         finished = False
         try:
             for event in planned_events(self.lm, plan, ticket.cancel, ticket._started, model=model):
+                if isinstance(event, PrefillProgress):
+                    ticket.prefill = event if event.done < event.total else None
                 if isinstance(event, Finished):
+                    ticket.prefill = None
                     self._release(ticket)  # before the reader can see it: stats() idle
                     finished = True
                 ticket._put(event)

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from engine.events import PrefillProgress
 from engine.model_protocol import LanguageModel
 from engine.server.app import LocalChatServer, ServerOptions
 from engine.server.serve import RunningServer
@@ -34,6 +35,7 @@ class ServerStatus:
     http_requests: int  # HTTP requests in flight (running or queued)
     kv_bytes_reserved: int
     kv_budget_bytes: int
+    prefills: tuple[PrefillProgress, ...] = ()  # running requests whose prompt is being read
 
 
 class BackgroundServer:
@@ -83,6 +85,7 @@ class BackgroundServer:
             http_requests=self._server.in_flight(),
             kv_bytes_reserved=stats.kv_bytes_reserved,
             kv_budget_bytes=stats.kv_budget_bytes,
+            prefills=self.scheduler.prefills(),
         )
 
     def stop(self) -> None:
