@@ -79,6 +79,7 @@ class ChatSession(QObject):
     replyReasoning = Signal(str)
     replyTokens = Signal(object)  # list[TokenSampled]; object, not list: no per-item conversion
     replyNotice = Signal(str)
+    replyProgress = Signal(object)  # engine PrefillProgress of the streaming reply's prompt
     liveUsage = Signal(dict)  # while streaming; keys as engine.events.Usage plus "finish_reason"
     replyFinished = Signal(object)  # StoredMessage as stored
     replyFailed = Signal(str, object)  # message for a dialog, StoredMessage as stored
@@ -138,6 +139,7 @@ class ChatSession(QObject):
         controller.replyReasoning.connect(self._on_reasoning)
         controller.replyTokens.connect(self._on_tokens)
         controller.replyNotice.connect(self.replyNotice)
+        controller.replyProgress.connect(self._on_progress)
         controller.replyFinished.connect(self._on_finished)
         controller.replyErrored.connect(self._on_errored)
         controller.replayFinished.connect(self._on_replay_finished)
@@ -723,6 +725,10 @@ class ChatSession(QObject):
                 self._first_token_at = time.perf_counter()
             self._recorder.add_text(text)
             self.replyText.emit(text)
+
+    def _on_progress(self, progress) -> None:
+        if self._recorder is not None:  # the open chat's reply, not a replay's
+            self.replyProgress.emit(progress)
 
     def _on_reasoning(self, text: str) -> None:
         if self._recorder is not None:
