@@ -46,6 +46,7 @@ from app.chat_import import read_chat_export
 from app.controller import EngineController
 from app.export import export_file_name, render_export, safe_export_path, write_export
 from app.features.compaction import CompactionController
+from app.features.prefill_progress import PrefillStatus, describe_progress
 from app.icon import app_icon
 from app.preset_state import parse_value
 from app.schema_check import check_schema
@@ -145,6 +146,7 @@ class MainWindow(QMainWindow):
         self.resize(1280, 800)
         self._build()
         self._connect()
+        self.prefill_status = PrefillStatus(self.session, self.state_label, self)
         # issue 35: visible, reversible compaction of long chats
         self.compaction = CompactionController(self.session, self.chat_view, self.compaction_offer)
         self._make_actions()
@@ -871,6 +873,8 @@ class MainWindow(QMainWindow):
         text = f"Serving at {status.url} · {status.running} running"
         if status.queued:
             text += f" · {status.queued} queued"
+        for progress in status.prefills:  # requests whose prompt is being read now
+            text += f" · {describe_progress(progress)}"
         self.server_label.setText(text)
         self.server_label.setToolTip(
             "OpenAI-compatible API for programs on this computer: use this URL as the base URL. "
