@@ -424,10 +424,38 @@ def warn_if_base_model(lm: LanguageModel) -> None:
         )
 
 
+class ProgressLine:
+    """The prompt-reading line of `generate` on stderr: rewritten in place with \r while the
+    prompt is read, erased before the first output. Only on a terminal: a redirected stderr (a
+    log, a pipe) gets nothing, not a stream of carriage returns."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._enabled = bool(getattr(stream, "isatty", lambda: False)())
+        self._width = 0  # characters of the line now shown
+
+    def show(self, progress) -> None:
+        from engine.prefill_progress import describe_progress
+
+        if not self._enabled:
+            return
+        text = describe_progress(progress)
+        self._stream.write("\r" + text + " " * max(0, self._width - len(text)))
+        self._stream.flush()
+        self._width = len(text)
+
+    def clear(self) -> None:
+        if self._width:
+            self._stream.write("\r" + " " * self._width + "\r")
+            self._stream.flush()
+            self._width = 0
+
+
 def cmd_generate(args) -> int:
     from engine.cancel import CancelToken
     from engine.events import (
         Finished,
+        PrefillProgress,
         ReasoningDelta,
         TextDelta,
         TokenSampled,
@@ -470,9 +498,14 @@ def cmd_generate(args) -> int:
         raise ContextOverflowError(str(exc).replace("max_new_tokens", "--max-tokens")) from None
     sampled = []
     malformed = []
+    line = ProgressLine(sys.stderr)
     previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: cancel.cancel())
     try:
         for event in events:
+            if isinstance(event, PrefillProgress):
+                line.show(event)
+                continue
+            line.clear()  # before any answer, reasoning or the final line
             if isinstance(event, TokenSampled):
                 sampled.append(event)
             elif isinstance(event, TextDelta) and not args.json:
@@ -488,6 +521,7 @@ def cmd_generate(args) -> int:
             elif isinstance(event, Finished):
                 done = event
     finally:
+        line.clear()
         signal.signal(signal.SIGINT, previous_handler)
     assert done is not None  # generate() ends every request it accepted with one Finished event
     if args.json:

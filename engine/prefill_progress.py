@@ -16,12 +16,16 @@ position) until the chunks read so far can fit it themselves, and `a`, the machi
 comes from the latest chunks (the first chunk of a request right after a load runs cold, and other
 programs come and go, so the newest chunks say most about the next ones).
 
-Pure arithmetic, no engine imports: tests check it with hand-computed numbers.
+Pure arithmetic, tested with hand-computed numbers. The one-line wording of a PrefillProgress
+lives here too, so the CLI (engine/__main__.py) and the window (app/features/prefill_progress.py)
+say it the same way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from engine.events import PrefillProgress
 
 # Chunks whose implied speed `a` is averaged, newest weighted most (weights 1, 2, 3).
 SPEED_WINDOW = 3
@@ -150,3 +154,27 @@ def _fit_ratio(chunks: list[ChunkTime]) -> float | None:
     if intercept <= 0:
         return None
     return slope / intercept
+
+
+def format_time_left(seconds: float) -> str:
+    """~33 s, ~2 min 5 s, ~1 h 3 min: rounded to what a person plans by."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"~{s} s"
+    if s < 3600:
+        minutes, rest = divmod(s, 60)
+        return f"~{minutes} min {rest} s" if rest else f"~{minutes} min"
+    hours, rest = divmod(s, 3600)
+    minutes = rest // 60
+    return f"~{hours} h {minutes} min" if minutes else f"~{hours} h"
+
+
+def describe_progress(progress: PrefillProgress) -> str:
+    """ "Reading prompt 1,024 / 3,800 tokens · 85 tok/s · ~33 s left": speed and time left once
+    the first chunk has measured them."""
+    parts = [f"Reading prompt {progress.done:,} / {progress.total:,} tokens"]
+    if progress.tok_s is not None and progress.tok_s > 0:
+        parts.append(f"{progress.tok_s:,.0f} tok/s")
+    if progress.eta_s is not None and progress.done < progress.total:
+        parts.append(f"{format_time_left(progress.eta_s)} left")
+    return " · ".join(parts)

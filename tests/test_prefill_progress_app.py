@@ -11,12 +11,13 @@ import pytest
 from fake_model import BOS, batched_fake_lm, ids, script_tokens, use_fake_detokenizer
 
 from app.compare import ColumnSpec, ColumnState
-from app.features.prefill_progress import describe_progress, format_time_left
+from app.features.prefill_progress import describe_progress
 from app.views.compare_view import CompareDialog
 from app.worker import EventBatch
 from engine.batching import BatchScheduler
 from engine.cancel import CancelToken
 from engine.events import Finished, PrefillProgress
+from engine.prefill_progress import format_time_left
 from engine.types import GenerationRequest
 from tests.app_fakes import WAIT_MS, FakeEngine, close_window, make_window
 

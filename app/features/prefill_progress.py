@@ -7,7 +7,7 @@ travels in the worker's EventBatch (app/worker.py, newest one per drain) and rea
 - a compare column through compareBatch (app/compare.py keeps it on the column),
 - the Serve status line through the server's status snapshot (engine/server/background.py,
   the scheduler's newest progress per running request),
-and each of them words it with `describe_progress`.
+and each of them words it with engine.prefill_progress.describe_progress (the CLI's line too).
 """
 
 from __future__ import annotations
@@ -15,32 +15,12 @@ from __future__ import annotations
 from PySide6.QtCore import QObject
 
 from engine.events import PrefillProgress
+from engine.prefill_progress import describe_progress
+
+__all__ = ["PrefillStatus", "describe_progress", "explain_progress", "prefill_running"]
 
 READING = "Reading prompt"
 GENERATING = "Generating… (Esc to stop)"
-
-
-def format_time_left(seconds: float) -> str:
-    """~33 s, ~2 min 5 s, ~1 h 3 min: rounded to what a person plans by."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"~{s} s"
-    if s < 3600:
-        minutes, rest = divmod(s, 60)
-        return f"~{minutes} min {rest} s" if rest else f"~{minutes} min"
-    hours, rest = divmod(s, 3600)
-    minutes = rest // 60
-    return f"~{hours} h {minutes} min" if minutes else f"~{hours} h"
-
-
-def describe_progress(progress: PrefillProgress) -> str:
-    """The one-line wording: tokens read / total, speed and time left once measured."""
-    parts = [f"{READING} {progress.done:,} / {progress.total:,} tokens"]
-    if progress.tok_s is not None and progress.tok_s > 0:
-        parts.append(f"{progress.tok_s:,.0f} tok/s")
-    if progress.eta_s is not None and progress.done < progress.total:
-        parts.append(f"{format_time_left(progress.eta_s)} left")
-    return " · ".join(parts)
 
 
 def explain_progress(progress: PrefillProgress) -> str:
