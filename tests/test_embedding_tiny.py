@@ -263,9 +263,9 @@ def test_empty_list_and_bad_texts(models):
     with Embedder.load(models["bert"][0]) as emb:
         assert emb.embed([]).shape == (0, D)
         with pytest.raises(TypeError, match=r"texts\[1\] is int"):
-            emb.embed(["ok", 3])
+            emb.embed(["ok", 3])  # type: ignore[list-item]
         with pytest.raises(TypeError, match="not one string"):
-            emb.embed("hello")  # type: ignore[arg-type]
+            emb.embed("hello")
 
 
 def test_bad_files_get_typed_errors_naming_the_problem(models, tmp_path, tiny_model_factory):
