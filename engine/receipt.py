@@ -13,7 +13,8 @@ A receipt is a plain JSON-ready dict (stored with the reply, exported with the c
      "output":  {"token_ids", "n_tokens", "finish_reason"},
      "usage":   {...engine.events.Usage...},
      "checks":  {"prompt": sha256, "preset": sha256, "output": sha256},
-     "compaction": {...}}          # only on a compacted history (with_compaction), checked too
+     "compaction": {...},          # only on a compacted history (with_compaction), checked too
+     "sources": {...}}             # only when document passages were in the prompt (with_sources)
 
 `checks` are digests of the sections as recorded, so a receipt edited afterwards (by hand, or
 by a tool) is told apart from one whose run cannot be reproduced here.
@@ -283,10 +284,23 @@ def with_compaction(receipt: dict, section: dict) -> dict:
     return out
 
 
+def with_sources(receipt: dict, section: dict) -> dict:
+    """The receipt of a reply whose prompt carried document passages (engine/documents/record.py
+    sources_record: the collection, the query, the retrieval settings, each passage's chunk id
+    and text sha256 in prompt order, what was left out), with a check of that section. The
+    prompt's token ids hold the passages as sent, so a replay from them is exact whatever the
+    collection holds now; the app says whether those passages have changed since."""
+    out = {**receipt, "sources": dict(section)}
+    out["checks"] = {**(receipt.get("checks") or {}), "sources": canonical_sha256(section)}
+    return out
+
+
 def section_checks(receipt: dict) -> dict:
-    if "compaction" in receipt:
-        return {**_core_checks(receipt), "compaction": canonical_sha256(receipt["compaction"])}
-    return _core_checks(receipt)
+    checks = _core_checks(receipt)
+    for optional in ("compaction", "sources"):  # sections only some receipts have
+        if optional in receipt:
+            checks[optional] = canonical_sha256(receipt[optional])
+    return checks
 
 
 def _core_checks(receipt: dict) -> dict:
