@@ -31,6 +31,7 @@ class ChatView(QScrollArea):
     detailsRequested = Signal(int)
     branchRequested = Signal(int)
     compareRequested = Signal(int)
+    sourcesRequested = Signal(int, int)  # message id, citation marker (0: the list)
     toolApproval = Signal(int, str)  # tool message id, ToolApproval decision
     earlierRequested = Signal()  # "Load earlier messages" (ChatSession.load_earlier)
 
@@ -105,6 +106,7 @@ class ChatView(QScrollArea):
         widget.detailsRequested.connect(self.detailsRequested)
         widget.branchRequested.connect(self.branchRequested)
         widget.compareRequested.connect(self.compareRequested)
+        widget.sourcesRequested.connect(self.sourcesRequested)
         self._layout.insertWidget(self._layout.count() - 1, widget)
         self.widgets.append(widget)
         self._placeholder.setVisible(False)

@@ -37,6 +37,7 @@ from app.store import StoredMessage
 from app.theme import text_color
 from app.views.code_blocks import COPY_SCHEME, renumber_copy_links
 from app.views.markdown_style import set_markdown
+from app.views.sources_view import CITE_SCHEME, link_citations, reply_sources
 from engine.events import ToolCallStarted
 from engine.types import JsonMode, MessageStatus, Role
 
@@ -89,6 +90,8 @@ def follow_link(url: QUrl, code_texts: list[str], parent: QWidget) -> None:
         number = url.path()
         if number.isdigit() and int(number) < len(code_texts):
             QGuiApplication.clipboard().setText(code_texts[int(number)])
+        return
+    if url.scheme() == CITE_SCHEME:  # a citation: the message card opens its source
         return
     confirm_and_open_link(url, parent)
 
@@ -280,6 +283,7 @@ class MessageWidget(QFrame):
     versionRequested = Signal(int)  # the id of the version of this message to show instead
     branchRequested = Signal(int)  # message id: copy the chat up to here into a new chat
     compareRequested = Signal(int)  # message id (user messages): answer it in the compare view
+    sourcesRequested = Signal(int, int)  # message id, citation marker (0: the whole list)
 
     def __init__(self, message: StoredMessage, parent: QWidget | None = None):
         super().__init__(parent)
@@ -375,6 +379,9 @@ class MessageWidget(QFrame):
 
         self.body = MessageBody()
         self.body.pressed.connect(self._pressed)
+        self.body.anchorClicked.connect(self._on_citation)
+        self.sources_button: QToolButton | None = None  # made when the reply has sources
+        self.sources: dict | None = None  # the receipt's "sources" section (set_sources)
         layout.addWidget(self.body)
 
         self.json_status = QLabel()
@@ -472,6 +479,8 @@ class MessageWidget(QFrame):
             self.reasoning_toggle.setVisible(True)
 
     def set_message(self, message: StoredMessage) -> None:
+        if message.id != self.message.id:  # another version: its own sources, if any
+            self.sources = None
         self.message = message
         self.text, self.reasoning = message.content, message.reasoning
         self.refresh()
@@ -496,7 +505,9 @@ class MessageWidget(QFrame):
             self.json_status.setVisible(False)
         else:
             self.body.set_markdown(
-                self.text if self.text else ("…" if streaming else ""), self.palette(), streaming
+                self._with_citations(self.text) if self.text else ("…" if streaming else ""),
+                self.palette(),
+                streaming,
             )
             self.json_status.setVisible(False)
         has_reasoning = bool(self.reasoning)
@@ -522,6 +533,32 @@ class MessageWidget(QFrame):
         self.body.setVisible(bool(self.text) or streaming)
         self.usage_label.setText(_usage_line(m.usage) if not streaming else "")
         self.usage_label.setVisible(bool(self.usage_label.text()))
+
+    def _with_citations(self, text: str) -> str:
+        """The reply's [n] markers as links to its sources (issue 34), when its receipt has them;
+        the Sources action is offered from then on."""
+        sources = self.sources or reply_sources(self.message.receipt)
+        if sources is None or self.message.role != Role.ASSISTANT:
+            return text
+        if self.sources_button is None:
+            self.sources_button = self._action(
+                "Sources",
+                "The document passages this reply's prompt carried, and those left out",
+                lambda: self.sourcesRequested.emit(self.message.id, 0),
+            )
+        markers = {int(s["marker"]) for s in sources.get("sources") or [] if s.get("marker")}
+        return link_citations(text, markers)
+
+    def set_sources(self, section: dict | None) -> None:
+        """The reply's sources, read from its receipt by the documents feature (a chat opened
+        from the store holds no receipts in memory)."""
+        if section != self.sources:
+            self.sources = section
+            self.refresh()
+
+    def _on_citation(self, url: QUrl) -> None:
+        if url.scheme() == CITE_SCHEME and url.path().isdigit():
+            self.sourcesRequested.emit(self.message.id, int(url.path()))
 
     def note_tool_events(self, events: list) -> None:
         for event in events:
