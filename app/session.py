@@ -32,7 +32,7 @@ from app.tool_runner import ToolRunner
 from engine.compaction import edited_note, receipt_section, with_summary_note
 from engine.errors import EngineError
 from engine.events import Finished, ToolCallMalformed
-from engine.receipt import with_compaction
+from engine.receipt import with_compaction, with_sources
 from engine.types import GenerationRequest, JsonMode, MessageStatus, ModelInfo, Role
 
 TOP_LOGPROBS = 5
@@ -132,6 +132,10 @@ class ChatSession(QObject):
         self.compacting = False
         self.request_compaction = None  # app.store.StoredCompaction of the last build_request
         self._reply_compaction: dict | None = None  # engine.compaction.receipt_section
+        # issue 34: a chat's document sources. The DocumentsController sets itself here (apply:
+        # the request with the passages, replay_note); None: no documents feature.
+        self.documents = None
+        self._reply_sources: dict | None = None  # the streaming reply's receipt "sources"
         self._replay_receipt: dict | None = None
 
         controller.modelLoaded.connect(self._on_model_loaded)
@@ -483,6 +487,9 @@ class ChatSession(QObject):
         note = self._summary_since(self._replay_receipt)
         if note is not None:  # the receipt's prompt ids hold the summary as it was sent
             report = dataclasses.replace(report, differences=(*report.differences, note))
+        sources = self.documents.replay_note(self._replay_receipt) if self.documents else None
+        if sources is not None:  # likewise the passages: changed documents are named
+            report = dataclasses.replace(report, differences=(*report.differences, sources))
         if message_id is not None:
             self.replayFinished.emit(message_id, report)
 
@@ -610,6 +617,9 @@ class ChatSession(QObject):
             self.tools.begin_turn()
         self._malformed = []
         request = self.build_request(cid)
+        self._reply_sources = None
+        if self.documents is not None:
+            request, self._reply_sources = self.documents.apply(cid, request, continuing)
         built_on = self.request_compaction if request.messages is not None else None
         self._reply_compaction = (
             None
@@ -751,6 +761,10 @@ class ChatSession(QObject):
         if self._reply_compaction is not None and finished.receipt is not None:
             finished = dataclasses.replace(
                 finished, receipt=with_compaction(finished.receipt, self._reply_compaction)
+            )
+        if self._reply_sources is not None and finished.receipt is not None:
+            finished = dataclasses.replace(
+                finished, receipt=with_sources(finished.receipt, self._reply_sources)
             )
         status = recorder.finish(finished)
         calls = list(finished.tool_calls) if status == MessageStatus.COMPLETE else []

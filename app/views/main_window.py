@@ -46,6 +46,7 @@ from app.chat_import import read_chat_export
 from app.controller import EngineController
 from app.export import export_file_name, render_export, safe_export_path, write_export
 from app.features.compaction import CompactionController
+from app.features.documents import DocumentsController
 from app.features.prefill_progress import PrefillStatus, describe_progress
 from app.icon import app_icon
 from app.preset_state import parse_value
@@ -58,6 +59,7 @@ from app.views.chat_view import ChatView
 from app.views.compaction_widgets import CompactionOffer
 from app.views.compare_view import CompareDialog, CompareRun
 from app.views.connections_dialog import ConnectionsDialog
+from app.views.documents_panel import AttachButton, DocumentsPanel
 from app.views.download_panel import DownloadPanel
 from app.views.elided_label import ElidedLabel
 from app.views.json_mode_bar import JsonModeBar
@@ -149,6 +151,9 @@ class MainWindow(QMainWindow):
         self.prefill_status = PrefillStatus(self.session, self.state_label, self)
         # issue 35: visible, reversible compaction of long chats
         self.compaction = CompactionController(self.session, self.chat_view, self.compaction_offer)
+        # issue 34: documents with citations (collections live beside the chat database)
+        self.documents = DocumentsController(self.session, Path(store.path).parent, parent=self)
+        self.documents.attach_views(self.documents_panel, self.chat_view, self.attach_button, self)
         self._make_actions()
         self._fit_to_screen()
         self._share_width()
@@ -206,8 +211,10 @@ class MainWindow(QMainWindow):
         )
         self.thinking_box.setVisible(False)
 
+        self.attach_button = AttachButton()  # issue 34: attach documents to the chat
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
+        buttons.addWidget(self.attach_button)
         buttons.addWidget(self.cancel_button)
         buttons.addStretch(1)
         input_row = QHBoxLayout()
@@ -243,6 +250,8 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.token_inspector, "Tokens")
         self.tools_panel = ToolsPanel()
         self.tabs.addTab(self.tools_panel, "Tools")
+        self.documents_panel = DocumentsPanel()  # issue 34: the chat's documents
+        self.tabs.addTab(self.documents_panel, "Documents")
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(4, 4, 4, 4)
@@ -1117,8 +1126,12 @@ class MainWindow(QMainWindow):
                 event.acceptProposedAction()
                 return
 
+    def show_documents_panel(self) -> None:
+        self.tabs.setCurrentWidget(self.documents_panel)
+
     def closeEvent(self, event):
         self.frame_timer.stop()
+        self.documents.shutdown()  # a running index stops; finished files are kept
         self.session.tick()  # last partial save before the thread goes away
         self.session.retry_saves()  # and a last try for replies a full disk kept in memory
         self.save_retry_timer.stop()
