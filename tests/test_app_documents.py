@@ -181,6 +181,31 @@ def test_citations_come_back_when_the_chat_is_opened_again(qtbot, tmp_path):
         close_window(window)
 
 
+def test_a_tool_round_keeps_the_turns_sources(qtbot, tmp_path):
+    """The request after a tool call carries the same passages, retrieved once per turn."""
+    from app_fakes import ToolCallReply
+
+    from app.tool_registry import builtin_key
+
+    replies = (ToolCallReply(calls=(("calculator", {"expression": "12*2"}),)), "24 euros [1].")
+    window, engine = _window(qtbot, tmp_path, replies=replies)
+    try:
+        _attach(qtbot, window, [_docs(tmp_path)])
+        window.session.set_tool_enabled(builtin_key("calculator"), True)
+        retrieved = []
+        real = window.documents.retrieve
+        window.documents.retrieve = lambda *a: retrieved.append(a) or real(*a)
+        window.session.send("What do two museum tickets cost?")
+        qtbot.waitUntil(
+            lambda: len(engine.requests) == 2 and not window.session.busy, timeout=WAIT_MS
+        )
+        first, second = (r.messages[0]["content"] for r in engine.requests)
+        assert "Tickets cost twelve euros." in first and second == first
+        assert len(retrieved) == 1
+    finally:
+        close_window(window)
+
+
 def test_a_collection_is_reused_by_another_chat(qtbot, tmp_path):
     window, engine = _window(qtbot, tmp_path, replies=("first", "second"))
     try:
