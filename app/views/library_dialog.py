@@ -7,8 +7,10 @@ more from the Hugging Face Hub into the shared cache and rescans."""
 from __future__ import annotations
 
 import html
+from typing import Any
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
@@ -26,10 +28,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.theme import text_color
 from app.views.size_format import human_size
 from engine.types import ModelFileSummary
 
-COLUMNS = ("Model", "Arch", "Params", "Quant", "Size", "Context", "Chat", "Runs", "Found in")
+COLUMNS = (
+    "Model",
+    "Arch",
+    "Params",
+    "Quant",
+    "Size",
+    "Context",
+    "Chat",
+    "Runs",
+    "On this computer",
+    "Found in",
+)
+PREDICTION_COLUMN = COLUMNS.index("On this computer")
+PREDICTING = "estimating…"
 COLUMN_TIPS = (
     "File name",
     "Architecture (general.architecture)",
@@ -39,6 +55,9 @@ COLUMN_TIPS = (
     "Context length the model was trained for",
     "Has a chat template",
     "Whether this engine can run it (hover for the reason when not)",
+    "Memory it will need at your context size and KV cache type, against the memory free now, "
+    "and the decode speed expected on this computer (from a short measurement of its memory "
+    "bandwidth; hover a row for the details)",
     "The folder or tool it was found in, and the repository",
 )
 
@@ -62,6 +81,28 @@ def quant_mix_text(summary: ModelFileSummary) -> str:
     )
 
 
+def prediction_tip(p) -> str:
+    """The prediction in full: what the memory is made of and both speeds."""
+    free = (
+        f" of {p.available_bytes / 2**30:.1f} GiB free now"
+        if p.available_bytes is not None
+        else " (free memory unknown)"
+    )
+    verdict = {True: "fits", False: "does NOT fit in the free memory", None: ""}[p.fits]
+    lines = [
+        f"Will it run here? {verdict}".rstrip(),
+        f"Memory: ~{p.memory_bytes / 2**30:.2f} GiB{free} = weights "
+        f"{p.weights_bytes / 2**20:.0f} MiB + KV cache {p.kv_bytes / 2**20:.0f} MiB "
+        f"({p.n_ctx:,} tokens, {p.cache_type}) + engine {p.overhead_bytes / 2**20:.0f} MiB",
+        f"Speed: decode ~{p.decode_tok_s:.1f} tok/s, prefill ~{p.prefill_tok_s:.0f} tok/s "
+        f"({p.threads} threads, {p.kernel_path} kernels, memory read "
+        f"{p.bandwidth_bytes_per_s / 1e9:.1f} GB/s)",
+    ]
+    if p.uncalibrated:
+        lines.append(f"Speed of {', '.join(p.uncalibrated)} not calibrated: a rough estimate")
+    return "\n".join(lines)
+
+
 class _SortKeyItem(QTableWidgetItem):
     """Sorts by the number behind the text (sizes, parameter counts), not the text."""
 
@@ -80,11 +121,24 @@ class LibraryDialog(QDialog):
     foldersChanged = Signal(list)  # the user's folders, to save in the settings
 
     def __init__(
-        self, runner, folders: list[str], download_panel: QWidget | None = None, parent=None
+        self,
+        runner,
+        folders: list[str],
+        download_panel: QWidget | None = None,
+        parent=None,
+        *,
+        predictor=None,
+        load_options: tuple[int, str, int] = (4096, "f16", 0),
     ):
         """runner: app.library.scan_runner.LibraryScanRunner (injected: views do not import the
-        scanner, which reads GGUF headers through the engine)."""
+        scanner, which reads GGUF headers through the engine). predictor: an
+        app.library.prediction_runner.PredictionRunner, asked after each scan whether each
+        runnable file fits and how fast it will be for a load with load_options (context
+        size, KV cache type, threads; the app's settings); without one the column is hidden."""
         super().__init__(parent)
+        self.predictor = predictor
+        self.load_options = load_options
+        self.predictions: dict[str, Any] = {}  # path -> RunPrediction, or why there is none
         self.setWindowTitle("Model library")
         self.resize(1180, 640)
         self.runner = runner
@@ -101,6 +155,11 @@ class LibraryDialog(QDialog):
         layout.addWidget(self.tabs)
         runner.finished.connect(self._on_scanned)
         runner.failed.connect(self._on_failed)
+        if predictor is not None:
+            predictor.predicted.connect(self._on_predicted)
+            predictor.failed.connect(self._on_prediction_failed)
+        else:
+            self.table.setColumnHidden(PREDICTION_COLUMN, True)
         self.rescan()
 
     def _build_library(self) -> QWidget:
@@ -212,7 +271,12 @@ class LibraryDialog(QDialog):
     def _on_scanned(self, summaries: list, seconds: float) -> None:
         self.rescan_button.setEnabled(True)
         self.summaries = summaries
+        self.predictions = {}  # free memory changes between scans: predict again
         self._fill()
+        runnable = [s.path for s in summaries if s.supported and not s.error]
+        if self.predictor is not None and runnable:
+            n_ctx, cache_type, threads = self.load_options
+            self.predictor.request(runnable, n_ctx, cache_type, threads)
         broken = sum(1 for s in summaries if s.error)
         unsupported = sum(1 for s in summaries if not s.error and not s.supported)
         parts = [f"{len(summaries)} GGUF files ({seconds * 1000:.0f} ms)"]
@@ -253,6 +317,7 @@ class LibraryDialog(QDialog):
                 ),
                 QTableWidgetItem("yes" if s.has_chat_template else ("" if s.error else "no")),
                 QTableWidgetItem(runs),
+                _SortKeyItem(PREDICTING if s.supported and not s.error else "", 0),
                 QTableWidgetItem(f"{s.source}: {where}" if where else s.source),
             ]
             tip = "\n".join(
@@ -275,6 +340,40 @@ class LibraryDialog(QDialog):
                 self.table.setItem(row, col, item)
         self.table.setSortingEnabled(True)
         self._apply_filter(self.filter_edit.text())
+
+    # --- will it run here? ------------------------------------------------------------------
+    def _prediction_item(self, path: str) -> QTableWidgetItem | None:
+        for row in range(self.table.rowCount()):
+            if self.table.item(row, 0).data(Qt.UserRole) == path:
+                return self.table.item(row, PREDICTION_COLUMN)
+        return None
+
+    def _on_predicted(self, path: str, prediction) -> None:
+        self.predictions[path] = prediction
+        item = self._prediction_item(path)
+        if item is None:  # a file of an older scan
+            return
+        sorting = self.table.isSortingEnabled()
+        self.table.setSortingEnabled(False)  # a changed key must not move rows under us
+        if isinstance(item, _SortKeyItem):
+            item.key = prediction.memory_bytes
+        item.setToolTip(prediction_tip(prediction))
+        if prediction.fits is False:  # the colour alone would not reach every reader
+            item.setText(f"⚠ {prediction.summary()}: too big")
+            item.setForeground(QBrush(QColor(text_color(self.palette(), "bad"))))
+        else:
+            item.setText(prediction.summary())
+        self.table.setSortingEnabled(sorting)
+        selected = self.selected_summary()
+        if selected is not None and selected.path == path:
+            self._on_selection()
+
+    def _on_prediction_failed(self, path: str, message: str) -> None:
+        self.predictions[path] = message
+        item = self._prediction_item(path)
+        if item is not None:
+            item.setText("no estimate")
+            item.setToolTip(f"No estimate: {message}")
 
     def _apply_filter(self, text: str) -> None:
         words = text.lower().split()
@@ -321,8 +420,18 @@ class LibraryDialog(QDialog):
                 f"<b>This engine cannot run it:</b> {reason}<br>{html.escape(s.path)}"
             )
         else:
+            predicted = self.predictions.get(s.path)
+            line = ""
+            if predicted is not None and not isinstance(predicted, str):
+                warn = text_color(self.palette(), "bad")
+                text = html.escape(prediction_tip(predicted)).replace("\n", "<br>")
+                line = (
+                    f"<br><span style='color:{warn}'>{text}</span>"
+                    if predicted.fits is False
+                    else f"<br>{text}"
+                )
             self.detail.setText(
-                f"{html.escape(s.path)}<br>Tensor types: {html.escape(quant_mix_text(s))}"
+                f"{html.escape(s.path)}<br>Tensor types: {html.escape(quant_mix_text(s))}{line}"
             )
 
     def open_selected(self) -> None:

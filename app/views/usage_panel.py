@@ -6,6 +6,8 @@ the exact figure in the tooltip)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 
@@ -39,6 +41,12 @@ class UsagePanel(ElidingGroupBox):  # its title elided to its width
             ("cached_tokens", "Cached tokens", "Prompt tokens reused from the prefix cache"),
             ("prompt_tok_s", "Prefill speed", "Prompt tokens processed per second"),
             ("decode_tok_s", "Decode speed", "Reply tokens generated per second"),
+            (
+                "predicted_tok_s",
+                "Predicted",
+                "Decode speed predicted for the loaded model on this computer before it was "
+                "loaded (the model library's estimate), and how far off it was",
+            ),
             ("finish_reason", "Finish", "Why the reply ended"),
         ):
             label = WrappingLabel("—")  # a long finish reason wraps, never widens the panel
@@ -62,6 +70,7 @@ class UsagePanel(ElidingGroupBox):  # its title elided to its width
             "from the stream, so they include the network round trip"
         )
         self.network_note.setVisible(False)
+        self.prediction = None  # engine.run_prediction.RunPrediction of the loaded model
         self._place_rows(side_by_side=True)
 
     # --- rows: titles and values side by side where they fit, else each value under its title
@@ -127,6 +136,14 @@ class UsagePanel(ElidingGroupBox):  # its title elided to its width
         self.context_bar.setToolTip(CONTEXT_TIP)
         self._fit_rows()
 
+    def set_prediction(self, prediction) -> None:
+        """The loaded model's prediction (None: none, or a remote model); later replies are
+        compared with it."""
+        self.prediction = prediction
+        if prediction is None:
+            self.fields["predicted_tok_s"].setText("—")
+            self.fields["predicted_tok_s"].setToolTip(self._tips["predicted_tok_s"])
+
     def show_usage(
         self, usage: dict | None, finish_reason: str | None = None, live: bool = False
     ) -> None:
@@ -158,6 +175,7 @@ class UsagePanel(ElidingGroupBox):  # its title elided to its width
             f[key].setText(_rate(value))
             exact = f"{value:,.1f} tokens per second" if value else ""
             f[key].setToolTip(self._tips[key] + (f": {exact}" if exact else ""))
+        self._show_prediction(usage.get("decode_tok_s"), remote)
         f["finish_reason"].setText(
             NOTE_STREAMING
             if live
@@ -173,6 +191,29 @@ class UsagePanel(ElidingGroupBox):  # its title elided to its width
         self.context_bar.setFormat(f"{approx}{used:,} / {limit:,} tokens" if limit else "—")
         if limit:  # exact, whatever the bar has room to show
             self.context_bar.setToolTip(f"{CONTEXT_TIP}: {approx}{used:,} of {limit:,} tokens")
+
+    def _show_prediction(self, measured: float | None, remote: bool) -> None:
+        """ "~29.0 tok/s (+7%)": the prediction, and its error against this reply's speed (a
+        server's reply is not this computer's speed: nothing to compare)."""
+        label = self.fields["predicted_tok_s"]
+        p = self.prediction
+        if p is None or remote:
+            label.setText("—")
+            label.setToolTip(self._tips["predicted_tok_s"])
+            return
+        predicted = p.decode_tok_s
+        if not measured:
+            label.setText(f"~{_rate(predicted)}")
+            label.setToolTip(f"{self._tips['predicted_tok_s']}: decode ~{predicted:.1f} tok/s")
+            return
+        error = 100 * (predicted - measured) / measured
+        label.setText(f"~{_rate(predicted)} ({error:+.0f}%)")
+        label.setToolTip(
+            f"decode {measured:.1f} tok/s, predicted {predicted:.1f} ({error:+.0f}%); "
+            f"prefill predicted ~{p.prefill_tok_s:.0f} tok/s for a 512-token prompt. "
+            f"The prediction is for {Path(p.path).name} at {p.threads} threads, from this "
+            f"computer's measured memory bandwidth ({p.bandwidth_bytes_per_s / 1e9:.1f} GB/s)"
+        )
 
     def text_of(self, key: str) -> str:
         return self.fields[key].text()
