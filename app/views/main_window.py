@@ -48,6 +48,7 @@ from app.export import export_file_name, render_export, safe_export_path, write_
 from app.features.compaction import CompactionController
 from app.features.documents import DocumentsController
 from app.features.prefill_progress import PrefillStatus, describe_progress
+from app.features.run_prediction import RunPredictionController
 from app.icon import app_icon
 from app.preset_state import parse_value
 from app.schema_check import check_schema
@@ -154,6 +155,10 @@ class MainWindow(QMainWindow):
         # issue 34: documents with citations (collections live beside the chat database)
         self.documents = DocumentsController(self.session, Path(store.path).parent, parent=self)
         self.documents.attach_views(self.documents_panel, self.chat_view, self.attach_button, self)
+        # issue 35: will it run here? (library estimates; the loaded model's prediction error)
+        self.run_prediction = RunPredictionController(
+            self.usage_panel, self.model_bar, self.settings_file.path.parent, self
+        )
         self._make_actions()
         self._fit_to_screen()
         self._share_width()
@@ -523,7 +528,18 @@ class MainWindow(QMainWindow):
             self._library_runner = LibraryScanRunner(self)
             self._download_runner = DownloadRunner(self)
         panel = DownloadPanel(self._download_runner)
-        dialog = LibraryDialog(self._library_runner, self.settings.library_folders, panel, self)
+        dialog = LibraryDialog(
+            self._library_runner,
+            self.settings.library_folders,
+            panel,
+            self,
+            predictor=self.run_prediction.library_runner,
+            load_options=(
+                self.settings.context_size,
+                self.settings.kv_cache_type,
+                self.settings.threads,
+            ),
+        )
         dialog.openRequested.connect(self.open_model)
         dialog.foldersChanged.connect(self._on_library_folders)
         dialog.setAttribute(Qt.WA_DeleteOnClose)
@@ -559,6 +575,7 @@ class MainWindow(QMainWindow):
             self.model_bar.show_loaded(info.name, f"{info.template}{context}")
             self.model_bar.setToolTip(info.summary)
             self.token_inspector.hint.setText(REMOTE_TOKENS_HINT)
+            self.run_prediction.remote_loaded()
         else:
             self.settings.remember_model(info.path)
             self.settings_file.save(self.settings)
@@ -567,6 +584,7 @@ class MainWindow(QMainWindow):
                 info.name, f"{info.architecture} · context {info.n_ctx:,} · {info.template}"
             )
             self.token_inspector.hint.setText(LOCAL_TOKENS_HINT)
+            self.run_prediction.model_loaded(info, self.settings.threads)
         self.thinking_box.setVisible(info.thinking_switch)
         self._show_base_model_notice(info)
         self._set_busy(self.session.busy)
