@@ -55,6 +55,9 @@ def test_choose_covered_never_takes_the_latest_turn_nor_a_lone_one():
     assert choose_covered(_chat(1), 3500, 4096, 512) == []
     # far over the target: everything but the last turn
     assert choose_covered(_chat(3), 3500, 4096, 512) == [1, 2, 3, 4]
+    # 2 turns of 1,750 tokens each: covering the first leaves 1750 + 320 = 2070 > 1792, and
+    # the second (whose request would still fit: 3,500 <= 3,616) is the latest: it stays
+    assert choose_covered(_chat(2), 3500, 4096, 512) == [1, 2]
 
 
 def test_choose_covered_stops_where_the_summary_request_would_not_fit():

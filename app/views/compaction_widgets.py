@@ -114,8 +114,9 @@ class SummaryCard(_Tinted):
         self.status.setVisible(False)
         self.text = QPlainTextEdit()
         self.text.setObjectName("summary_text")
-        self.text.setMinimumHeight(90)
-        self.text.setMaximumHeight(220)
+        # a few lines: the summary is short, and the chat below it is what the user reads
+        self.text.setMinimumHeight(60)
+        self.text.setMaximumHeight(130)
         self.text.textChanged.connect(self._on_edited)
         buttons = QHBoxLayout()
         self.cancel_button = QPushButton("Cancel")
