@@ -372,7 +372,16 @@ def this_machine(n_threads: int | None = None, cache_path: Path | None = None) -
     return Machine(threads, path, bandwidth.bytes_per_s, available_memory_bytes())
 
 
-def predict_gguf(gguf_file, config, machine: Machine, *, n_ctx: int, cache_type: str):
+def predict_gguf(
+    gguf_file,
+    config,
+    machine: Machine,
+    *,
+    n_ctx: int,
+    cache_type: str,
+    n_prompt: int = PREFILL_TOKENS,
+    position: int = DECODE_POSITION,
+):
     from engine.kv_cache import KVCache
 
     borrowed: set[str] = set()
@@ -380,9 +389,16 @@ def predict_gguf(gguf_file, config, machine: Machine, *, n_ctx: int, cache_type:
     kv = KVCache.bytes_needed(config, n_ctx, cache_type)
     kv_per_position = KVCache.bytes_needed(config, 1, cache_type)
     decode = decode_tok_s(
-        tensors, kv_per_position, machine.bandwidth_bytes_per_s, machine.kernel_path, borrowed
+        tensors,
+        kv_per_position,
+        machine.bandwidth_bytes_per_s,
+        machine.kernel_path,
+        borrowed,
+        position,
     )
-    prefill = prefill_tok_s(tensors, config, machine.threads, machine.kernel_path, borrowed)
+    prefill = prefill_tok_s(
+        tensors, config, machine.threads, machine.kernel_path, borrowed, n_prompt
+    )
     return RunPrediction(
         path=str(gguf_file.path),
         n_ctx=int(n_ctx),
@@ -406,9 +422,12 @@ def predict_file(
     n_ctx: int | None = None,
     cache_type: str = DEFAULT_KV_CACHE_TYPE.value,
     machine: Machine | None = None,
+    n_prompt: int = PREFILL_TOKENS,
+    position: int = DECODE_POSITION,
 ) -> RunPrediction:
     """The prediction for one GGUF file at n_ctx (default: what a load would choose, the
-    model's context capped at the loader's default) and cache type. Raises the loader's own
+    model's context capped at the loader's default) and cache type; prefill for an n_prompt
+    token prompt, decode at context position `position`. Raises the loader's own
     errors (UnsupportedModelError, ModelFileError, ConfigValidationError for a bad n_ctx or
     cache type) for a file that cannot be run."""
     from engine.config import ModelConfig
@@ -426,5 +445,11 @@ def predict_file(
     n_ctx = min(n_ctx, config.context_length)  # the loader clamps the same way
     check_cache_type(cache_type, config.head_dim)
     return predict_gguf(
-        gguf_file, config, machine or this_machine(), n_ctx=n_ctx, cache_type=cache_type
+        gguf_file,
+        config,
+        machine or this_machine(),
+        n_ctx=n_ctx,
+        cache_type=cache_type,
+        n_prompt=n_prompt,
+        position=position,
     )
