@@ -84,16 +84,16 @@ def quant_mix_text(summary: ModelFileSummary) -> str:
 def prediction_tip(p) -> str:
     """The prediction in full: what the memory is made of and both speeds."""
     free = (
-        f" of {p.available_bytes / 2**30:.1f} GiB free now"
+        f" of {p.available_bytes / 1e9:.1f} GB free now"
         if p.available_bytes is not None
         else " (free memory unknown)"
     )
     verdict = {True: "fits", False: "does NOT fit in the free memory", None: ""}[p.fits]
     lines = [
         f"Will it run here? {verdict}".rstrip(),
-        f"Memory: ~{p.memory_bytes / 2**30:.2f} GiB{free} = weights "
-        f"{p.weights_bytes / 2**20:.0f} MiB + KV cache {p.kv_bytes / 2**20:.0f} MiB "
-        f"({p.n_ctx:,} tokens, {p.cache_type}) + engine {p.overhead_bytes / 2**20:.0f} MiB",
+        f"Memory: ~{p.memory_bytes / 1e9:.2f} GB{free} = weights "
+        f"{p.weights_bytes / 1e6:.0f} MB + KV cache {p.kv_bytes / 1e6:.0f} MB "
+        f"({p.n_ctx:,} tokens, {p.cache_type}) + engine {p.overhead_bytes / 1e6:.0f} MB",
         f"Speed: decode ~{p.decode_tok_s:.1f} tok/s, prefill ~{p.prefill_tok_s:.0f} tok/s "
         f"({p.threads} threads, {p.kernel_path} kernels, memory read "
         f"{p.bandwidth_bytes_per_s / 1e9:.1f} GB/s)",
