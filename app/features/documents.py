@@ -50,7 +50,7 @@ class DocumentsController(QObject):
     changed = Signal()  # the open chat's collection, its files or its settings changed
     progress = Signal(object)  # IndexProgress of the running index
     indexingChanged = Signal(bool)
-    reportReady = Signal(str, list)  # a summary line, the problems (each names its file)
+    reportReady = Signal(str, list, list)  # summary line, problems (each naming its file), paths
     problem = Signal(str)  # something the user must know (no embedding model, a bad name...)
 
     def __init__(
@@ -211,7 +211,9 @@ class DocumentsController(QObject):
         if report is not None:
             from app.features.index_runner import describe_report, problem_lines
 
-            self.reportReady.emit(describe_report(report), problem_lines(report))
+            self.reportReady.emit(
+                describe_report(report), problem_lines(report), [p.path for p in report.problems]
+            )
         self.changed.emit()
 
     # --- the session's hooks ---------------------------------------------------------------------

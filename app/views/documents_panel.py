@@ -60,7 +60,7 @@ class DocumentsPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
 
         self.hint = QLabel(
-            "Attach files or folders to ask about them: the 📎 button by the message box, drag "
+            "Attach files or folders to ask about them: Attach… by the message box, drag "
             "and drop onto the chat, or Add files… below. PDF, Word (.docx), HTML, Markdown, "
             "text and source code."
         )
@@ -76,16 +76,21 @@ class DocumentsPanel(QWidget):
             "The documents this chat answers from. A collection can serve several chats: pick "
             "one to use it here too."
         )
+        # as narrow as the side panel: long names are cut, the list shows them whole
+        self.collection.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
+        self.collection.setMinimumContentsLength(8)
         self.collection.activated.connect(self._on_collection)
         row.addWidget(self.collection, 1)
+        layout.addLayout(row)
         self.detach_button = QPushButton("Stop using")
         self.detach_button.setToolTip(
             "This chat stops using the collection; the collection is kept for other chats"
         )
         self.detach_button.clicked.connect(self.detachRequested)
-        row.addWidget(self.detach_button)
-        layout.addLayout(row)
 
+        # two buttons a row: the side panel is narrow
         buttons = QHBoxLayout()
         self.add_files_button = QPushButton("Add files…")
         self.add_files_button.clicked.connect(self._choose_files)
@@ -97,9 +102,13 @@ class DocumentsPanel(QWidget):
             "files removed from disk are dropped"
         )
         self.reindex_button.clicked.connect(self.reindexRequested)
-        for button in (self.add_files_button, self.add_folder_button, self.reindex_button):
-            buttons.addWidget(button)
+        buttons.addWidget(self.add_files_button)
+        buttons.addWidget(self.add_folder_button)
         layout.addLayout(buttons)
+        more = QHBoxLayout()
+        more.addWidget(self.reindex_button)
+        more.addWidget(self.detach_button)
+        layout.addLayout(more)
 
         self.progress_bar = QProgressBar()
         self.progress_bar.setObjectName("index_progress")
@@ -136,6 +145,7 @@ class DocumentsPanel(QWidget):
         layout.addWidget(self.files, 1)
 
         form = QFormLayout()
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # narrow: label above
         self.budget = QSpinBox()
         self.budget.setObjectName("source_budget")
         self.budget.setSuffix(" tokens")
@@ -200,7 +210,9 @@ class DocumentsPanel(QWidget):
             if record.problem:
                 item.setToolTip(1, record.problem)
                 item.setForeground(1, bad)
-                problem = QTreeWidgetItem([record.problem, "", ""])
+                # the row names the file already: its path in the message would only wrap
+                problem = QTreeWidgetItem([_short(record.problem, [record.path]), "", ""])
+                problem.setToolTip(0, record.problem)
                 problem.setFirstColumnSpanned(True)
                 problem.setForeground(0, bad)
                 item.addChild(problem)
@@ -226,10 +238,15 @@ class DocumentsPanel(QWidget):
         self.progress_bar.setRange(0, 0)
         self.progress_label.setText("Loading the embedding model and reading the files…")
 
-    def show_report(self, summary: str, problems: list[str]) -> None:
+    def show_report(
+        self, summary: str, problems: list[str], paths: list[str] | None = None
+    ) -> None:
+        """After a run: its summary and each problem (file paths shortened to their names, the
+        whole message in the tooltip)."""
         self.report_label.setText(summary)
         self.report_label.setVisible(bool(summary))
-        self.show_problem("\n".join(problems))
+        self.show_problem("\n".join(_short(p, paths or []) for p in problems))
+        self.problem_label.setToolTip("\n".join(problems))
 
     def show_problem(self, message: str) -> None:
         self.problem_label.setText(message)
@@ -261,6 +278,13 @@ class DocumentsPanel(QWidget):
             self.filesChosen.emit([path])
 
 
+def _short(message: str, paths: list[str]) -> str:
+    """`message` with each of `paths` written as its file name."""
+    for path in sorted(paths, key=len, reverse=True):
+        message = message.replace(path, Path(path).name)
+    return message
+
+
 class AttachButton(QToolButton):
     """The paperclip by the message box: attach files or a folder to the open chat."""
 
@@ -269,7 +293,7 @@ class AttachButton(QToolButton):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("attach_button")
-        self.setText("📎")
+        self.setText("Attach…")  # words: an emoji needs a font many systems lack
         self.setToolTip("Attach files or a folder to this chat, to ask about them (documents)")
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         menu = QMenu(self)

@@ -101,6 +101,7 @@ class SourcesDialog(QDialog):
         splitter.addWidget(self.list)
         splitter.addWidget(self.passage)
         splitter.setStretchFactor(1, 2)
+        splitter.setSizes([320, 540])
         layout.addWidget(splitter, 1)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
