@@ -219,8 +219,8 @@ class MainWindow(QMainWindow):
         self.attach_button = AttachButton()  # issue 34: attach documents to the chat
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
-        buttons.addWidget(self.attach_button)
         buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.attach_button)
         buttons.addStretch(1)
         input_row = QHBoxLayout()
         input_row.addWidget(self.input, 1)
