@@ -1,7 +1,7 @@
 """The Tools panel: which tools the open chat offers the model, and the MCP servers the user added.
 
-Built-in tools (date and time, calculator) run without asking; a server's tools run after the
-user approves each call in the chat. Each tool has a checkbox for the open chat. Servers are
+Built-in tools (date and time, calculator) run without asking; fetch_url (web pages) and a
+server's tools run after the user approves each call in the chat. Each tool has a checkbox for the open chat. Servers are
 listed with their state (starting, ready, error with its message) and can be added (a command for
 stdio, or an http(s):// URL for streamable HTTP), restarted and removed.
 
@@ -124,7 +124,10 @@ class ToolsPanel(QWidget):
                 item.widget().deleteLater()
         self.boxes, self.server_labels = {}, {}
         builtin = QGroupBox("Built-in")
-        builtin.setToolTip("Built-in tools run without asking")
+        builtin.setToolTip(
+            "Built-in tools run without asking, except fetch_url, which reaches the network "
+            "and asks before each call"
+        )
         layout = QVBoxLayout(builtin)
         for tool in self._builtins:
             layout.addWidget(self._box(tool))
