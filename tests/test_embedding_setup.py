@@ -45,11 +45,12 @@ def test_ensure_converts_only_when_the_file_is_not_current(tmp_path, monkeypatch
 
 
 def test_vocabulary_in_llama_cpp_phantom_space_form():
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+    vocab.update({"play": 5, "##ing": 6, "#": 7, "###": 8})
     tokenizer = {
-        "model": {"vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}},
+        "model": {"vocab": vocab},
         "added_tokens": [{"content": t, "special": True} for t in SPECIAL],
     }
-    tokenizer["model"]["vocab"].update({"play": 5, "##ing": 6, "#": 7, "###": 8})
     tokens, types, specials = mk._vocabulary(tokenizer)
     assert tokens == SPECIAL + ["\u2581play", "ing", "\u2581#", "#"]
     assert types == [TokenType.CONTROL] * 5 + [TokenType.NORMAL] * 4
