@@ -16,7 +16,11 @@ Unknown keys are kept as they are, so a newer app's settings survive an older on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from engine.errors import EngineError
+from engine.types import ResolvedPreset
 
 SOURCE_CHAT = "chat"
 SOURCE_PROJECT = "project"
@@ -120,3 +124,30 @@ def chat_defaults(own_prompt: str, own_tools: dict, project: Project | None) -> 
         model=settings.model,
         preset=dict(settings.preset),
     )
+
+
+def resolve_with_project(
+    resolve: Callable[[dict | None, dict | None], ResolvedPreset],
+    saved: dict | None,
+    overrides: dict | None,
+    defaults: ChatDefaults,
+) -> tuple[ResolvedPreset, dict]:
+    """The preset a chat uses: the model's saved preset, then its project's values, then the
+    values typed in the preset panel (`overrides`), each field's source saying which, with
+    SOURCE_PROJECT for the project's. Returns the view and the project values it holds (what a
+    request passes on). Project values the engine refuses for this model are left out, and a
+    note says so: a project must not stop its chats from running."""
+    project, typed = defaults.preset, overrides or {}
+    if not project:
+        return resolve(saved, overrides), {}
+    try:
+        view = resolve(saved, {**project, **typed})
+    except (EngineError, ValueError) as exc:
+        view = resolve(saved, overrides)
+        note = f"The preset of {defaults.source_text(SOURCE_PROJECT)} was not used: {exc}"
+        return replace(view, notes=(*view.notes, note)), {}
+    sources = {
+        name: SOURCE_PROJECT if name in project and name not in typed else source
+        for name, source in view.sources.items()
+    }
+    return replace(view, sources=sources), dict(project)
