@@ -24,6 +24,7 @@ from PySide6.QtCore import QObject, Signal
 from app.backends.protocol import ChatBackend
 from app.backends.remote import REMOTE_ARCHITECTURE, parse_remote_path, remote_model_path
 from app.preset_state import PresetState
+from app.project_settings import ChatDefaults, resolve_with_project
 from app.reply_recorder import ReplyRecorder
 from app.settings import Settings, SettingsFile
 from app.store import Store, StoredMessage, StoreWriteError
@@ -117,6 +118,7 @@ class ChatSession(QObject):
         self.json_schema: dict | None = None
         self.thinking = True  # for templates with a thinking switch (ModelInfo.thinking_switch)
         self.presets: PresetState | None = None
+        self._project_preset: dict = {}  # the open chat's project's values in `presets.view`
         self._recorder: ReplyRecorder | None = None
         self._reply_message: StoredMessage | None = None
         self._started = 0.0
@@ -178,7 +180,7 @@ class ChatSession(QObject):
         self._load_branch(OPEN_MESSAGES)
         self.conversationOpened.emit(conv, list(self.branch))
         self._restore_backend(conversation_id)
-        self.chatToolsChanged.emit(self.chat_tools())
+        self.refresh_chat_defaults()
 
     def _load_branch(self, count: int) -> None:
         """The last `count` messages of the open chat's branch into `branch`."""
@@ -217,6 +219,10 @@ class ChatSession(QObject):
         binding = self.store.chat_backend(conversation_id)
         current = self.controller.model
         if binding is None:
+            # never answered yet: its project's default model, when the project names one
+            wanted = self.store.chat_defaults(conversation_id).model
+            if wanted and (current is None or current.path != wanted):
+                self.backendRequested.emit(wanted)
             return
         if binding.kind == "remote" and binding.connection_id:
             wanted = remote_model_path(binding.connection_id, binding.model)
@@ -230,10 +236,10 @@ class ChatSession(QObject):
             self.backendRequested.emit(local_model.path if local_model else binding.model)
 
     @_reports_write_errors
-    def new_conversation(self) -> int:
+    def new_conversation(self, project_id: int | None = None) -> int:
         if self.busy:
             self.cancel()
-        cid = self.store.create_conversation()
+        cid = self.store.create_conversation(project_id=project_id)
         self.conversationsChanged.emit()
         self.open_conversation(cid)
         return cid
@@ -405,16 +411,21 @@ class ChatSession(QObject):
 
     # --- tools ----------------------------------------------------------------------------------
     def chat_tools(self) -> dict:
+        """The open chat's tools record; "enabled" is its project's when it has none of its own
+        (app/project_settings.py), "source" says which (SOURCE_*)."""
         if self.conversation_id is None:
             return {}
-        return self.store.chat_tools(self.conversation_id)
+        chat = self.store.chat_tools(self.conversation_id)
+        defaults = self.store.chat_defaults(self.conversation_id)
+        return {**chat, "enabled": list(defaults.tools), "source": defaults.tools_source}
 
     @_reports_write_errors
     def set_tool_enabled(self, key: str, enabled: bool) -> None:
         """Offer the tool `key` (ToolRegistry keys) to the model in the open chat, or not."""
         cid = self.ensure_conversation()
         chat = self.store.chat_tools(cid)
-        keys = set(chat.get("enabled") or [])
+        # from the tools the chat uses now: a chat of a project starts from the project's
+        keys = set(self.store.chat_defaults(cid).tools)
         keys = keys | {key} if enabled else keys - {key}
         chat["enabled"] = sorted(keys)
         self.store.set_chat_tools(cid, chat)
@@ -517,10 +528,11 @@ class ChatSession(QObject):
             self.replayFailed.emit(message_id, text)
 
     def build_request(self, conversation_id: int) -> GenerationRequest:
-        conv = self.store.conversation(conversation_id)
+        # the chat's own system prompt, else its project's (app/project_settings.py)
+        system_prompt = self.store.chat_defaults(conversation_id).system_prompt
         messages = []
-        if conv.system_prompt.strip():
-            messages.append({"role": Role.SYSTEM, "content": conv.system_prompt.strip()})
+        if system_prompt:
+            messages.append({"role": Role.SYSTEM, "content": system_prompt})
         unsaved = {r.message_id: r for r in self._unsaved}
         branch = (
             self.branch
@@ -561,7 +573,7 @@ class ChatSession(QObject):
         presets = self.presets
         return GenerationRequest(
             messages=tuple(messages),
-            overrides=dict(presets.overrides) if presets else {},
+            overrides=self._request_overrides(),
             saved_preset=dict(presets.saved) if presets and presets.saved else None,
             json_mode=self.json_mode,
             json_schema=self.json_schema if self.json_mode == JsonMode.SCHEMA else None,
@@ -597,7 +609,7 @@ class ChatSession(QObject):
         presets = self.presets
         return GenerationRequest(
             prompt=users[-1].content if users else "",
-            overrides=dict(presets.overrides) if presets else {},
+            overrides=self._request_overrides(),
             saved_preset=dict(presets.saved) if presets and presets.saved else None,
             json_mode=self.json_mode,
             json_schema=self.json_schema if self.json_mode == JsonMode.SCHEMA else None,
@@ -708,8 +720,7 @@ class ChatSession(QObject):
 
     # --- controller callbacks -------------------------------------------------------------------
     def _on_model_loaded(self, info: ModelInfo) -> None:
-        def resolve(saved, overrides):
-            return self.controller.resolve_preset(saved, overrides)
+        resolve = self._resolve_preset
 
         saved = self.settings.presets.get(info.path)
         self.presets = None
@@ -815,6 +826,37 @@ class ChatSession(QObject):
         return stored
 
     # --- presets --------------------------------------------------------------------------------
+    def _resolve_preset(self, saved: dict | None, overrides: dict | None):
+        """The model's saved preset, the open chat's project's values, then `overrides`."""
+        defaults = (
+            self.store.chat_defaults(self.conversation_id)
+            if self.conversation_id is not None
+            else ChatDefaults()
+        )
+        view, self._project_preset = resolve_with_project(
+            self.controller.resolve_preset, saved, overrides, defaults
+        )
+        return view
+
+    def _request_overrides(self) -> dict:
+        """A request's overrides: the project's values under the ones typed in the panel."""
+        typed = self.presets.overrides if self.presets else {}
+        return {**self._project_preset, **typed}
+
+    def refresh_chat_defaults(self) -> None:
+        """After the open chat's project changed (moved, edited): tools and preset again."""
+        self.chatToolsChanged.emit(self.chat_tools())
+        if self.presets is None:
+            return
+        try:
+            self.presets.view = self._resolve_preset(
+                self.presets.saved or None, self.presets.overrides or None
+            )
+        except EngineError as exc:
+            self.presetProblem.emit(str(exc))
+            return
+        self.presetChanged.emit(self.presets.view)
+
     def set_preset_value(self, field: str, value) -> str | None:
         if self.presets is None:
             return "Load a model first."

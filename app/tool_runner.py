@@ -101,7 +101,7 @@ class ToolRunner(QObject):
     def request_tools(self, conversation_id: int) -> tuple[list[dict] | None, object]:
         """(tools, tool_choice) for the next request of this chat: its enabled tools that can
         run now, with "none" once the round limit is reached."""
-        enabled = self.store.chat_tools(conversation_id).get("enabled") or []
+        enabled = self.store.chat_defaults(conversation_id).tools  # its own, else its project's
         offered = self.registry.offered(enabled)
         if not offered:
             return None, ToolChoice.AUTO
