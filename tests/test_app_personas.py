@@ -53,7 +53,7 @@ def test_a_saved_persona_is_picked_for_another_chat_and_survives_a_restart(
     close_window(window)
 
     window = make_window(qtbot, tmp_path, FakeEngine())
-    window.sidebar.list.setCurrentRow(0)
+    window.sidebar.tree.setCurrentItem(window.sidebar.chat_items()[0])
     assert window.session.conversation_id == second_chat
     assert window.persona_picker.combo.currentText() == "Pirate"
     window.persona_picker.delete_button.click()

@@ -180,16 +180,16 @@ def test_conversations_persist_and_reload(qtbot, tmp_path):
     close_window(window)
 
     window = make_window(qtbot, tmp_path, FakeEngine())
-    titles = [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())]
+    titles = [item.text(0) for item in window.sidebar.chat_items()]
     assert titles == ["Second question", "First question"]
-    window.sidebar.list.setCurrentRow(1)
+    window.sidebar.tree.setCurrentItem(window.sidebar.chat_items()[1])
     assert [w.text for w in window.chat_view.widgets] == ["First question", "First answer."]
     first_ttft = window.store.messages(window.sidebar.current_id())[-1].usage["ttft_ms"]
     assert window.ttft_panel.strip.values_ms == [first_ttft]  # the strip survives a restart
     assert window.usage_panel.text_of("completion_tokens") == "2"
     assert window.system_prompt.text() == "You are terse."
     window.sidebar.search.setText("second")
-    assert window.sidebar.list.count() == 1
+    assert len(window.sidebar.chat_items()) == 1
     close_window(window)
 
 
@@ -302,7 +302,7 @@ def test_sidebar_rename_and_delete(qtbot, tmp_path, monkeypatch):
     send_and_wait(qtbot, window, "to be renamed")
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Renamed chat", True))
     window.sidebar.rename_button.click()
-    assert window.sidebar.list.item(0).text() == "Renamed chat"
+    assert window.sidebar.chat_items()[0].text(0) == "Renamed chat"
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
     window.sidebar.delete_button.click()
     assert [c.title for c in window.store.list_conversations()] == ["New chat"]
