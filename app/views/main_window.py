@@ -48,6 +48,7 @@ from app.export import export_file_name, render_export, safe_export_path, write_
 from app.features.compaction import CompactionController
 from app.features.documents import DocumentsController
 from app.features.prefill_progress import PrefillStatus, describe_progress
+from app.features.projects import ProjectsFeature
 from app.features.run_prediction import RunPredictionController
 from app.icon import app_icon
 from app.preset_state import parse_value
@@ -158,6 +159,10 @@ class MainWindow(QMainWindow):
         # issue 35: will it run here? (library estimates; the loaded model's prediction error)
         self.run_prediction = RunPredictionController(
             self.usage_panel, self.model_bar, self.settings_file.path.parent, self
+        )
+        # issue 35: projects and search in the chats list
+        self.projects = ProjectsFeature(
+            store, self.session, self.sidebar, self.system_prompt, settings, self.show_error, self
         )
         self._make_actions()
         self._fit_to_screen()
@@ -627,9 +632,7 @@ class MainWindow(QMainWindow):
 
     # --- chats ----------------------------------------------------------------------------------
     def _refresh_sidebar(self) -> None:
-        self.sidebar.set_conversations(
-            self.store.list_conversations(self.sidebar.search.text()), self.session.conversation_id
-        )
+        self.projects.refresh()  # projects with their chats, or the search hits
 
     def _open_conversation(self, conversation_id: int) -> None:
         self.session.open_conversation(conversation_id)
