@@ -233,3 +233,19 @@ def test_loaded_model_gets_its_prediction_in_the_panel_and_model_bar(qtbot, tmp_
     assert panel.prediction.decode_tok_s == 29.0
     controller.remote_loaded()
     assert panel.prediction is None
+
+
+def test_usage_tooltip_says_when_other_programs_slow_the_reply(qtbot, monkeypatch):
+    import app.views.usage_panel as usage_panel
+
+    panel = UsagePanel()
+    qtbot.addWidget(panel)
+    panel.set_prediction(fake_prediction("/m/smol.gguf", memory=GB, free=None, decode=150.0))
+    monkeypatch.setattr(usage_panel.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(usage_panel.os, "getloadavg", lambda: (7.0, 6.0, 4.0))
+    panel.show_usage({"completion_tokens": 60, "decode_tok_s": 30.0}, "stop")
+    assert panel.text_of("predicted_tok_s") == "~150.0 tok/s (+400%)"
+    assert "load average 7.0 on 2 CPUs" in panel.fields["predicted_tok_s"].toolTip()
+    monkeypatch.setattr(usage_panel.os, "getloadavg", lambda: (0.4, 0.3, 0.2))
+    panel.show_usage({"completion_tokens": 60, "decode_tok_s": 140.0}, "stop")
+    assert "load average" not in panel.fields["predicted_tok_s"].toolTip()

@@ -6,6 +6,7 @@ the exact figure in the tooltip)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from PySide6.QtCore import QSize, Qt
@@ -213,6 +214,7 @@ class UsagePanel(ElidingGroupBox):  # its title elided to its width
             f"prefill predicted ~{p.prefill_tok_s:.0f} tok/s for a 512-token prompt. "
             f"The prediction is for {Path(p.path).name} at {p.threads} threads, from this "
             f"computer's measured memory bandwidth ({p.bandwidth_bytes_per_s / 1e9:.1f} GB/s)"
+            f"{_busy_note()}"
         )
 
     def text_of(self, key: str) -> str:
@@ -263,6 +265,22 @@ def _compact(count: int) -> str:
 
 def _int(value) -> str:
     return "—" if value is None else f"{int(value):,}"
+
+
+def _busy_note() -> str:
+    """Why a reply can be much slower than predicted: other programs want the cores too (the
+    prediction is for a machine that runs only this model)."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # not on every platform
+        return ""
+    cores = os.cpu_count() or 1
+    if load <= cores / 2:
+        return ""
+    return (
+        f". Other programs are busy too (load average {load:.1f} on {cores} CPUs), which "
+        "slows every reply"
+    )
 
 
 def _rate(value) -> str:
