@@ -122,3 +122,31 @@ def test_real_model_ranks_by_meaning_not_only_words(tmp_path, minilm_path):
         hits = vector_search(c, embedder.embed(["a cat napping in the sun"])[0], 3)
         assert c.chunks([hits[0][0]])[hits[0][0]].file.endswith("a.txt")
         assert hits[0][1] > hits[1][1] + 0.1
+
+
+def test_ctrl_c_stops_indexing_and_keeps_the_files_already_done(
+    tmp_path, data_home, monkeypatch, capsys
+):
+    import os
+    import signal
+
+    docs = tmp_path / "many"
+    docs.mkdir()
+    for i in range(3):
+        (docs / f"n{i}.txt").write_text(f"note number {i}", encoding="utf-8")
+
+    class InterruptedOnSecondFile(HashEmbedder):
+        def embed(self, texts, cancel=None):
+            if len(self.calls) == 1:  # the second file: the user presses Ctrl-C
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().embed(texts, cancel)
+
+    embedder = InterruptedOnSecondFile()
+    monkeypatch.setattr(documents_cli, "load_embedder", lambda *a, **k: embedder)
+    assert main(["index", str(docs), "--collection", "c"]) == 130
+    assert "cancelled: files indexed before Ctrl-C are kept" in capsys.readouterr().err
+    from engine.documents.collection import Collection
+
+    with Collection.open("c", root=data_home, create=False) as c:
+        assert [os.path.basename(f.path) for f in c.files()] == ["n0.txt"]
+        assert c.chunk_count() == 1
