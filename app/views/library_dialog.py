@@ -140,7 +140,10 @@ class LibraryDialog(QDialog):
         self.load_options = load_options
         self.predictions: dict[str, Any] = {}  # path -> RunPrediction, or why there is none
         self.setWindowTitle("Model library")
-        self.resize(1180, 640)
+        # wide enough for the file name, the facts, "On this computer" and where it was found
+        # side by side, within the screen
+        screen = self.screen().availableGeometry() if self.screen() is not None else None
+        self.resize(min(1400, screen.width() - 40) if screen else 1400, 640)
         self.runner = runner
         self.user_folders = list(folders)
         self.summaries: list[ModelFileSummary] = []
