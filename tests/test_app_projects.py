@@ -249,7 +249,7 @@ def test_a_chat_in_a_project_uses_the_projects_prompt_tools_and_preset(qtbot, tm
         close_window(window)
 
 
-def test_switching_a_tool_off_in_a_project_chat_makes_the_chats_own_choice(qtbot, tmp_path, filled):
+def test_switching_a_tool_in_a_project_chat_makes_the_chats_own_choice(qtbot, tmp_path, filled):
     store = Store(tmp_path / "chats.sqlite3")
     store.set_project_settings(filled["essays"], ProjectSettings(tools=[builtin_key("calculator")]))
     store.close()
@@ -258,10 +258,16 @@ def test_switching_a_tool_off_in_a_project_chat_makes_the_chats_own_choice(qtbot
         window.session.open_conversation(filled["draft"])
         assert window.session.chat_tools()["enabled"] == [builtin_key("calculator")]
         assert window.session.chat_tools()["source"] == "project"
-        window.session.set_tool_enabled(builtin_key("calculator"), False)
-        assert window.store.chat_tools(filled["draft"])["enabled"] == []
+        # switching one on starts from the project's: the calculator stays
+        window.session.set_tool_enabled(builtin_key("get_current_datetime"), True)
+        assert window.store.chat_tools(filled["draft"])["enabled"] == [
+            builtin_key("calculator"),
+            builtin_key("get_current_datetime"),
+        ]
         assert window.session.chat_tools()["source"] == "chat"
-        assert window.store.chat_defaults(filled["draft"]).tools == ()
+        window.session.set_tool_enabled(builtin_key("calculator"), False)
+        window.session.set_tool_enabled(builtin_key("get_current_datetime"), False)
+        assert window.store.chat_defaults(filled["draft"]).tools == ()  # all off: its own choice
     finally:
         close_window(window)
 
