@@ -74,8 +74,15 @@ def test_offer_appears_only_near_the_limit_with_the_counts(qtbot, tmp_path, engi
         _turns(qtbot, window, 1)
         assert window.compaction_offer.isVisible()
         assert "(764 of 1,024 tokens)" in window.compaction_offer.label.text()
+        # while the next reply streams the offer waits; that reply's count brings it back
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+            window.session.send("one more")
+            assert not window.compaction_offer.isVisible()
+        assert window.compaction_offer.isVisible()
         window.compaction_offer.not_now_button.click()
         assert not window.compaction_offer.isVisible()
+        _turns(qtbot, window, 1)
+        assert not window.compaction_offer.isVisible()  # not asked again in this chat
         assert _compactions(window) == []
     finally:
         close_window(window)
@@ -281,3 +288,18 @@ def test_settings_choose_what_happens_to_a_long_chat(qtbot, tmp_path):
     assert dialog.result_settings().long_chat == "auto"
     (tmp_path / "settings.json").write_text(json.dumps({"long_chat": "shorten it somehow"}))
     assert SettingsFile(tmp_path / "settings.json").load().long_chat == "offer"
+
+
+def test_an_empty_summary_is_not_stored(qtbot, tmp_path):
+    engine = FakeEngine(replies=[WORDS] * 6 + [""])
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        _summarise(qtbot, window)
+        assert _compactions(window) == []
+        assert window.compaction.card.status.text() == (
+            f"The model wrote an empty summary. {UNCHANGED}"
+        )
+        assert all(w.isVisibleTo(window) for w in window.chat_view.widgets)
+    finally:
+        close_window(window)

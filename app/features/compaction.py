@@ -69,6 +69,8 @@ class CompactionController(QObject):
 
         session.conversationOpened.connect(lambda _conv, _messages: self.refresh())
         session.replyFinished.connect(lambda _stored: self.check())
+        # a reply started (typed, or sent from the queue): the offer waits for its count
+        session.busyChanged.connect(lambda busy: busy and self.offer.setVisible(False))
         engine = session.controller
         engine.replyText.connect(self._on_text)
         engine.replyFinished.connect(self._on_finished)
