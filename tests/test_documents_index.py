@@ -255,3 +255,18 @@ def test_writes_are_one_transaction_per_file(tmp_path, collection):
     (n,) = other.execute("SELECT count(*) FROM chunks").fetchone()
     other.close()
     assert n == 1  # committed and visible to another connection
+
+
+def test_full_disk_while_replacing_a_file_keeps_its_previous_chunks(tmp_path, collection):
+    docs = tmp_path / "d"
+    docs.mkdir()
+    (docs / "a.txt").write_text("apples " * 50, encoding="utf-8")
+    index_paths(collection, [docs], HashEmbedder())
+    before = snapshot(collection)
+    (docs / "a.txt").write_text("avocados and more " * 4000, encoding="utf-8")
+    (pages,) = collection.db.execute("PRAGMA page_count").fetchone()
+    collection.db.execute(f"PRAGMA max_page_count={pages + 2}")
+    report = index_paths(collection, [docs], HashEmbedder())
+    assert report.stopped is not None and report.updated == []
+    assert snapshot(collection) == before  # the delete of the old chunks was rolled back too
+    assert collection.keyword_search("apples", 5) != []
