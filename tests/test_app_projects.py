@@ -391,3 +391,19 @@ def test_a_name_refused_by_the_store_is_shown_and_nothing_changes(qtbot, tmp_pat
         assert window.store.project(filled["trip"]).name == "Trip"
     finally:
         close_window(window)
+
+
+def test_without_fts5_the_search_box_says_it_matches_exact_text(qtbot, tmp_path, monkeypatch):
+    from app import store as store_mod
+
+    monkeypatch.setattr(store_mod, "fts5_available", lambda: False)
+    window = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    try:
+        assert window.sidebar.search.placeholderText() == "Search chats (exact text)…"
+        assert "FTS5" in window.sidebar.search.toolTip()
+        window.session.new_conversation()
+        window.store.add_message(window.session.conversation_id, "user", "a_b% literally")
+        window.sidebar.search.setText("b% lit")
+        assert len(window.sidebar.chat_items()) == 1
+    finally:
+        close_window(window)

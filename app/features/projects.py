@@ -54,6 +54,13 @@ class ProjectsFeature(QObject):
         sidebar.newChatInProjectRequested.connect(self.new_chat_in_project)
         sidebar.chatMoveRequested.connect(self.move_chat)
         session.conversationOpened.connect(lambda conv, _messages: self.show_sources(conv))
+        if not store.search_uses_fts:
+            # this Python's SQLite lacks FTS5 (app/store.py): say what search does instead
+            sidebar.search.setPlaceholderText("Search chats (exact text)…")
+            sidebar.search.setToolTip(
+                "Full-text search needs SQLite's FTS5, which this Python's SQLite lacks: chats are "
+                "matched on the exact text typed, accents and word order included."
+            )
         system_prompt.textChanged.connect(lambda _text: self._show_open_chat_sources())
 
     # --- the list -------------------------------------------------------------------------------
