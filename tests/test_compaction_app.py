@@ -23,6 +23,7 @@ import pytest
 from app.features.compaction import UNCHANGED
 from engine.errors import EngineError
 from engine.events import Finished
+from engine.types import ReplayReport
 from tests.app_fakes import WAIT_MS, FakeEngine, close_window, make_window
 
 WORDS = " ".join(["word"] * 60)
@@ -123,7 +124,9 @@ def test_summarise_stores_the_summary_and_the_next_prompt_is_built_on_it(qtbot, 
 
 
 class ReceiptEngine(FakeEngine):
-    """The fake engine, with a receipt on each Finished (the real bridge attaches one)."""
+    """The fake engine, with a receipt on each Finished (the real bridge attaches one) and a
+    replay that always reproduces (engine/receipt.py replay runs from the prompt's token ids,
+    which hold the summary as sent: tests/test_compaction_real.py checks that on SmolLM2)."""
 
     def generate(self, lm, request, cancel):
         for event in super().generate(lm, request, cancel):
@@ -131,6 +134,9 @@ class ReceiptEngine(FakeEngine):
                 receipt = {"prompt": {"messages": [dict(m) for m in request.messages]}}
                 event = Finished(**{**event.__dict__, "receipt": receipt})
             yield event
+
+    def replay(self, lm, receipt, original_tokens, cancel):
+        return ReplayReport(True, 1, 1, None, ())
 
 
 def test_the_receipt_of_a_reply_on_a_summary_records_it(qtbot, tmp_path):
@@ -301,5 +307,89 @@ def test_an_empty_summary_is_not_stored(qtbot, tmp_path):
             f"The model wrote an empty summary. {UNCHANGED}"
         )
         assert all(w.isVisibleTo(window) for w in window.chat_view.widgets)
+    finally:
+        close_window(window)
+
+
+def test_a_replay_says_the_summary_was_edited_or_restored_since(qtbot, tmp_path):
+    engine = ReceiptEngine(replies=[WORDS] * 6 + [SUMMARY, "after"])
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        _summarise(qtbot, window)
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS) as reply:
+            window.session.send("next question")
+        reply_id = reply.args[0].id
+
+        def replayed():
+            with qtbot.waitSignal(window.session.replayFinished, timeout=WAIT_MS) as done:
+                assert window.session.replay(reply_id)
+            return done.args[1].differences
+
+        assert replayed() == ()  # the summary as the reply read it
+        card = window.compaction.card
+        card.text.setPlainText("Edited.")
+        card.save_button.click()
+        (note,) = replayed()
+        assert "edited since" in note and "as recorded in the receipt" in note
+        card.restore_button.click()
+        (note,) = replayed()
+        assert "no longer used by the chat" in note
+    finally:
+        close_window(window)
+
+
+def test_a_summary_that_cannot_be_saved_changes_nothing_and_says_why(qtbot, tmp_path, engine):
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        window.store._db.execute(
+            "CREATE TRIGGER full BEFORE INSERT ON compactions "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+        )
+        _summarise(qtbot, window)
+        assert _compactions(window) == []
+        status = window.compaction.card.status.text()
+        assert status.startswith("The summary could not be saved (") and UNCHANGED in status
+        assert all(w.isVisibleTo(window) for w in window.chat_view.widgets)
+    finally:
+        close_window(window)
+
+
+def test_an_empty_edit_is_refused_and_the_summary_kept(qtbot, tmp_path, engine):
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        _summarise(qtbot, window)
+        card = window.compaction.card
+        card.text.setPlainText("   ")
+        assert not card.save_button.isEnabled()
+        window.compaction.save_edit("   ")  # e.g. by keyboard before the button updated
+        assert card.status.text() == "A summary cannot be empty."
+        assert _compactions(window)[0][2] == SUMMARY and card.summary_text == SUMMARY
+    finally:
+        close_window(window)
+
+
+def test_a_second_summary_extends_the_first(qtbot, tmp_path):
+    engine = FakeEngine(replies=[WORDS] * 6 + [SUMMARY] + [WORDS] * 30 + ["Second summary."])
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        _turns(qtbot, window, 6)
+        _summarise(qtbot, window)
+        first = _compactions(window)[0]
+        for _ in range(30):  # until the chat nears the limit again
+            if window.compaction_offer.isVisible():
+                break
+            _turns(qtbot, window, 1)
+        assert window.compaction_offer.isVisible()
+        _summarise(qtbot, window)
+        request = engine.requests[-1].messages[1]["content"]
+        assert request.startswith(f"Summary of what came before:\n{SUMMARY}\n\nConversation:\n")
+        rows = _compactions(window)
+        assert len(rows) == 2 and rows[0][3] == 0 and rows[1][3] == 1
+        older, newer = json.loads(first[1]), json.loads(rows[1][1])
+        assert newer[: len(older)] == older and len(newer) > len(older)
+        assert window.compaction.card.title.text() == f"Summary of {len(newer)} earlier messages"
     finally:
         close_window(window)
