@@ -24,8 +24,10 @@ approximate.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QWidget
 
 from app.chat_documents import ChatDocumentSettings, ChatDocumentsFile
-from app.features.index_runner import EmbedderCache, IndexRunner, default_loader
+from app.features.index_runner import EmbedderCache, IndexRunner
 from engine.documents.collection import Collection, FileRecord, check_name
 from engine.documents.context import build_context
 from engine.documents.embedder import TextEmbedder
@@ -57,14 +59,17 @@ class DocumentsController(QObject):
         self,
         session,
         data_dir: Path,
-        loader: Callable[[str | None], TextEmbedder] = default_loader,
+        loader: Callable[[str | None], TextEmbedder] | None = None,  # None: the GGUF files
         parent: QObject | None = None,
     ):
         super().__init__(parent)
         self.session, self.store = session, session.store
         self.root = Path(data_dir) / COLLECTIONS_DIR
         self.chats = ChatDocumentsFile(Path(data_dir) / "chat_documents.json")
+        # Two caches: indexing holds its model's lock for a whole batch (seconds on a busy
+        # machine), and the question's embedding at send time must not wait behind it.
         self.embedders = EmbedderCache(loader)
+        self.query_embedders = EmbedderCache(loader)
         self.runner = IndexRunner(self.embedders, self)
         self.runner.progress.connect(self.progress)
         self.runner.finished.connect(self._on_index_finished)
@@ -75,10 +80,12 @@ class DocumentsController(QObject):
         self.sources_dialog: QWidget | None = None  # the last Sources dialog opened
         session.documents = self  # the session asks `apply` and `replay_note` (duck-typed)
         session.conversationOpened.connect(lambda *_: self.changed.emit())
+        session.conversationOpened.connect(lambda *_: self._preload())
 
     def use_loader(self, loader: Callable[[str | None], TextEmbedder]) -> None:
         """Load embedding models another way (tests: a small deterministic one)."""
         self.embedders = EmbedderCache(loader)
+        self.query_embedders = EmbedderCache(loader)
         self.runner.embedders = self.embedders
 
     # --- the open chat ---------------------------------------------------------------------------
@@ -216,6 +223,27 @@ class DocumentsController(QObject):
             )
         self.changed.emit()
 
+    def _preload(self) -> None:
+        """Load the open chat's embedding model on a thread, so the first question does not
+        wait for it on the GUI thread."""
+        settings = self.current()
+        if settings is None or settings.collection not in self.collection_names():
+            return
+        try:
+            with Collection.open(settings.collection, self.root, create=False) as collection:
+                path = collection.embed_model_path
+        except EngineError:
+            return
+        if self.query_embedders.loaded(path):
+            return
+
+        def load() -> None:
+            # a failure is said when a question needs the model (apply), not here
+            with contextlib.suppress(Exception):
+                self.query_embedders.get(path)
+
+        threading.Thread(target=load, name="embedder-preload", daemon=True).start()
+
     # --- the session's hooks ---------------------------------------------------------------------
     def apply(
         self, cid: int, request: GenerationRequest, continuing: bool
@@ -256,7 +284,7 @@ class DocumentsController(QObject):
     def retrieve(self, settings: ChatDocumentSettings, question: str) -> tuple[str, dict]:
         """(the sources block, the receipt section) for `question` from the chat's collection."""
         with Collection.open(settings.collection, self.root, create=False) as collection:
-            embedder = self.embedders.get(collection.embed_model_path)
+            embedder = self.query_embedders.get(collection.embed_model_path)
             retrieval = retrieve(
                 collection,
                 embedder,

@@ -31,8 +31,8 @@ class EmbedderCache:
     """Embedding models by file (None: the default one), each loaded once and shared: the
     index thread and the query at send time use the same object (Embedder is thread-safe)."""
 
-    def __init__(self, loader: Callable[[str | None], TextEmbedder]):
-        self._loader = loader
+    def __init__(self, loader: Callable[[str | None], TextEmbedder] | None = None):
+        self._loader = loader  # None: default_loader, looked up when a model is wanted
         self._lock = threading.Lock()
         self._models: dict[str | None, TextEmbedder] = {}
 
@@ -40,7 +40,7 @@ class EmbedderCache:
         with self._lock:  # two threads asking at once load it once
             model = self._models.get(path)
             if model is None:
-                model = self._models[path] = self._loader(path)
+                model = self._models[path] = (self._loader or default_loader)(path)
             return model
 
     def loaded(self, path: str | None) -> bool:
