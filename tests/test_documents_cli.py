@@ -150,3 +150,16 @@ def test_ctrl_c_stops_indexing_and_keeps_the_files_already_done(
     with Collection.open("c", root=data_home, create=False) as c:
         assert [os.path.basename(f.path) for f in c.files()] == ["n0.txt"]
         assert c.chunk_count() == 1
+
+
+def test_the_progress_line_shows_files_pages_rate_and_time_left():
+    from engine.documents.index import IndexProgress
+
+    p = IndexProgress(3, 10, "/x/report.pdf", 41, 120, 12.0, 10.0, 75.4)
+    assert documents_cli.progress_line(p) == (
+        "3/10 files · 41 pages · 120 chunks · 10 chunks/s · 1:15 left  report.pdf"
+    )
+    unknown = IndexProgress(0, 10, None, 0, 0, 0.0, 0.0, None)
+    assert documents_cli.progress_line(unknown).startswith("0/10 files") and "--:-- left" in (
+        documents_cli.progress_line(unknown)
+    )

@@ -78,9 +78,14 @@ def test_reindexing_touches_only_changed_files(corpus, collection, monkeypatch):
     index_paths(collection, [corpus], embedder)
     before = {row[0]: row for row in snapshot(collection)}
     embedder.calls.clear()
-    hashed = []
+    hashed: list = []
     real_hash = index_module.file_sha256
-    monkeypatch.setattr(index_module, "file_sha256", lambda p: hashed.append(p) or real_hash(p))
+
+    def counted_hash(path):
+        hashed.append(path)
+        return real_hash(path)
+
+    monkeypatch.setattr(index_module, "file_sha256", counted_hash)
     again = index_paths(collection, [corpus], embedder)
     assert again.added == [] and again.updated == [] and len(again.unchanged) == 4
     assert embedder.calls == []  # nothing re-embedded
@@ -214,7 +219,7 @@ def test_a_file_removed_during_indexing_is_reported(tmp_path, collection):
 
 
 def test_progress_counts_files_pages_and_chunks(corpus, collection):
-    seen = []
+    seen: list = []
     index_paths(collection, [corpus], HashEmbedder(), progress=seen.append)
     last = seen[-1]
     assert (last.files_done, last.files_total, last.pages, last.chunks) == (4, 4, 5, 5)
