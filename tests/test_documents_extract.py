@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from documents_helpers import encrypted_pdf, pdf_with_outline, write_docx, write_pdf
 
@@ -218,14 +216,17 @@ def test_missing_file_is_reported_as_removed(tmp_path):
     assert "gone.md" in str(info.value)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_unreadable_permissions(tmp_path):
+def test_unreadable_permissions_are_named(tmp_path, monkeypatch):
+    import engine.documents.extract as extract_module
+    from engine.documents.problems import DocumentError
+
     f = tmp_path / "private.txt"
     f.write_text("x")
-    f.chmod(0)
-    try:
-        with pytest.raises(Exception) as info:
-            extract(f)
-        assert "private.txt" in str(info.value) and "permission" in str(info.value)
-    finally:
-        f.chmod(0o644)
+
+    def denied(path):  # what open() raises without read permission (root would read it anyway)
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(extract_module, "_read_bytes", denied)
+    with pytest.raises(DocumentError) as info:
+        extract(f)
+    assert str(info.value) == f"{f}: permission denied; skipped"
