@@ -112,6 +112,53 @@ def test_docx_headings_come_from_paragraph_styles(tmp_path):
     assert all(b.page is None for b in doc.blocks)
 
 
+def test_docx_pages_from_hard_page_breaks(tmp_path):
+    import docx
+
+    document = docx.Document()
+    document.add_heading("Intro", level=1)
+    document.add_paragraph("On the first page.")
+    document.add_page_break()
+    document.add_paragraph("On the second page.")
+    document.add_heading("Next", level=1)
+    document.add_paragraph("Still the second.")
+    document.add_page_break()
+    document.add_paragraph("Third page.")
+    document.save(str(tmp_path / "paged.docx"))
+    doc = extract(tmp_path / "paged.docx")
+    assert [(b.page, b.heading, b.text) for b in doc.blocks] == [
+        (1, ("Intro",), "Intro\nOn the first page."),
+        (2, ("Intro",), "On the second page."),
+        (2, ("Next",), "Next\nStill the second."),
+        (3, ("Next",), "Third page."),
+    ]
+    assert doc.pages == 3
+
+
+def test_docx_pages_as_word_last_laid_them_out(tmp_path):
+    """Word marks where each page began with <w:lastRenderedPageBreak/>; those win over hard
+    breaks, and a paragraph running onto the next page is cited by the page it starts on."""
+    import docx
+    from docx.oxml import OxmlElement
+
+    document = docx.Document()
+    document.add_paragraph("Page one text.")
+    long_one = document.add_paragraph("Starts on one")
+    tail = long_one.add_run(" and ends on two.")
+    tail._r.insert(0, OxmlElement("w:lastRenderedPageBreak"))
+    document.add_paragraph("Wholly on two.")
+    later = document.add_paragraph()
+    run = later.add_run("Top of page three.")
+    run._r.insert(0, OxmlElement("w:lastRenderedPageBreak"))
+    document.save(str(tmp_path / "word.docx"))
+    doc = extract(tmp_path / "word.docx")
+    assert [(b.page, b.text) for b in doc.blocks] == [
+        (1, "Page one text.\nStarts on one and ends on two."),
+        (2, "Wholly on two."),
+        (3, "Top of page three."),
+    ]
+
+
 def test_docx_tables_are_read(tmp_path):
     import docx
 
@@ -141,14 +188,16 @@ def test_html_text_and_headings_without_scripts_or_styles(tmp_path):
         "<html><head><title>T</title><style>body{color:red}</style></head><body>"
         "<h1>Guide</h1><p>Intro &amp; more.</p><script>var x = 'hidden';</script>"
         "<h2>Install</h2><ul><li>Step one</li><li>Step two</li></ul>"
-        "<h1>FAQ</h1><p>Ask <b>us</b>.</p></body></html>",
+        "<h1>FAQ</h1><p>Ask <b>us</b>.</p><p>Or call.</p>"
+        "<table><tr><th>Day</th><th>Hours</th></tr><tr><td>Mon</td><td>9-5</td></tr></table>"
+        "</body></html>",
         encoding="utf-8",
     )
     doc = extract(page)
     assert [(b.heading, b.text) for b in doc.blocks] == [
         (("Guide",), "Guide\n\nIntro & more."),
-        (("Guide", "Install"), "Install\n\nStep one\n\nStep two"),
-        (("FAQ",), "FAQ\n\nAsk us."),
+        (("Guide", "Install"), "Install\n\nStep one\nStep two"),
+        (("FAQ",), "FAQ\n\nAsk us.\n\nOr call.\n\nDay | Hours\nMon | 9-5"),
     ]
     assert "hidden" not in doc.text and "color" not in doc.text
 

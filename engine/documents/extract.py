@@ -4,7 +4,8 @@ Libraries, and why:
 - PDF: pypdf (pure Python, maintained, reads the text layer, the outline for headings, and
   handles encryption); no native build, so the app bundle stays portable.
 - DOCX: python-docx (the maintained reader; headings come from paragraph styles "Heading N"/
-  "Title"). A DOCX has no fixed pages (they depend on layout), so its blocks carry page None.
+  "Title"). A DOCX has no fixed pages; the pages Word last laid out (or hard page breaks) give
+  page numbers where the file has them, else page None (_DocxPages).
 - HTML: the standard library's html.parser. We need visible text and h1-h6 headings, not
   boilerplate removal; html.parser is tolerant of broken markup, streams, and adds no dependency.
 - Markdown: ATX (#) and setext (=== / ---) headings, ignoring '#' inside fenced code.
@@ -267,11 +268,16 @@ def markdown_blocks(text: str) -> list[Block]:
 
 # --- html ----------------------------------------------------------------------------------------
 _HIDDEN = {"script", "style", "noscript", "template", "head", "svg", "iframe", "object"}
+# Blocks get a line break before and after (paragraphs come out separated by a blank line);
+# lines (list items, rows, definitions) one before, so a list reads as one line per item; the
+# cells of a row are joined with " | ", as DOCX tables are.
 _BREAKS = {
-    "p", "div", "br", "li", "ul", "ol", "tr", "table", "section", "article", "header", "footer",
-    "blockquote", "pre", "dd", "dt", "dl", "hr", "main", "nav", "aside", "figure", "figcaption",
-    "form", "h1", "h2", "h3", "h4", "h5", "h6", "td", "th",
+    "p", "div", "ul", "ol", "table", "section", "article", "header", "footer", "blockquote",
+    "pre", "dl", "hr", "main", "nav", "aside", "figure", "figcaption", "form", "h1", "h2", "h3",
+    "h4", "h5", "h6",
 }  # fmt: skip
+_LINES = {"li", "tr", "dt", "dd", "br"}
+_CELLS = {"td", "th"}
 
 
 class _HTMLText(HTMLParser):
@@ -284,6 +290,7 @@ class _HTMLText(HTMLParser):
         self.heading_level = 0
         self.heading_parts: list[str] = []
         self.pre = 0
+        self.cells = 0  # cells seen in the current table row
 
     def handle_starttag(self, tag, attrs) -> None:
         if tag in _HIDDEN:
@@ -292,8 +299,13 @@ class _HTMLText(HTMLParser):
             self._flush()
             self.heading_level = int(tag[1])
             self.heading_parts = []
-        elif tag in _BREAKS:
+        elif tag in _BREAKS or tag in _LINES:
             self.parts.append("\n")
+            self.cells = 0
+        elif tag in _CELLS:
+            if self.cells:
+                self.parts.append(" | ")
+            self.cells += 1
         if tag == "pre":
             self.pre += 1
 
@@ -370,17 +382,24 @@ def _extract_docx(p: Path) -> ExtractedDocument:
         raise CorruptDocument(
             p, f"is not a readable DOCX ({type(exc).__name__}); skipped"
         ) from None
+    pages = _DocxPages(document.element.body)
     blocks: list[Block] = []
     stack: list[tuple[int, str]] = []
     current: list[str] = []
+    block_page = pages.page
 
     def flush() -> None:
         body = "\n".join(current).strip()
         if body:
-            blocks.append(Block(body, None, tuple(t for _, t in stack)))
+            blocks.append(Block(body, block_page, tuple(t for _, t in stack)))
         current.clear()
 
     for item in document.iter_inner_content():
+        before, after = pages.breaks(item._element)
+        if before or pages.page != block_page:
+            pages.advance(before)
+            flush()
+            block_page = pages.page
         if isinstance(item, Paragraph):
             text = item.text
             style = (item.style.name if item.style is not None else "") or ""
@@ -395,8 +414,49 @@ def _extract_docx(p: Path) -> ExtractedDocument:
         elif isinstance(item, Table):
             for row in item.rows:
                 current.append(" | ".join(cell.text.strip() for cell in row.cells))
+        pages.advance(after)  # a paragraph that runs onto the next page is cited by its start
     flush()
-    return ExtractedDocument(str(p), "docx", blocks, 1)
+    return ExtractedDocument(str(p), "docx", blocks, pages.page or 1)
+
+
+_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+
+
+class _DocxPages:
+    """Page numbers for a DOCX, where the file has them. A DOCX has no fixed pages, but Word
+    writes <w:lastRenderedPageBreak/> where each page began when it last laid the document out;
+    those give the pages a reader saw in Word. A file without them (written by other tools) may
+    still have hard page breaks (<w:br w:type="page"/>); one with neither has page None."""
+
+    def __init__(self, body) -> None:
+        self.rendered = next(body.iter(f"{_W}lastRenderedPageBreak"), None) is not None
+        hard = any(br.get(f"{_W}type") == "page" for br in body.iter(f"{_W}br"))
+        self.page: int | None = 1 if (self.rendered or hard) else None
+
+    def _is_break(self, element) -> bool:
+        if self.rendered:
+            return element.tag == f"{_W}lastRenderedPageBreak"
+        return element.tag == f"{_W}br" and element.get(f"{_W}type") == "page"
+
+    def breaks(self, element) -> tuple[int, int]:
+        """(breaks before the element's first text, breaks after it)."""
+        if self.page is None:
+            return 0, 0
+        before = after = 0
+        seen_text = False
+        for node in element.iter(f"{_W}t", f"{_W}br", f"{_W}lastRenderedPageBreak"):
+            if node.tag == f"{_W}t":
+                seen_text = seen_text or bool((node.text or "").strip())
+            elif self._is_break(node):
+                if seen_text:
+                    after += 1
+                else:
+                    before += 1
+        return before, after
+
+    def advance(self, n: int) -> None:
+        if self.page is not None:
+            self.page += n
 
 
 # --- pdf -----------------------------------------------------------------------------------------
