@@ -393,3 +393,30 @@ def test_a_second_summary_extends_the_first(qtbot, tmp_path):
         assert window.compaction.card.title.text() == f"Summary of {len(newer)} earlier messages"
     finally:
         close_window(window)
+
+
+def test_a_long_chat_opens_with_its_summary_without_reading_its_history(
+    qtbot, tmp_path, engine, monkeypatch
+):
+    """A chat longer than the window shows (app/session.py OPEN_MESSAGES) opens with its last
+    messages only; its summary's messages are checked against the branch's ids, not read."""
+    window = _window(qtbot, tmp_path, engine)
+    try:
+        store = window.store
+        cid = store.create_conversation("long")
+        ids: list[int] = []
+        for k in range(250):
+            role = "user" if k % 2 == 0 else "assistant"
+            ids.append(store.add_message(cid, role, f"m{k}", parent_id=ids[-1] if ids else None))
+        store.add_compaction(cid, ids[:10], "Ten old messages.")
+
+        def whole_branch(*args, **kwargs):
+            raise AssertionError("the whole history was read")
+
+        monkeypatch.setattr(store, "branch", whole_branch)
+        window.session.open_conversation(cid)
+        assert window.session.earlier == 50
+        assert window.compaction.card.isVisible()
+        assert window.compaction.card.title.text() == "Summary of 10 earlier messages"
+    finally:
+        close_window(window)

@@ -93,16 +93,21 @@ class CompactionController(QObject):
         mode = self.session.settings.long_chat
         cid = self.session.conversation_id
         info = self.session.controller.model
-        used = self._context_used()
         if (
             mode == "drop_oldest"
             or cid is None
             or info is None
-            or used is None
             or self._job is not None
             or self.session.busy
+            or (mode == "offer" and cid in self._declined)
+        ):
+            self.offer.setVisible(False)
+            return
+        used = self._context_used()
+        if (
+            used is None
             or not near_limit(used, info.n_ctx, self._max_new_tokens())
-            or not self._plan(cid, used)[0]
+            or not self._plan(cid, used)[0]  # reads the whole branch: only when near
         ):
             self.offer.setVisible(False)
             return
@@ -110,7 +115,7 @@ class CompactionController(QObject):
             # after the reply's Finished has reached every slot: started from inside that
             # emission, the summary's job would take the reply's Finished for its own
             QTimer.singleShot(0, self.start)
-        elif cid not in self._declined:
+        else:
             self.offer.show_offer(used, info.n_ctx)
 
     def decline(self) -> None:
@@ -254,8 +259,18 @@ class CompactionController(QObject):
 
     # --- the summary in the chat ----------------------------------------------------------------
     def _active(self) -> StoredCompaction | None:
-        cid = self.session.conversation_id
-        return None if cid is None else self.session.compaction_on(cid, self._branch(cid))
+        """The open chat's compaction in use: active, with all its messages on the branch."""
+        session, cid = self.session, self.session.conversation_id
+        if cid is None:
+            return None
+        if not session.earlier:
+            return session.compaction_on(cid, session.branch)
+        # a long chat shows its last messages only: the branch's ids, not its text (opening
+        # a chat must not cost its length, app/session.py OPEN_MESSAGES)
+        active = self.store.active_compaction(cid)
+        if active is None or not set(active.covered) <= set(self.store.branch_ids(cid)):
+            return None
+        return active
 
     def refresh(self) -> None:
         """Show the open chat's summary (or none) and hide or grey the messages it covers."""
