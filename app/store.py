@@ -1285,6 +1285,11 @@ class Store:
         with self._writing():
             self._db.execute("UPDATE compactions SET active=0 WHERE id=?", (compaction_id,))
 
+    def branch_ids(self, conversation_id: int) -> list[int]:
+        """The visible branch's message ids, first first, from the tree columns alone (whether
+        a compaction's messages are on the branch of a chat too long to read whole)."""
+        return self._branch_ids(conversation_id)[0]
+
 
 @dataclass(frozen=True)
 class StoredCompaction:
