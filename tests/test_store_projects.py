@@ -321,11 +321,15 @@ def test_search_finds_titles_and_message_text_with_a_marked_snippet(tmp_path):
     assert hit.conversation.id == chats["bread"]
     assert hit.message_id == store.branch(chats["bread"])[0].id
     assert hit.snippet == "My starter smells of \ue000acetone\ue001, is it dead?"
+    (hit,) = store.search("it")  # both bread messages say "it": the first stands for the chat
+    assert hit.message_id == store.branch(chats["bread"])[0].id
     (hit,) = store.search("weekend")
     assert (hit.conversation.id, hit.message_id) == (chats["paris"], None)
     assert hit.snippet == "\ue000Weekend\ue001 in Paris"
     # accents and case are ignored, the last word may be unfinished, every word must be there
-    assert [h.conversation.id for h in store.search("CREME bru")] == [chats["paris"]]
+    (hit,) = store.search("CREME bru")
+    assert hit.conversation.id == chats["paris"]
+    assert hit.snippet == "Where is the best \ue000crème\ue001 \ue000brûlée\ue001?"
     assert [h.conversation.id for h in store.search("feed twi")] == [chats["bread"]]
     assert store.search("feed paris") == []
     # what the user types is never query syntax
@@ -377,3 +381,15 @@ def test_a_chat_uses_its_own_prompt_and_tools_else_its_projects():
     d = chat_defaults("  ", {"always": ["x"]}, None)
     assert (d.system_prompt, d.system_prompt_source, d.tools, d.tools_source) == ("", "", (), "")
     assert chat_defaults("", {}, _project()).tools_source == ""  # the project sets no tools
+
+
+def test_a_long_messages_snippet_is_cut_at_words_around_the_first_match(tmp_path):
+    store = Store(tmp_path / "c.sqlite3")
+    chat = store.create_conversation("Long")
+    # the match at 120; 40 characters before it, 80 after, moved out of the words they cut
+    store.add_message(chat, "user", "alpha " * 20 + "needle here " + "omega " * 30)
+    (hit,) = store.search("needle")
+    assert hit.snippet == (
+        "…" + "alpha " * 6 + "\ue000needle\ue001 here " + "omega " * 11 + "omega…"
+    )
+    store.close()
