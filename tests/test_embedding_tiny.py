@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, PoolingType, TokenType
 from engine import embedding as embedding_module
 from engine.embedding import Embedder, EmbeddingCancelled
 from engine.errors import ConfigValidationError, ModelFileError, UnsupportedModelError
+from engine.models import bert as bert_module
 from tests.fake_model import CancelAfter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +202,12 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
         ("nomic-bert", "nomic-bert", PoolingType.MEAN),
     ],
 )
-def test_tiny_encoder_matches_float64_reference(models, name, arch, pooling):
+@pytest.mark.parametrize("blas_from", [1, 10**9], ids=["blas", "jit"])
+def test_tiny_encoder_matches_float64_reference(
+    models, name, arch, pooling, blas_from, monkeypatch
+):
+    # both ways a float weight is multiplied: numpy's BLAS (big batches) and the JIT kernel
+    monkeypatch.setattr(bert_module, "BLAS_MIN_TOKENS", blas_from)
     path, weights = models[name]
     with Embedder.load(path) as emb:
         assert emb.config.arch == arch and emb.dim == D and emb.max_tokens == CTX
