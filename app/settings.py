@@ -63,6 +63,9 @@ class Settings:
     # "When a chat is too long" (engine/compaction.py LONG_CHAT_MODES): drop the oldest turns,
     # offer a summary of them written by the model, or write one without asking
     long_chat: str = DEFAULT_LONG_CHAT_MODE
+    # messages sent while a reply streamed, not yet sent: chat id (as text) -> texts in order
+    # (app/features/message_queue.py says why they live here and not in the chats database)
+    queued_messages: dict[str, list[str]] = field(default_factory=dict)
 
     def validated(self) -> Settings:
         """Clamp values a hand-edited file may have broken, instead of failing at startup."""
@@ -103,6 +106,12 @@ class Settings:
         self.fetch_allow_private = self.fetch_allow_private is True  # "yes" in a hand edit: no
         if self.long_chat not in LONG_CHAT_MODES:
             self.long_chat = DEFAULT_LONG_CHAT_MODE
+        queued = self.queued_messages if isinstance(self.queued_messages, dict) else {}
+        self.queued_messages = {
+            key: [t for t in texts if isinstance(t, str)]
+            for key, texts in queued.items()
+            if isinstance(key, str) and key.isdigit() and isinstance(texts, list)
+        }
         return self
 
     def remember_model(self, path: str) -> None:
