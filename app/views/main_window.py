@@ -47,6 +47,7 @@ from app.controller import EngineController
 from app.export import export_file_name, render_export, safe_export_path, write_export
 from app.features.compaction import CompactionController
 from app.features.documents import DocumentsController
+from app.features.message_queue import MessageQueue
 from app.features.prefill_progress import PrefillStatus, describe_progress
 from app.features.projects import ProjectsFeature
 from app.features.run_prediction import RunPredictionController
@@ -68,6 +69,7 @@ from app.views.json_mode_bar import JsonModeBar
 from app.views.library_dialog import LibraryDialog
 from app.views.model_bar import ModelBar
 from app.views.notice_banner import NoticeBanner
+from app.views.pending_messages import PendingMessages
 from app.views.persona_picker import PersonaPicker
 from app.views.preset_panel import PresetPanel
 from app.views.receipt_dialog import ReceiptDialog
@@ -151,6 +153,11 @@ class MainWindow(QMainWindow):
         self._build()
         self._connect()
         self.prefill_status = PrefillStatus(self.session, self.state_label, self)
+        # Send while a reply streams queues the message under the chat (issue 35)
+        self.message_queue = MessageQueue(
+            self.session, self.settings, self.settings_file, self.pending_messages, self
+        )
+        self.message_queue.refused.connect(lambda why: self.show_error("Not queued", why))
         # issue 35: visible, reversible compaction of long chats
         self.compaction = CompactionController(self.session, self.chat_view, self.compaction_offer)
         # issue 34: documents with citations (collections live beside the chat database)
@@ -246,6 +253,8 @@ class MainWindow(QMainWindow):
         prompt_row.addWidget(self.persona_picker)
         center_layout.addLayout(prompt_row)
         center_layout.addWidget(self.chat_view, 1)
+        self.pending_messages = PendingMessages()  # queued while a reply streams
+        center_layout.addWidget(self.pending_messages)
         self.compaction_offer = CompactionOffer()  # issue 35: near the context limit
         center_layout.addWidget(self.compaction_offer)
         center_layout.addLayout(input_row)
@@ -670,6 +679,10 @@ class MainWindow(QMainWindow):
                 "The model is still loading…" if self.backends.loading else "Open a model first"
             )
             return
+        if self.session.busy:  # a reply streams: queue it (app/features/message_queue.py)
+            if self.message_queue.add(text):
+                self.input.clear()
+            return
         self.session.set_system_prompt(self.system_prompt.text())
         if self.session.send(text):
             self.input.clear()
@@ -858,7 +871,13 @@ class MainWindow(QMainWindow):
         # Serving is the local engine's: its model, whichever backend the chat is using.
         local_ready = self.controller.model is not None and not self.controller.loading
         self.serve_action.setEnabled(local_ready or self.serve_action.isChecked())
-        self.send_button.setEnabled(ready and not busy)
+        self.send_button.setEnabled(ready)  # while busy it queues the message
+        self.send_button.setText("Queue" if busy else "Send")
+        self.send_button.setToolTip(
+            "Queue this message: it is sent when the reply finishes (Enter)"
+            if busy
+            else "Send (Enter)"
+        )
         self.cancel_button.setEnabled(busy)
         self.regenerate_action.setEnabled(ready and not busy)
         self.compare_action.setEnabled(local_ready and not busy)  # columns run locally first
