@@ -12,9 +12,16 @@ modelled as
 
 where r, extra cost per earlier position relative to the fixed cost, comes from the layer shape
 (`attention_ratio`, multiply-adds per token: the projections and FFN against 2 * q_dim per earlier
-position) until the chunks read so far can fit it themselves, and `a`, the machine's speed now,
-comes from the latest chunks (the first chunk of a request right after a load runs cold, and other
-programs come and go, so the newest chunks say most about the next ones).
+position), blended with the slope the chunks read so far show, which counts for more the more of
+the prompt they cover; and `a`, the machine's speed, is the median of what each chunk implies,
+leaving out the first chunk once there is a second (right after a load it runs up to 4x slower:
+weights paged in, the batched kernels' first use).
+
+Why a median and a shrunk slope: on a shared machine one chunk can take 50% longer than its
+neighbours because another program ran (measured on the 2-core development VM under load: chunk
+times of 0.87 to 1.59 s in one 3,000-token prefill). A mean of the newest chunks, or a slope fitted
+freely from a few of them, turned such a spike into a 40-60% wrong time left (bench/
+bench_prefill_eta.py on recorded chunk times); the median and the shrunk slope kept it near 20%.
 
 Pure arithmetic, tested with hand-computed numbers. The one-line wording of a PrefillProgress
 lives here too, so the CLI (engine/__main__.py) and the window (app/features/prefill_progress.py)
@@ -23,17 +30,18 @@ say it the same way.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from engine.events import PrefillProgress
 
-# Chunks whose implied speed `a` is averaged, newest weighted most (weights 1, 2, 3).
-SPEED_WINDOW = 3
-# The prior ratio counts as this many chunks when blended with the ratio fitted from the chunks.
+# The prior ratio counts as this many chunks when blended with the ratio fitted from the chunks;
+# a fitted chunk counts as (share of the prompt the fitted chunks span)^2 of one.
 PRIOR_WEIGHT_CHUNKS = 4
-# A fitted ratio is trusted only within [0, this x the prior]: a handful of noisy chunk times on
-# a shared machine can give any slope, and the layer shape bounds what attention can cost.
-MAX_RATIO_OVER_PRIOR = 10.0
+# A fitted ratio is clamped to [MIN, MAX] x the prior: a handful of noisy chunk times on a shared
+# machine can give any slope (negative too), and the layer shape bounds what attention can cost.
+MIN_RATIO_OVER_PRIOR = 0.25
+MAX_RATIO_OVER_PRIOR = 4.0
 
 
 def attention_ratio(
@@ -109,18 +117,26 @@ class PrefillEstimate:
         return (self.done - self.start) / elapsed if elapsed > 0 else None
 
     def ratio(self) -> float:
-        """r: the prior from the layer shape, blended with the slope the chunks show once there
-        are enough of them (the first chunk left out: it may have run cold)."""
+        """r: the prior from the layer shape, blended with the slope the chunks show once two
+        have been read after the first (which may have run cold and is left out)."""
         warm = self.chunks[1:]
         if len(warm) < 2:
             return self.prior_ratio
         fitted = _fit_ratio(warm)
-        if fitted is None or not 0.0 <= fitted <= MAX_RATIO_OVER_PRIOR * max(
-            self.prior_ratio, 1e-12
-        ):
+        if fitted is None:
             return self.prior_ratio
-        k = len(warm)
-        return (self.prior_ratio * PRIOR_WEIGHT_CHUNKS + fitted * k) / (PRIOR_WEIGHT_CHUNKS + k)
+        if self.prior_ratio > 0:
+            lo, hi = (
+                MIN_RATIO_OVER_PRIOR * self.prior_ratio,
+                MAX_RATIO_OVER_PRIOR * self.prior_ratio,
+            )
+            fitted = min(max(fitted, lo), hi)
+        else:  # no layer shape known: the fit alone, never negative
+            fitted = max(fitted, 0.0)
+        share = (warm[-1].end - warm[0].start) / (self.total - self.start)
+        weight = len(warm) * share**2
+        prior = PRIOR_WEIGHT_CHUNKS if self.prior_ratio > 0 else 0.0
+        return (self.prior_ratio * prior + fitted * weight) / (prior + weight)
 
     def seconds_left(self) -> float | None:
         """Seconds until the last prompt token is read; None before the first chunk (nothing is
@@ -130,12 +146,8 @@ class PrefillEstimate:
         if self.done >= self.total:
             return 0.0
         r = self.ratio()
-        recent = self.chunks[-SPEED_WINDOW:]
-        weights = range(1, len(recent) + 1)
-        speed = sum(
-            w * c.seconds / span_cost(c.start, c.end, r)
-            for w, c in zip(weights, recent, strict=True)
-        ) / sum(weights)
+        warm = self.chunks[1:] or self.chunks
+        speed = statistics.median(c.seconds / span_cost(c.start, c.end, r) for c in warm)
         return speed * span_cost(self.done, self.total, r)
 
 

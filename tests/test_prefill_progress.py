@@ -54,24 +54,43 @@ def test_time_left_starts_after_the_cached_tokens():
     assert estimate.tokens_per_second() == pytest.approx(4 / 30)
 
 
-def test_the_newest_chunks_set_the_speed():
+def test_a_cold_first_chunk_is_left_out_once_a_second_is_read():
     # chunk 0..1 (cost 2.5) ran cold in 10 s (a = 4), chunk 2..3 (cost 4.5) in 4.5 s (a = 1):
-    # weights 1 and 2 -> a = (4 + 2) / 3 = 2; positions 4..11 cost 8 + 0.5 * 60 = 38 -> 76 s
+    # a = 1; positions 4..11 cost 8 + 0.5 * 60 = 38 -> 38 s (with the cold chunk averaged in: 95 s)
     estimate = PrefillEstimate(0, 12, 0.5)
     estimate.record(0, 2, 10.0)
+    # one chunk: its own speed; positions 2..11 cost 10 + 0.5 * 65 = 42.5 -> 4 * 42.5 = 170 s
+    assert estimate.seconds_left() == pytest.approx(170.0)
     estimate.record(2, 4, 4.5)
-    assert estimate.seconds_left() == pytest.approx(76.0)
+    assert estimate.seconds_left() == pytest.approx(38.0)
+
+
+def test_one_slow_chunk_does_not_swing_the_speed():
+    # true cost 1 + 0.5 p; the middle warm chunk 4..5 ran 3x slow (19.5 s instead of 6.5).
+    # Per-token 2.25, 9.75, 4.25 at 2.5, 4.5, 6.5: slope 0.5, intercept 19/6 -> fitted 3/19,
+    # blended (0.5 * 4 + 3/19 * 0.75) / 4.75 = 161/361. Implied a per warm chunk (cost 2 + 5r,
+    # 2 + 9r, 2 + 13r): 1.064, 3.242, 1.090 -> median 1.090 (chunk 6..7); positions 8..11 cost
+    # 4 + 38r -> 8.5 / (2 + 13r) * (4 + 38r) = 22.8 s. A mean of the three would say 37.7 s, and
+    # the truth without the slow chunk is 23 s.
+    r = 161 / 361
+    estimate = PrefillEstimate(0, 12, 0.5)
+    for start, seconds in ((0, 2.5), (2, 4.5), (4, 19.5), (6, 8.5)):
+        estimate.record(start, start + 2, seconds)
+    assert estimate.ratio() == pytest.approx(r)
+    assert estimate.seconds_left() == pytest.approx(8.5 / (2 + 13 * r) * (4 + 38 * r))
+    assert estimate.seconds_left() == pytest.approx(22.83, abs=0.01)
 
 
 def test_the_slope_is_fitted_from_the_warm_chunks_and_blended_with_the_prior():
     # true cost 1 + 0.5 p (a = 1): chunks of 2 at 0..1 (cold: 10 s), 2..3 (4.5), 4..5 (6.5),
     # 6..7 (8.5). Warm per-token times 2.25, 3.25, 4.25 at mid positions 2.5, 4.5, 6.5: slope 0.5,
-    # intercept 1 -> fitted 0.5; blended with the prior 0.1 at weight 4 against 3 chunks:
-    # (0.1 * 4 + 0.5 * 3) / 7 = 1.9 / 7
-    estimate = PrefillEstimate(0, 12, 0.1)
+    # intercept 1 -> fitted 0.5 (within 0.25x..4x the prior 0.2). The warm chunks span positions
+    # 2..7, half of the prompt: weight 3 chunks * 0.5^2 = 0.75 against the prior's 4:
+    # (0.2 * 4 + 0.5 * 0.75) / 4.75 = 1.175 / 4.75
+    estimate = PrefillEstimate(0, 12, 0.2)
     for start, seconds in ((0, 10.0), (2, 4.5), (4, 6.5), (6, 8.5)):
         estimate.record(start, start + 2, seconds)
-    assert estimate.ratio() == pytest.approx(1.9 / 7)
+    assert estimate.ratio() == pytest.approx(1.175 / 4.75)
 
 
 def test_a_fit_with_the_prior_right_predicts_exactly():
@@ -84,10 +103,29 @@ def test_a_fit_with_the_prior_right_predicts_exactly():
     assert estimate.seconds_left() == pytest.approx(23.0)
 
 
-def test_a_falling_slope_keeps_the_prior():
-    # later chunks faster than earlier ones (another program finished): no negative attention cost
+def test_a_falling_slope_is_clamped_to_a_quarter_of_the_prior():
+    # later chunks faster than earlier ones (another program finished): per-token 4.5, 3, 1.5 at
+    # positions 2.5, 4.5, 6.5 fit a negative slope; clamped to 0.25 * 0.2 = 0.05, weight 0.75:
+    # (0.2 * 4 + 0.05 * 0.75) / 4.75 = 0.8375 / 4.75
     estimate = PrefillEstimate(0, 12, 0.2)
     for start, seconds in ((0, 5.0), (2, 9.0), (4, 6.0), (6, 3.0)):
+        estimate.record(start, start + 2, seconds)
+    assert estimate.ratio() == pytest.approx(0.8375 / 4.75)
+
+
+def test_a_steep_slope_is_clamped_to_four_times_the_prior():
+    # the chunks of the fit test (fitted 0.5) against a prior of 0.05: clamped to 4 * 0.05 = 0.2,
+    # (0.05 * 4 + 0.2 * 0.75) / 4.75 = 0.35 / 4.75
+    estimate = PrefillEstimate(0, 12, 0.05)
+    for start, seconds in ((0, 10.0), (2, 4.5), (4, 6.5), (6, 8.5)):
+        estimate.record(start, start + 2, seconds)
+    assert estimate.ratio() == pytest.approx(0.35 / 4.75)
+
+
+def test_a_line_without_a_positive_fixed_cost_keeps_the_prior():
+    # per-token 1, 5, 9 at 2.5, 4.5, 6.5: slope 2, intercept -4: not a cost model -> the prior
+    estimate = PrefillEstimate(0, 12, 0.2)
+    for start, seconds in ((0, 2.0), (2, 2.0), (4, 10.0), (6, 18.0)):
         estimate.record(start, start + 2, seconds)
     assert estimate.ratio() == pytest.approx(0.2)
 
