@@ -23,8 +23,8 @@ from engine.types import MessageStatus
 MAX_QUEUED = 50  # per chat; a 51st is refused with a message, not dropped silently
 MAX_QUEUED_CHARS = 200_000  # one queued message; longer belongs in a document, not a queue
 
-STOPPED = "the reply was stopped. Send now, or edit them first."
-FAILED = "the reply failed. Send now, or edit them first."
+STOPPED = "the reply was stopped."
+FAILED = "the reply failed."
 FROM_LAST_SESSION = "they were queued in an earlier session."
 LEFT_CHAT = "the reply stopped when you left this chat."
 NOT_SENT = "the message could not be sent now (is a model loaded?)."

@@ -54,6 +54,8 @@ class PendingRow(QFrame):
         self.down_button = self._button("↓", "Send this message later")
         self.down_button.setEnabled(index < count - 1)
         self.down_button.clicked.connect(lambda: owner.moveRequested.emit(self.index, 1))
+        for arrow in (self.up_button, self.down_button):  # one character: no wider than needed
+            arrow.setMaximumWidth(arrow.fontMetrics().horizontalAdvance("↑") * 3 + 16)
         self.remove_button = self._button("Remove", "Do not send this message")
         self.remove_button.clicked.connect(lambda: owner.removeRequested.emit(self.index))
         for button in (
