@@ -151,3 +151,40 @@ def test_the_scheduler_reports_each_running_prefill(monkeypatch):
         assert scheduler.prefills() == ()
     assert ((256, 601),) in seen and ((512, 601),) in seen
     assert seen[-1] == ()  # decoding: the prompt is read
+
+
+# --- the Serve status line, end to end on a real small model -------------------------------------
+def test_the_serve_status_line_shows_a_request_reading_its_prompt(
+    qtbot, tmp_path, smollm2_path, monkeypatch
+):
+    import openai
+
+    from app.engine_bridge import RealEngine
+
+    monkeypatch.setattr("PySide6.QtWidgets.QMessageBox.critical", lambda *a, **k: None)
+    window = make_window(qtbot, tmp_path, RealEngine(), model_path=str(smollm2_path))
+    window.serve_port = 0
+    try:
+        with qtbot.waitSignal(window.controller.serverStarted, timeout=WAIT_MS) as started:
+            window.serve_action.trigger()
+        url = started.args[0]
+        done = threading.Event()
+
+        def client():
+            with openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=300) as c:
+                c.completions.create(
+                    model=smollm2_path.stem,
+                    prompt="The quick brown fox jumps over the lazy dog. " * 300,  # ~3,000 tokens
+                    max_tokens=1,
+                    temperature=0,
+                )
+            done.set()
+
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        qtbot.waitUntil(lambda: "· Reading prompt " in window.server_label.text(), timeout=WAIT_MS)
+        assert " tokens" in window.server_label.text()
+        qtbot.waitUntil(done.is_set, timeout=WAIT_MS * 5)
+        qtbot.waitUntil(lambda: "Reading prompt" not in window.server_label.text(), timeout=WAIT_MS)
+    finally:
+        close_window(window)
