@@ -5,7 +5,8 @@ and BackendRouter (router.py, which picks one of them per chat) both provide it.
 Signals (Qt, so not expressible in a Protocol; listed for the reader): loadProgress(str, float),
 modelLoaded(ModelInfo), loadFailed(str, str), replyText(str), replyReasoning(str),
 replyTokens(list[TokenSampled]), replyUsage(Usage), replyNotice(str), replyFinished(Finished),
-replyErrored(str), replyToolEvents(list), replayFinished(ReplayReport), replayFailed(str). Every request ends in
+replyErrored(str), replyToolEvents(list), replyProgress(PrefillProgress: the prompt being read),
+replayFinished(ReplayReport), replayFailed(str). Every request ends in
 exactly one replyFinished or replyErrored."""
 
 from __future__ import annotations
