@@ -342,9 +342,16 @@ class Machine:
 
 def planned_path(n_threads: int | None = None) -> tuple[int, str, str]:
     """(threads, kernel path, target CPU name) a load would use here, compiling nothing."""
+    from engine.errors import ConfigValidationError
     from engine.kernels.backend import KERNELS_ENV
-    from engine.kernels.threads import physical_cores
+    from engine.kernels.threads import MAX_THREADS, physical_cores
 
+    if n_threads is not None and (
+        isinstance(n_threads, bool)
+        or not isinstance(n_threads, int)
+        or not 1 <= n_threads <= MAX_THREADS
+    ):  # the load would refuse it the same way (ThreadPool)
+        raise ConfigValidationError("n_threads", n_threads, f"an integer from 1 to {MAX_THREADS}")
     threads = int(n_threads or physical_cores())
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
         return 1, "numpy", ""  # the reference backend runs its ops on one thread

@@ -149,6 +149,13 @@ def test_unsupported_file_raises_the_loaders_error(tmp_path):
         rp.predict_file(path, machine=MACHINE)
 
 
+def test_bad_thread_count_is_refused_before_any_probe():
+    for bad in (0, -1, 257, 2.5, True):
+        with pytest.raises(ConfigValidationError, match="n_threads"):
+            rp.planned_path(bad)
+    assert rp.planned_path(3)[0] in (1, 3)  # 1 on the numpy path, which runs one thread
+
+
 # --- the bandwidth probe's cache ------------------------------------------------------------
 
 
