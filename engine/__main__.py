@@ -238,14 +238,14 @@ def run_prediction(info: dict, args):
 
 
 def prediction_line(p) -> str:
-    """e.g. "needs ~1.3 GB of 9.8 GB free (weights 954 MiB, KV 112 MiB at 4096 f16, engine
-    285 MiB); prefill ~125 tok/s, decode ~18 tok/s on 2 threads (read bandwidth 35.0 GB/s)"."""
+    """e.g. "needs ~1.3 GB of 9.8 GB free (weights 1001 MB, KV 117 MB at 4096 f16, engine
+    227 MB); prefill ~125 tok/s, decode ~18 tok/s on 2 threads (read bandwidth 35.0 GB/s)"."""
     fit = "" if p.fits is not False else " - DOES NOT FIT in free memory"
     borrowed = f"; no calibration for {', '.join(p.uncalibrated)}" if p.uncalibrated else ""
     return (
-        f"{p.summary().split(' · ')[0]}{fit} (weights {p.weights_bytes / 2**20:.0f} MiB, "
-        f"KV {p.kv_bytes / 2**20:.0f} MiB at {p.n_ctx} {p.cache_type}, engine "
-        f"{p.overhead_bytes / 2**20:.0f} MiB); prefill ~{p.prefill_tok_s:.0f} tok/s, decode "
+        f"{p.summary().split(' · ')[0]}{fit} (weights {p.weights_bytes / 1e6:.0f} MB, "
+        f"KV {p.kv_bytes / 1e6:.0f} MB at {p.n_ctx} {p.cache_type}, engine "
+        f"{p.overhead_bytes / 1e6:.0f} MB); prefill ~{p.prefill_tok_s:.0f} tok/s, decode "
         f"~{p.decode_tok_s:.1f} tok/s on {p.threads} threads, {p.kernel_path} kernels (read "
         f"bandwidth {p.bandwidth_bytes_per_s / 1e9:.1f} GB/s){borrowed}"
     )
