@@ -141,9 +141,10 @@ class Embedder:
         return out
 
     def close(self) -> None:
-        close = getattr(self.model.backend, "close", None)
-        if close is not None:
-            with self._lock:
+        with self._lock:
+            self.model.close()
+            close = getattr(self.model.backend, "close", None)
+            if close is not None:
                 close()
 
     def __enter__(self) -> Embedder:
