@@ -59,8 +59,10 @@ def one_run(lm, ids: list[int]) -> dict:
     errors = []
     for t, p in marks[1:-1]:
         actual = end_t - t
+        assert p.eta_s is not None  # measured after every chunk
         errors.append((p.done, (p.eta_s - actual) / actual))
     t1, first = marks[1]
+    assert first.tok_s is not None
     plain = (total - first.done) / first.tok_s
     actual_after_first = end_t - t1
     early = [abs(e) for done, e in errors if done <= 0.8 * total]
@@ -87,8 +89,9 @@ def _replay_on_cpu_time(lm, marks, cpu: list[float]) -> tuple[float, float]:
         start, end = marks[i - 1][1].done, marks[i][1].done
         estimate.record(start, end, cpu[i] - cpu[i - 1])
         actual = cpu[-1] - cpu[i]
-        if actual > 0:
-            errors.append((end, (estimate.seconds_left() - actual) / actual))
+        left = estimate.seconds_left()
+        if actual > 0 and left is not None:
+            errors.append((end, (left - actual) / actual))
     early = [abs(e) for done, e in errors if done <= 0.8 * total]
     return errors[0][1], max(early)
 
