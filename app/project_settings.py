@@ -16,10 +16,12 @@ Unknown keys are kept as they are, so a newer app's settings survive an older on
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from engine.errors import EngineError
+from engine.generation_config import GenerationConfig
 from engine.types import ResolvedPreset
 
 SOURCE_CHAT = "chat"
@@ -151,3 +153,32 @@ def resolve_with_project(
         for name, source in view.sources.items()
     }
     return replace(view, sources=sources), dict(project)
+
+
+class PresetParseError(ValueError):
+    """A preset line the dialog cannot read; the message names the line."""
+
+
+def parse_preset(text: str) -> dict:
+    """`field = value` lines (values as JSON: 0.2, true, ["###"]; a bare word is a string) into
+    a dict the engine accepts on its own (GenerationConfig); blank lines and # comments skipped.
+    Raises PresetParseError or the engine's ConfigValidationError naming the field."""
+    values: dict = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, raw = line.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or not name:
+            raise PresetParseError(f"Line {number}: write it as field = value (got “{line}”).")
+        try:
+            values[name] = json.loads(raw)
+        except ValueError:
+            values[name] = raw
+    GenerationConfig.from_values(values)  # unknown field or bad value: the engine says which
+    return values
+
+
+def format_preset(preset: dict) -> str:
+    return "\n".join(f"{name} = {json.dumps(value)}" for name, value in preset.items())

@@ -10,10 +10,10 @@ from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QDialog, QInputDialog, QLabel, QMessageBox
 
-from app.project_settings import ProjectSettings
+from app.project_settings import ProjectSettings, parse_preset
 from app.store import Store
 from app.tool_registry import builtin_key
-from app.views.project_dialog import ProjectDialog, parse_preset
+from app.views.project_dialog import ProjectDialog
 from engine.errors import ConfigValidationError
 from tests.app_fakes import WAIT_MS, FakeEngine, close_window, make_window
 

@@ -8,8 +8,6 @@ preset is not valid, so a mistake never reaches the store.
 
 from __future__ import annotations
 
-import json
-
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -26,40 +24,16 @@ from PySide6.QtWidgets import (
 )
 
 from app.names import NAME_MAX_CHARS, InvalidNameError, clean_name
-from app.project_settings import Project, ProjectSettings
+from app.project_settings import (
+    PresetParseError,
+    Project,
+    ProjectSettings,
+    format_preset,
+    parse_preset,
+)
 from engine.errors import EngineError
-from engine.generation_config import GenerationConfig
 
 NO_MODEL = "(the model in use)"
-
-
-class PresetParseError(ValueError):
-    """A preset line the dialog cannot read; the message names the line."""
-
-
-def parse_preset(text: str) -> dict:
-    """`field = value` lines (values as JSON: 0.2, true, ["###"]; a bare word is a string) into
-    a dict the engine accepts on its own (GenerationConfig); blank lines and # comments skipped.
-    Raises PresetParseError or the engine's ConfigValidationError naming the field."""
-    values: dict = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, raw = line.partition("=")
-        name, raw = name.strip(), raw.strip()
-        if not sep or not name:
-            raise PresetParseError(f"Line {number}: write it as field = value (got “{line}”).")
-        try:
-            values[name] = json.loads(raw)
-        except ValueError:
-            values[name] = raw
-    GenerationConfig.from_values(values)  # unknown field or bad value: the engine says which
-    return values
-
-
-def format_preset(preset: dict) -> str:
-    return "\n".join(f"{name} = {json.dumps(value)}" for name, value in preset.items())
 
 
 class ProjectDialog(QDialog):
