@@ -11,8 +11,9 @@ modelled as
     seconds(p) = a * (1 + r * p)
 
 where r, extra cost per earlier position relative to the fixed cost, comes from the layer shape
-(`attention_ratio`, multiply-adds per token: the projections and FFN against 2 * q_dim per earlier
-position), blended with the slope the chunks read so far show, which counts for more the more of
+(`attention_ratio`: multiply-adds per token, the projections and FFN against 2 * q_dim per earlier
+position in the layers that attend to the whole prompt, the attention ones weighted by
+ATTENTION_MAC_COST), blended with the slope the chunks read so far show, which counts for more the more of
 the prompt they cover; and `a`, the machine's speed, is the median of what each chunk implies,
 leaving out the first chunk once there is a second (right after a load it runs up to 4x slower:
 weights paged in, the batched kernels' first use).
@@ -35,6 +36,12 @@ from dataclasses import dataclass
 
 from engine.events import PrefillProgress
 
+# What one attention multiply-add (q.k, p.v over the f16 KV cache) costs against one of the weight
+# matmuls (quantized, VNNI), in this engine: per chunk CPU time on the 2-core development VM put
+# r at ~3.0e-4 for gemma-3-270m (3 of its 18 layers attend to the whole prompt, the others to a
+# 512-token window) and for qwen2.5-1.5B (all 28 layers), where the multiply-add counts alone
+# say 6.1e-5 and 6.6e-5 (bench/RESULTS.md, "Prefill time left").
+ATTENTION_MAC_COST = 4.5
 # The prior ratio counts as this many chunks when blended with the ratio fitted from the chunks;
 # a fitted chunk counts as (share of the prompt the fitted chunks span)^2 of one.
 PRIOR_WEIGHT_CHUNKS = 4
@@ -45,18 +52,27 @@ MAX_RATIO_OVER_PRIOR = 4.0
 
 
 def attention_ratio(
-    d_model: int, q_dim: int, kv_dim: int, n_ff: int, *, gated_ffn: bool = True
+    d_model: int,
+    q_dim: int,
+    kv_dim: int,
+    n_ff: int,
+    *,
+    global_share: float = 1.0,
+    gated_ffn: bool = True,
 ) -> float:
     """r: the attention work per earlier position relative to one token's fixed work, from the
-    layer shape (both in multiply-adds per layer: q, k, v and output projections plus the FFN
-    against q.k and p.v, q_dim each, per position attended). Raises ValueError on a shape that is
-    not positive."""
+    layer shape: per layer, q, k, v and output projections plus the FFN (multiply-adds) against
+    q.k and p.v, q_dim each per position attended, times ATTENTION_MAC_COST, in the share of
+    layers that attend to the whole prompt (`global_share`; sliding-window layers stop growing at
+    their window). Raises ValueError on a shape that is not positive."""
     for name, value in (("d_model", d_model), ("q_dim", q_dim), ("kv_dim", kv_dim), ("n_ff", n_ff)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
+    if not 0.0 <= global_share <= 1.0:
+        raise ValueError(f"global_share must be within 0..1, got {global_share}")
     ffn_matrices = 3 if gated_ffn else 2
     fixed = d_model * (q_dim + 2 * kv_dim) + q_dim * d_model + ffn_matrices * d_model * n_ff
-    return 2.0 * q_dim / fixed
+    return ATTENTION_MAC_COST * 2.0 * q_dim * global_share / fixed
 
 
 def ratio_for_config(config) -> float:
@@ -66,7 +82,11 @@ def ratio_for_config(config) -> float:
     if not hasattr(config, "d_model"):
         return 0.0
     n_ff = config.n_ff_exp * config.n_expert_used if config.n_expert else config.n_ff
-    return attention_ratio(config.d_model, config.q_dim, config.kv_dim, n_ff)
+    windowed = config.layer_uses_window if config.sliding_window else ()
+    global_share = 1.0 - sum(bool(w) for w in windowed) / config.n_layers
+    return attention_ratio(
+        config.d_model, config.q_dim, config.kv_dim, n_ff, global_share=global_share
+    )
 
 
 def span_cost(start: int, end: int, ratio: float) -> float:

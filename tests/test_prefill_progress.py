@@ -3,19 +3,53 @@ PrefillProgress events the generation loop yields per chunk (fake model, no real
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from fake_model import BOS, fake_lm, ids, script_tokens, use_fake_detokenizer
 
 from engine.cancel import CancelToken
 from engine.events import Finished, PrefillProgress, TokenSampled
 from engine.generate import GenerationRequest, generate
-from engine.prefill_progress import PrefillEstimate, attention_ratio, span_cost
+from engine.prefill_progress import PrefillEstimate, attention_ratio, ratio_for_config, span_cost
 
 
 # --- the cost model ------------------------------------------------------------------------------
 def test_attention_ratio_from_the_layer_shape():
-    # fixed: 4*(2 + 2*1) + 2*4 + 3*4*3 = 16 + 8 + 36 = 60 multiply-adds; per position: 2*2 = 4
-    assert attention_ratio(4, 2, 1, 3) == pytest.approx(4 / 60)
+    # fixed: 4*(2 + 2*1) + 2*4 + 3*4*3 = 16 + 8 + 36 = 60 multiply-adds; per position: 2*2 = 4,
+    # each costing 4.5 matmul multiply-adds -> 18 / 60
+    assert attention_ratio(4, 2, 1, 3) == pytest.approx(0.3)
+    # a third of the layers attend to the whole prompt (the rest to a window): 0.1
+    assert attention_ratio(4, 2, 1, 3, global_share=1 / 3) == pytest.approx(0.1)
+
+
+def test_the_ratio_of_real_layer_shapes():
+    # gemma-3-270m: d 640, q 4*256, kv 1*256, ffn 2048; fixed 640*1536 + 1024*640 + 3*640*2048
+    # = 5,570,560; 3 of 18 layers global: 4.5 * 2048 / 6 / 5,570,560 = 2.76e-4
+    gemma = SimpleNamespace(
+        d_model=640,
+        q_dim=1024,
+        kv_dim=256,
+        n_ff=2048,
+        n_expert=0,
+        n_layers=18,
+        sliding_window=512,
+        layer_uses_window=(True,) * 5 + (False,) + (True,) * 5 + (False,) + (True,) * 5 + (False,),
+    )
+    assert ratio_for_config(gemma) == pytest.approx(2.7576e-4, rel=1e-3)
+    # qwen2.5-1.5B: d 1536, q 1536, kv 256, ffn 8960, no window: fixed 1536*2048 + 1536^2
+    # + 3*1536*8960 = 46,792,704; 4.5 * 3072 / 46,792,704 = 2.954e-4
+    qwen = SimpleNamespace(
+        d_model=1536,
+        q_dim=1536,
+        kv_dim=256,
+        n_ff=8960,
+        n_expert=0,
+        n_layers=28,
+        sliding_window=0,
+        layer_uses_window=(False,) * 28,
+    )
+    assert ratio_for_config(qwen) == pytest.approx(2.954e-4, rel=1e-3)
 
 
 def test_attention_ratio_refuses_a_shape_that_is_not_positive():
