@@ -173,7 +173,7 @@ def cmd_ask(args, load_model: Callable[[Any], Any]) -> int:
     if args.top_k < 1:
         raise ConfigValidationError("--top-k", args.top_k, "at least 1")
     with Collection.open(args.collection, create=False) as collection:
-        embedder = load_embedder(args.embed_model, collection)
+        embedder = load_embedder(args.embed_model, collection, args.threads)
         retrieval = retrieve(
             collection, embedder, args.question, RetrievalSettings(top_k=args.top_k)
         )
