@@ -275,3 +275,21 @@ def test_full_disk_while_replacing_a_file_keeps_its_previous_chunks(tmp_path, co
     assert report.stopped is not None and report.updated == []
     assert snapshot(collection) == before  # the delete of the old chunks was rolled back too
     assert collection.keyword_search("apples", 5) != []
+
+
+def test_a_single_large_file_gets_a_time_left_before_it_ends(tmp_path, collection):
+    docs = tmp_path / "d"
+    docs.mkdir()
+    (docs / "big.txt").write_text(" ".join(f"w{i}" for i in range(2000)), encoding="utf-8")
+    seen: list = []
+    index_paths(
+        collection, [docs], HashEmbedder(max_tokens=64), embed_batch=4, progress=seen.append
+    )
+    during = [p for p in seen if p.current is not None and p.files_done == 0]
+    assert len(during) > 3  # one report per embedding batch
+    assert during[0].eta_s is None  # nothing done yet: no rate to go by
+    assert all(p.eta_s is not None for p in during[1:])
+    # the chunks embedded so far, one batch of 4 at a time (the last batch may be shorter)
+    counts = [p.chunks for p in during]
+    assert counts[:3] == [0, 4, 8] and counts == sorted(counts)
+    assert seen[-1].chunks == counts[-1] == collection.chunk_count()

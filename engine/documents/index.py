@@ -165,19 +165,20 @@ def index_paths(
     total_bytes = sum(min(s, max_bytes) for s in sizes.values()) or 1
     done_bytes = 0
 
-    def tell(done: int, current: str | None) -> None:
+    def tell(done: int, current: str | None, partial_bytes: float = 0.0, embedded: int = 0) -> None:
+        """`partial_bytes`: the share of the current file embedded so far, in bytes, and
+        `embedded` its chunks embedded so far, so a single large file still shows a rate and a
+        time left before it ends."""
         if progress is None:
             return
         elapsed = time.perf_counter() - started
-        rate = report.chunks / elapsed if elapsed > 0 else 0.0
+        chunks = report.chunks + embedded
+        rate = chunks / elapsed if elapsed > 0 else 0.0
         eta = None
-        if done_bytes > 0 and elapsed > 0:
-            eta = elapsed / done_bytes * max(0, total_bytes - done_bytes)
-        progress(
-            IndexProgress(
-                done, len(files), current, report.pages, report.chunks, elapsed, rate, eta
-            )
-        )
+        so_far = done_bytes + partial_bytes
+        if so_far > 0 and elapsed > 0:
+            eta = elapsed / so_far * max(0.0, total_bytes - so_far)
+        progress(IndexProgress(done, len(files), current, report.pages, chunks, elapsed, rate, eta))
 
     known = {r.path: r for r in collection.files()}
     for n, path in enumerate(files):
@@ -187,8 +188,8 @@ def index_paths(
         key = str(path)
         tell(n, key)
 
-        def batch_done(n: int = n, key: str = key) -> None:
-            tell(n, key)
+        def batch_done(embedded: int, total: int, n: int = n, key: str = key) -> None:
+            tell(n, key, embedded / total * min(sizes.get(key, 0), max_bytes), embedded)
 
         try:
             outcome = _index_one(
@@ -224,7 +225,7 @@ def _index_one(
     overlap: int,
     max_bytes: int,
     batch: int,
-    on_batch: Callable[[], None],
+    on_batch: Callable[[int, int], None],
 ) -> str:
     """'added', 'updated', 'unchanged' or 'problem' (already appended to report.problems)."""
     key = str(path)
@@ -290,7 +291,11 @@ def _mtime(path: Path) -> float | None:
 
 
 def _embed(
-    embedder: TextEmbedder, texts: list[str], cancel: Any, batch: int, on_batch: Callable[[], None]
+    embedder: TextEmbedder,
+    texts: list[str],
+    cancel: Any,
+    batch: int,
+    on_batch: Callable[[int, int], None],
 ) -> np.ndarray:
     from engine.cancel import ForwardCancelled
 
@@ -304,7 +309,7 @@ def _embed(
             )
         except ForwardCancelled:
             raise IndexCancelled from None
-        on_batch()
+        on_batch(min(len(texts), i + batch), len(texts))
     if not parts:
         return np.zeros((0, embedder.dim), dtype=np.float32)
     return np.concatenate(parts)
