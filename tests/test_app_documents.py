@@ -372,3 +372,73 @@ def _no_real_embedding_model(monkeypatch):
         raise AssertionError("a fast test tried to load the real embedding model")
 
     monkeypatch.setattr(runner, "default_loader", refuse)
+
+
+def test_replay_from_the_receipt_says_which_document_changed(qtbot, tmp_path, monkeypatch):
+    """The receipt round trip on the app's own engine bridge (RealEngine over the scripted
+    model): the reply's receipt holds the sources, the replay runs the recorded prompt (the
+    passages as they were) and reproduces the reply, and names the document changed since."""
+    from test_app_replay import ScriptedModelEngine
+
+    from tests.fake_model import BOS, EOS, FakeTokenizer, fake_lm, one_hot, use_fake_detokenizer
+
+    hello, world = 4, 5  # "Hello", " world" in the fake vocabulary
+
+    class AnyText(FakeTokenizer):
+        """The fake vocabulary cannot spell documents: other text reads as x, y, z by
+        character (the scripted model never looks at it; the receipt keeps the ids)."""
+
+        def encode(self, text, add_special=True, *, literal_spans=()):
+            try:
+                return super().encode(text, add_special, literal_spans=literal_spans)
+            except ValueError:
+                return [BOS] * add_special + [26 + ord(c) % 3 for c in text]
+
+    class DocumentsEngine(ScriptedModelEngine):
+        def load(self, path, *, n_ctx, n_threads, progress, cache_type="f16"):
+            progress("ready", 1.0)
+            script = {hello: world, world: EOS}  # "Hello world", then the end
+            lm = fake_lm(
+                lambda prefix: one_hot(script.get(prefix[-1], hello)),
+                n_ctx=n_ctx or 4096,
+                tokenizer=AnyText(),
+                path=Path(path),
+            )
+            self._model_digests().start(lm.path)
+            self.lm = lm
+            return lm
+
+    use_fake_detokenizer(monkeypatch)
+    model = tmp_path / "scripted.gguf"
+    model.write_bytes(b"GGUF scripted model")
+    engine = DocumentsEngine(digest_cache=tmp_path / "digests.json")
+    window = make_window(qtbot, tmp_path, engine, model_path=str(model))
+    try:
+        embedder = HashEmbedder()
+        window.documents.use_loader(lambda path: embedder)
+        folder = _docs(tmp_path)
+        _attach(qtbot, window, [folder])
+        with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
+            window.session.send("museum opens nine morning")
+        reply = window.store.messages(window.session.conversation_id)[-1]
+        section = reply.receipt["sources"]
+        assert reply.receipt["checks"]["sources"] == canonical_sha256(section)
+        assert HOURS in reply.receipt["prompt"]["messages"][0]["content"]
+        (folder / "museum.md").write_text("# Visiting\n\n## Hours\n\nClosed for works.\n")
+        with qtbot.waitSignal(
+            window.documents.indexingChanged, timeout=WAIT_MS, check_params_cb=lambda r: not r
+        ):
+            window.documents.reindex()
+        outcome = []
+        window.session.replayFinished.connect(lambda _id, report: outcome.append(report))
+        window.session.replayFailed.connect(lambda _id, text: outcome.append(text))
+        assert window.session.replay(reply.id)
+        qtbot.waitUntil(lambda: bool(outcome), timeout=WAIT_MS)
+        report = outcome[0]
+        assert not isinstance(report, str), report
+        assert reply.content == "Hello world"
+        assert report.identical and report.replay_text == "Hello world"  # the recorded passages
+        (note,) = [d for d in report.differences if "passage" in d]
+        assert "[1] museum.md (no longer indexed)" in note
+    finally:
+        close_window(window)
