@@ -188,3 +188,49 @@ def test_the_serve_status_line_shows_a_request_reading_its_prompt(
         qtbot.waitUntil(lambda: "Reading prompt" not in window.server_label.text(), timeout=WAIT_MS)
     finally:
         close_window(window)
+
+
+@dataclass
+class ComparingEngine(FakeEngine):
+    """The bridge's compare(): column 0's prompt is read already, column 1's is being read;
+    both wait at `hold`, then finish."""
+
+    hold: threading.Event = field(default_factory=threading.Event)
+
+    def tokenizer_key(self, lm):
+        return "fake-vocabulary"
+
+    def compare(self, lm, requests, cancels, models=None):
+        read = PrefillProgress(3800, 3800, 0, 40.0, 95.0, 0.0)
+        return [self._column(lm, read if i == 0 else READING) for i in range(len(requests))]
+
+    def _column(self, lm, progress):
+        yield progress
+        self.hold.wait(WAIT_MS / 1000)
+        yield from FakeEngine._stream(
+            self, lm, GenerationRequest(messages=[]), "Done.", CancelToken()
+        )
+
+
+def test_a_compare_column_in_the_window_shows_its_own_prompt_being_read(qtbot, tmp_path):
+    engine = ComparingEngine()
+    window = make_window(qtbot, tmp_path, engine)
+    try:
+        window.input.setPlainText("Summarise this long text")
+        dialog = window.open_compare()
+        dialog.start()
+        columns = dialog.column_widgets
+        qtbot.waitUntil(
+            lambda: (
+                columns[1].usage.text()
+                == "Reading prompt 1,024 / 3,800 tokens · 85 tok/s · ~33 s left"
+            ),
+            timeout=WAIT_MS,
+        )
+        assert "Reading prompt" not in columns[0].usage.text()
+        engine.hold.set()
+        qtbot.waitUntil(lambda: not dialog.run.running, timeout=WAIT_MS)
+        qtbot.waitUntil(lambda: "Reading prompt" not in columns[1].usage.text(), timeout=WAIT_MS)
+        dialog.close()
+    finally:
+        close_window(window)
