@@ -230,3 +230,19 @@ def test_a_hand_edited_queue_entry_that_is_broken_is_dropped(saved):
     settings = Settings(queued_messages=saved).validated()
     assert all(isinstance(t, str) for texts in settings.queued_messages.values() for t in texts)
     assert "x" not in settings.queued_messages and "3" not in settings.queued_messages
+
+
+def test_deleting_a_chat_drops_its_queue(qtbot, tmp_path):
+    window, engine = streaming_window(qtbot, tmp_path)
+    try:
+        cid = window.session.conversation_id
+        type_and_send(window, "never mind")
+        window.cancel()
+        engine.gate.set()
+        qtbot.waitUntil(lambda: window.message_queue.waiting_because() is not None, timeout=WAIT_MS)
+        window.session.delete_conversation(cid)
+        assert window.message_queue.pending(cid) == []
+        saved = json.loads((tmp_path / "settings.json").read_text(encoding="utf-8"))
+        assert saved["queued_messages"] == {}
+    finally:
+        close_window(window)
