@@ -23,8 +23,6 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
-    QFormLayout,
-    QHBoxLayout,
     QInputDialog,
     QLabel,
     QMenu,
@@ -39,6 +37,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.theme import text_color
+from app.views.flow_layout import FlowLayout
 
 NO_COLLECTION = ""  # the combo's data for "no documents in this chat"
 NEW_COLLECTION = "\0new"  # the combo's data for "New collection…"
@@ -68,8 +67,7 @@ class DocumentsPanel(QWidget):
         self.hint.setWordWrap(True)
         layout.addWidget(self.hint)
 
-        row = QHBoxLayout()
-        row.addWidget(QLabel("Collection"))
+        layout.addWidget(QLabel("Collection"))  # above its list: the side panel is narrow
         self.collection = QComboBox()
         self.collection.setObjectName("collection_picker")
         self.collection.setToolTip(
@@ -80,18 +78,17 @@ class DocumentsPanel(QWidget):
         self.collection.setSizeAdjustPolicy(
             QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
         )
-        self.collection.setMinimumContentsLength(8)
+        self.collection.setMinimumContentsLength(4)
         self.collection.activated.connect(self._on_collection)
-        row.addWidget(self.collection, 1)
-        layout.addLayout(row)
+        layout.addWidget(self.collection)
         self.detach_button = QPushButton("Stop using")
         self.detach_button.setToolTip(
             "This chat stops using the collection; the collection is kept for other chats"
         )
         self.detach_button.clicked.connect(self.detachRequested)
 
-        # two buttons a row: the side panel is narrow
-        buttons = QHBoxLayout()
+        # as many buttons a line as the width holds (at 16 pt the side panel is ~170 px)
+        buttons = FlowLayout()
         self.add_files_button = QPushButton("Add files…")
         self.add_files_button.clicked.connect(self._choose_files)
         self.add_folder_button = QPushButton("Add folder…")
@@ -102,13 +99,14 @@ class DocumentsPanel(QWidget):
             "files removed from disk are dropped"
         )
         self.reindex_button.clicked.connect(self.reindexRequested)
-        buttons.addWidget(self.add_files_button)
-        buttons.addWidget(self.add_folder_button)
+        for button in (
+            self.add_files_button,
+            self.add_folder_button,
+            self.reindex_button,
+            self.detach_button,
+        ):
+            buttons.addWidget(button)
         layout.addLayout(buttons)
-        more = QHBoxLayout()
-        more.addWidget(self.reindex_button)
-        more.addWidget(self.detach_button)
-        layout.addLayout(more)
 
         self.progress_bar = QProgressBar()
         self.progress_bar.setObjectName("index_progress")
@@ -120,8 +118,8 @@ class DocumentsPanel(QWidget):
             "Stop indexing: files finished so far are kept, the one in progress is left as it was"
         )
         self.cancel_button.clicked.connect(self.cancelRequested)
-        progress_row = QHBoxLayout()
-        progress_row.addWidget(self.progress_bar, 1)
+        progress_row = FlowLayout()
+        progress_row.addWidget(self.progress_bar)
         progress_row.addWidget(self.cancel_button)
         layout.addLayout(progress_row)
         layout.addWidget(self.progress_label)
@@ -144,11 +142,8 @@ class DocumentsPanel(QWidget):
         self.files.setWordWrap(True)
         layout.addWidget(self.files, 1)
 
-        form = QFormLayout()
-        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # narrow: label above
         self.budget = QSpinBox()
         self.budget.setObjectName("source_budget")
-        self.budget.setSuffix(" tokens")
         self.budget.setSingleStep(250)
         self.budget.setToolTip(
             "How much of the prompt the passages may take (counted with the embedding model's "
@@ -160,9 +155,14 @@ class DocumentsPanel(QWidget):
         self.top_k.setObjectName("source_top_k")
         self.top_k.setToolTip("How many passages to retrieve for each question")
         self.top_k.editingFinished.connect(lambda: self.topKChanged.emit(self.top_k.value()))
-        form.addRow("Source budget", self.budget)
-        form.addRow("Passages", self.top_k)
-        layout.addLayout(form)
+        # each label above its box and wrapping: a form's labels never wrap, and at 16 pt
+        # "Source budget (tokens)" alone is wider than the side panel
+        for text, box in (("Source budget (tokens)", self.budget), ("Passages", self.top_k)):
+            label = QLabel(text)
+            label.setWordWrap(True)
+            label.setBuddy(box)
+            layout.addWidget(label)
+            layout.addWidget(box)
         self._current = NO_COLLECTION
         self.show_progress(None)
         self.show_report("", [])
