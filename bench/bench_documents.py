@@ -37,6 +37,7 @@ from documents_helpers import HashEmbedder, write_pdf
 
 from engine.documents.chunk import Chunk
 from engine.documents.collection import STOPWORDS, Collection
+from engine.documents.embedder import TextEmbedder
 from engine.documents.index import index_paths
 from engine.documents.retrieve import retrieve
 from engine.embedding import Embedder, default_embedding_model_path
@@ -103,13 +104,16 @@ class HashOnModelTokens(HashEmbedder):
 
     def __init__(self, embedder: Embedder) -> None:
         super().__init__(dim=embedder.dim, max_tokens=embedder.max_tokens, model_id="hash")
-        self.count_tokens = embedder.count_tokens
+        self.model = embedder
+
+    def count_tokens(self, text: str) -> int:
+        return self.model.count_tokens(text)
 
 
 class Timed:
     """The embedder, with the time its embed() calls take added up."""
 
-    def __init__(self, embedder: Embedder) -> None:
+    def __init__(self, embedder: TextEmbedder) -> None:
         self.inner, self.seconds = embedder, 0.0
         self.dim, self.model_id, self.max_tokens = (
             embedder.dim,
