@@ -146,6 +146,9 @@ def test_a_citation_opens_its_passage_and_sources_lists_what_was_left_out(qtbot,
         assert window.documents.current().budget_tokens == 64
         with qtbot.waitSignal(window.session.replyFinished, timeout=WAIT_MS):
             window.session.send("museum opens nine morning")
+        used = window.documents_panel.last_use.text()
+        assert used.startswith("Last reply: ") and "of 64 tokens;" in used
+        assert used.endswith("left out for lack of room")
         widget = window.chat_view.widgets[-1]
         html = widget.body.parts[0].toHtml()
         assert f'href="{CITE_SCHEME}:1"' in html

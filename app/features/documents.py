@@ -367,6 +367,8 @@ class DocumentsController(QObject):
         chat_view.sourcesRequested.connect(self.show_sources)
         self.session.conversationOpened.connect(lambda *_: self.show_citations())
         self.session.replyFinished.connect(lambda *_: self.show_citations())
+        self.session.replyFinished.connect(self._show_last_use)
+        self.session.conversationOpened.connect(lambda *_: panel.show_last_use(None))
         self.refresh_panel()
 
     def _attach_and_show(self, paths: list[str]) -> None:
@@ -382,6 +384,14 @@ class DocumentsController(QObject):
         if self.chats.problem:
             self._panel.show_problem(self.chats.problem)
         self._panel.show_state(self.current(), self.collection_names(), self.files(), self.indexing)
+
+    def _show_last_use(self, message) -> None:
+        """The panel says what the reply's sources took of the budget."""
+        if self._panel is None or self.current() is None:
+            return
+        from app.views.sources_view import reply_sources
+
+        self._panel.show_last_use(reply_sources(message.receipt or self.store.receipt(message.id)))
 
     def show_citations(self) -> None:
         """Give each reply of the open chat its sources (read from its receipt), so its [n]

@@ -163,9 +163,14 @@ class DocumentsPanel(QWidget):
             label.setBuddy(box)
             layout.addWidget(label)
             layout.addWidget(box)
+        self.last_use = QLabel()  # what the last reply's sources took of the budget
+        self.last_use.setObjectName("sources_last_use")
+        self.last_use.setWordWrap(True)
+        layout.addWidget(self.last_use)
         self._current = NO_COLLECTION
         self.show_progress(None)
         self.show_report("", [])
+        self.show_last_use(None)
         self.show_state(None, [], [])
 
     # --- what to show ----------------------------------------------------------------------------
@@ -247,6 +252,23 @@ class DocumentsPanel(QWidget):
         self.report_label.setVisible(bool(summary))
         self.show_problem("\n".join(_short(p, paths or []) for p in problems))
         self.problem_label.setToolTip("\n".join(problems))
+
+    def show_last_use(self, section: dict | None) -> None:
+        """The last reply's sources (its receipt's section): passages in, tokens of the budget
+        used, passages left out for lack of room."""
+        if not section:
+            self.last_use.setText("")
+            self.last_use.setVisible(False)
+            return
+        n, out = len(section.get("sources") or []), len(section.get("left_out") or [])
+        text = (
+            f"Last reply: {n} passage{'s' if n != 1 else ''}, {section.get('used_tokens', 0):,} "
+            f"of {section.get('budget_tokens', 0):,} tokens"
+        )
+        if out:
+            text += f"; {out} left out for lack of room"
+        self.last_use.setText(text)
+        self.last_use.setVisible(True)
 
     def show_problem(self, message: str) -> None:
         self.problem_label.setText(message)
