@@ -166,6 +166,8 @@ class _ArchiveReader:
         entries = data.get("chats")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             self.fail(f'{MANIFEST_NAME}: "chats" is not a list of objects')
+        if not entries:
+            self.fail(f"{MANIFEST_NAME} lists no chats: there is nothing to import")
         if len(entries) > MAX_ARCHIVE_CHATS:
             self.fail(
                 f"the archive lists {len(entries):,} chats; the limit is {MAX_ARCHIVE_CHATS:,}"

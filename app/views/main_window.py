@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.archive_import import is_archive
 from app.backends.catalog import RemoteCatalog
 from app.backends.connection import Connection
 from app.backends.keys import KeyStore
@@ -46,6 +47,7 @@ from app.chat_import import read_chat_export
 from app.controller import EngineController
 from app.export import export_file_name, render_export, safe_export_path, write_export
 from app.features.compaction import CompactionController
+from app.features.export import ExportFeature
 from app.features.documents import DocumentsController
 from app.features.message_queue import MessageQueue
 from app.features.prefill_progress import PrefillStatus, describe_progress
@@ -170,6 +172,10 @@ class MainWindow(QMainWindow):
         # issue 35: projects and search in the chats list
         self.projects = ProjectsFeature(
             store, self.session, self.sidebar, self.system_prompt, settings, self.show_error, self
+        )
+        # issue 35: export and share (zip / HTML / PDF) and the zip half of File > Import
+        self.export_feature = ExportFeature(
+            store, self.session.ensure_conversation, self.state_label.setText, self.show_error, self
         )
         self._make_actions()
         self._fit_to_screen()
@@ -423,6 +429,13 @@ class MainWindow(QMainWindow):
         action(file_menu, "Open model…", "Ctrl+O", self.model_bar.ask_open, "open_action")
         action(file_menu, "Model library…", "Ctrl+Shift+O", self.open_library, "library_action")
         action(file_menu, "Export chat…", "Ctrl+E", self.ask_export, "export_action")
+        action(
+            file_menu,
+            "Export and share…",
+            "Ctrl+Shift+E",
+            self.export_feature.open_dialog,
+            "export_share_action",
+        )
         action(file_menu, "Import chat…", "Ctrl+Shift+I", self.ask_import, "import_action")
         action(file_menu, "Settings…", "Ctrl+,", self.open_settings, "settings_action")
         action(file_menu, "Connections…", "", self.open_connections, "connections_action")
@@ -990,19 +1003,24 @@ class MainWindow(QMainWindow):
 
     def ask_import(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
-            self, "Import chat", "", "LocalChat export (*.json);;All files (*)"
+            self, "Import chat", "", "LocalChat export (*.json *.zip);;All files (*)"
         )
         if path:
             self.import_from(path)
 
     def import_from(self, path: str) -> int | None:
-        """Add a LocalChat JSON export as a new chat (its whole tree and receipts) and open it;
-        a file that cannot be imported is named in an error dialog and nothing is added."""
+        """Add a LocalChat JSON export as a new chat (its whole tree and receipts), or every
+        chat of a zip export (with their projects), and open the (first) new chat; a file that
+        cannot be imported is named in an error dialog and nothing is added."""
         if self.session.busy:
             self.show_error("Import chat", "Wait for the reply to finish, then import.")
             return None
         try:
-            new_id = self.store.import_conversation(read_chat_export(Path(path)))
+            if is_archive(path):
+                new_ids = self.export_feature.import_archive(Path(path))
+                new_id, count = new_ids[0], len(new_ids)
+            else:
+                new_id, count = self.store.import_conversation(read_chat_export(Path(path))), 1
         except ChatImportError as exc:
             self.show_error("Could not import the chat", f"{Path(path).name}\n\n{exc.problem}")
             return None
@@ -1012,7 +1030,8 @@ class MainWindow(QMainWindow):
             return None
         self._refresh_sidebar()
         self.session.open_conversation(new_id)
-        self.state_label.setText(f"Imported {Path(path).name}")
+        chats = f" ({count:,} chats)" if count > 1 else ""
+        self.state_label.setText(f"Imported {Path(path).name}{chats}")
         return new_id
 
     def _export_done(self, task, path: str) -> None:
@@ -1179,6 +1198,7 @@ class MainWindow(QMainWindow):
             self._download_runner.stop()  # the partial file is kept; the next download continues it
         self.session.tools.cancel()  # a call waiting or running ends, answered as stopped
         self.session.tool_registry.close()
+        self.export_feature.shutdown()  # a running export stops and leaves no partial file
         self.backends.shutdown()
         self.settings_file.save(self.settings)
         super().closeEvent(event)
