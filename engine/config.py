@@ -30,6 +30,8 @@ SUPPORTED_ARCHS = (
     "qwen3moe",
     "gpt-oss",
 )
+# Encoders of embedding models (engine/models/bert.py, engine/embedding.py), not chat models.
+ENCODER_ARCHS = ("bert", "nomic-bert")
 # Mixture-of-experts architectures (every layer's FFN is a routed set of experts).
 _MOE_ARCHS = ("qwen3moe", "gpt-oss")
 # Released MoE models have up to 512 experts; the bound keeps a hostile count from building
@@ -201,6 +203,11 @@ class ModelConfig:
         """The config from the metadata and the embedding's row count alone, tensors unchecked
         (for tests that describe a model without its tensors); from_gguf is the one to load with."""
         arch = str(gguf_file.arch)
+        if arch in ENCODER_ARCHS:
+            raise UnsupportedModelError(
+                f"'{arch}' is an embedding model: it turns text into vectors for document search "
+                "and cannot chat (choose it as the documents' embedding model)"
+            )
         if arch not in SUPPORTED_ARCHS:
             raise UnsupportedModelError(
                 f"architecture '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}"

@@ -316,3 +316,10 @@ def test_cli_embed_refuses_a_chat_model(tiny_model_factory):
     )
     assert out.returncode != 0
     assert "not an embedding model" in out.stderr
+
+
+def test_loading_an_embedding_model_as_a_chat_model_says_what_it_is(models):
+    from engine.loader import load_model
+
+    with pytest.raises(UnsupportedModelError, match="'nomic-bert' is an embedding model"):
+        load_model(models["nomic-bert"][0])

@@ -32,11 +32,11 @@ from enum import IntEnum
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from engine.config import ENCODER_ARCHS
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.kernels.reference import dequantize_full
 from engine.qtensor import QTensor
 
-ENCODER_ARCHS = ("bert", "nomic-bert")
 # From this many tokens in a pass, float weights go through BLAS (EncoderModel._linear); below
 # it the JIT kernel wins (measured 1536x384 F16: 16 tokens 0.5 vs 0.9 ms, 64 tokens 2.2 vs 1.1).
 BLAS_MIN_TOKENS = 32
