@@ -8,6 +8,7 @@ export and calls show_running / show_progress / show_choices."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QButtonGroup,
     QDialog,
@@ -95,7 +96,7 @@ class ExportDialog(QDialog):
             hint.setWordWrap(True)
             hint.setObjectName("export_hint")
             hint.setContentsMargins(22, 0, 0, 4)
-            hint.setEnabled(False)  # drawn in the theme's muted text colour
+            hint.setForegroundRole(QPalette.ColorRole.PlaceholderText)  # muted, both themes
             format_layout.addWidget(hint)
             self.format_buttons[export_format] = button
         self.format_buttons[ExportFormat.ZIP].setChecked(True)
@@ -165,6 +166,7 @@ class ExportDialog(QDialog):
         self.close_button.show()
         self.progress_label.setText(message)
         self.progress_label.setVisible(bool(message))
+        self.adjustSize()  # room for the message, or back to the choices' size
 
     def show_running(self, destination: str, total: int) -> None:
         self._running = True
@@ -179,6 +181,7 @@ class ExportDialog(QDialog):
         self.progress.show()
         self.progress_label.setText(f"Exporting to {destination}")
         self.progress_label.show()
+        self.adjustSize()  # the progress rows below the choices, nothing squeezed
 
     def show_progress(self, done: int, total: int) -> None:
         self.progress.setRange(0, max(total, 1))
