@@ -323,3 +323,24 @@ def test_loading_an_embedding_model_as_a_chat_model_says_what_it_is(models):
 
     with pytest.raises(UnsupportedModelError, match="'nomic-bert' is an embedding model"):
         load_model(models["nomic-bert"][0])
+
+
+def test_one_blas_thread_while_any_pass_runs_then_the_setting_before():
+    # two Embedders' passes overlap (indexing and a question): the one whose pass ends first
+    # must not hand BLAS its threads back while the other still runs, and the last one restores
+    from threadpoolctl import ThreadpoolController, threadpool_limits
+
+    def blas_threads() -> int:
+        return ThreadpoolController().select(user_api="blas").info()[0]["num_threads"]
+
+    if not ThreadpoolController().select(user_api="blas").lib_controllers:
+        pytest.skip("numpy here has no BLAS thread pool to limit")
+    guard = bert_module._OneBlasThread()
+    with threadpool_limits(limits=2, user_api="blas"):
+        guard.__enter__()  # pass A starts
+        guard.__enter__()  # pass B starts
+        assert blas_threads() == 1
+        guard.__exit__(None, None, None)  # A ends while B runs
+        assert blas_threads() == 1
+        guard.__exit__(None, None, None)  # B ends
+        assert blas_threads() == 2

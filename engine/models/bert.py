@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -41,8 +43,37 @@ from engine.qtensor import QTensor
 # it the JIT kernel wins (measured 1536x384 F16: 16 tokens 0.5 vs 0.9 ms, 64 tokens 2.2 vs 1.1).
 BLAS_MIN_TOKENS = 32
 _FLOAT_TYPES = ("F16", "BF16", "F32")
-# numpy's BLAS library, found once (threadpoolctl scans the loaded libraries on creation).
-_BLAS = ThreadpoolController()
+
+
+class _OneBlasThread:
+    """While any encoder pass runs, numpy's BLAS uses one thread; the setting before the first
+    of them comes back when the last one ends. Counted, because the limit is process-wide and
+    passes of two Embedders (documents indexing beside a question's embedding) overlap: nested
+    threadpoolctl limits would restore each other's values out of order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._limit: Any = None
+        self._controller: ThreadpoolController | None = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                if self._controller is None:  # scans the loaded libraries: once
+                    self._controller = ThreadpoolController()
+                self._limit = self._controller.limit(limits=1, user_api="blas")
+            self._active += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active == 0 and self._limit is not None:
+                self._limit.restore_original_limits()
+                self._limit = None
+
+
+_ONE_BLAS_THREAD = _OneBlasThread()
 
 
 class Pooling(IntEnum):
@@ -250,7 +281,7 @@ class EncoderModel:
         x = _layer_norm(x, *self.embd_norm, cfg.norm_eps)
         starts = np.cumsum([0, *lengths])
         # One BLAS thread per call: the products are split over the encoder's own threads.
-        with _BLAS.limit(limits=1, user_api="blas"):
+        with _ONE_BLAS_THREAD:
             for layer in self.layers:
                 check()
                 x = self._layer_forward(layer, x, positions, starts)
