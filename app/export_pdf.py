@@ -1,6 +1,7 @@
 """Chats as a PDF through Qt's own printing: the chats as Qt rich text (app/export_html.py's
-ChatHtml in print mode) laid out by QTextDocument and printed to a QPdfWriter, A4, each chat
-starting on a new page. No PDF library: Qt embeds the fonts and paginates.
+ChatHtml in print mode) laid out by QTextDocument in A4 pages, each chat from a new page, and
+painted page by page onto a QPdfWriter with the page number below. No PDF library: Qt embeds
+the fonts and paginates.
 
 Runs on the export's worker thread: QTextDocument and QPdfWriter are created there and painted
 there (Qt paints text to a paint device outside the GUI thread); a QGuiApplication must exist,
@@ -11,8 +12,17 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from PySide6.QtCore import QMarginsF
-from PySide6.QtGui import QPageLayout, QPageSize, QPdfWriter, QTextDocument
+from PySide6.QtCore import QMarginsF, QRectF, QSizeF, Qt
+from PySide6.QtGui import (
+    QFont,
+    QPageLayout,
+    QPageSize,
+    QPainter,
+    QPdfWriter,
+    QTextCursor,
+    QTextDocument,
+    QTextFormat,
+)
 
 from app.export_html import ChatHtml
 from app.export_job import ChatSnapshot, Step
@@ -25,29 +35,42 @@ h2 { font-size: 16pt; }
 pre { background-color: #f6f8fa; font-family: monospace; font-size: 9pt; }
 blockquote { color: #55555a; }
 """
+RESOLUTION_DPI = 300  # layout units: fine enough for print, small enough numbers
+FOOTER_PT = 9  # the page number's font size; a line of it is kept free below the text
 
 
-def chats_document_html(chats: list[ChatSnapshot], step: Step) -> str:
-    """The rich text printed: every chat, a page break before each but the first."""
+def build_document(chats: list[ChatSnapshot], step: Step) -> tuple[QTextDocument, list[int]]:
+    """The chats as one QTextDocument, each from a new page, and the character position where
+    each chat starts. `step(0, total)` after each chat: a cancel is noticed, nothing is printed
+    yet."""
     renderer = ChatHtml(print_mode=True)
-    total = len(chats)
-    step(0, total)
-    parts = [f"<html><head><style>{PRINT_CSS}</style></head><body>"]
-    for done, chat in enumerate(chats, start=1):
-        if done > 1:
-            parts.append('<div style="page-break-before: always;"></div>')
-        parts.append(renderer.chat(chat, f"chat-{done}"))
-        step(done, total)
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    document = QTextDocument()
+    document.setDefaultStyleSheet(PRINT_CSS)  # applies to the HTML inserted below
+    cursor = QTextCursor(document)
+    starts = []
+    for index, chat in enumerate(chats):
+        if index:
+            cursor.insertBlock()
+            block = cursor.blockFormat()
+            block.setPageBreakPolicy(QTextFormat.PageBreakFlag.PageBreak_AlwaysBefore)
+            cursor.setBlockFormat(block)
+        starts.append(cursor.position())
+        cursor.insertHtml(renderer.chat(chat, f"chat-{index + 1}"))
+        step(0, len(chats))
+    return document, starts
 
 
 def write_pdf(path: Path, chats: list[ChatSnapshot], step: Step) -> None:
-    document = QTextDocument()
-    document.setHtml(chats_document_html(chats, step))
+    """Print `chats` to a PDF at `path`, page by page: `step(chats printed, total)` after each
+    page, so a long export shows progress and stops at the next page when cancelled (Qt's
+    QTextDocument.print_ would paint every page in one uninterruptible call)."""
+    total = len(chats)
+    step(0, total)
+    document, starts = build_document(chats, step)
     writer = QPdfWriter(str(path))
     writer.setCreator("LocalChat")
-    writer.setTitle(chats[0].conversation.title if len(chats) == 1 else f"{len(chats)} chats")
+    writer.setTitle(chats[0].conversation.title if total == 1 else f"{total} chats")
+    writer.setResolution(RESOLUTION_DPI)
     writer.setPageLayout(
         QPageLayout(
             QPageSize(QPageSize.PageSizeId.A4),
@@ -56,9 +79,45 @@ def write_pdf(path: Path, chats: list[ChatSnapshot], step: Step) -> None:
             QPageLayout.Unit.Millimeter,
         )
     )
-    document.print_(writer)  # opens, paints every page and closes the file
+    area = writer.pageLayout().paintRectPixels(RESOLUTION_DPI)
+    footer = 2 * FOOTER_PT * RESOLUTION_DPI / 72
+    width, height = float(area.width()), float(area.height()) - footer
+    # Lay the text out in the writer's units (its DPI), in pages of the text area.
+    document.documentLayout().setPaintDevice(writer)
+    document.setPageSize(QSizeF(width, height))
+    pages = document.pageCount()
+    layout = document.documentLayout()
+    first_page = [
+        int(layout.blockBoundingRect(document.findBlock(pos)).top() // height) for pos in starts
+    ]
+    painter = QPainter()
+    if not painter.begin(writer):
+        raise OSError(errno.EIO, "Qt could not open the PDF for writing")
+    try:
+        footer_font = QFont(document.defaultFont())
+        footer_font.setPointSizeF(FOOTER_PT)
+        for page in range(pages):
+            if page:
+                writer.newPage()
+            painter.save()
+            painter.translate(0, -page * height)
+            document.drawContents(painter, QRectF(0, page * height, width, height))
+            painter.restore()
+            painter.setFont(footer_font)
+            painter.drawText(
+                QRectF(0, height, width, footer),
+                Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignBottom,
+                f"{page + 1} / {pages}",
+            )
+            # chats whose every page is printed: those starting after this page's successor
+            step(
+                sum(1 for p in first_page[1:] if p <= page + 1) if page + 1 < pages else total,
+                total,
+            )
+    finally:
+        painter.end()
     del writer
-    # print_ reports nothing: a file Qt could not open or finish is found by its header.
+    # Qt reports no write errors: a file it could not finish is found by its header.
     try:
         with open(path, "rb") as f:
             written = f.read(5)

@@ -221,7 +221,9 @@ def test_pdf_holds_each_chat_on_its_own_pages(qapp, store, tmp_path):
         snapshot_chats(store, [first, second]),
         lambda d, t: steps.append(d),
     )
-    assert out.read_bytes()[:5] == b"%PDF-" and steps == [0, 1, 2]
+    assert out.read_bytes()[:5] == b"%PDF-"
+    # chats printed, counted after each page: the first chat once page 1 is out, then both
+    assert steps[-2:] == [1, 2] and steps == sorted(steps)
     pages, text = pdf_text(out)
     assert pages == 2  # a page break before the second chat
     # pypdf splits some words at kerning gaps ("C ode"): compare without spaces.
@@ -232,6 +234,8 @@ def test_pdf_holds_each_chat_on_its_own_pages(qapp, store, tmp_path):
         "def add(a, b):",
         "The user wants </script> a function.",  # reasoning is printed
         "Where do moths go in winter?",
+        "1 / 2",  # page numbers
+        "2 / 2",
     ):
         assert "".join(expected.split()) in flat
 
