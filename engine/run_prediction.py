@@ -45,64 +45,71 @@ from engine.types import DEFAULT_KV_CACHE_TYPE
 
 # --- calibrated constants ------------------------------------------------------------------
 
-# Fraction of the probe's read bandwidth (bandwidth_probe: numpy max over 128 MiB, all threads)
-# that one decode step reaches per tensor type, on the JIT's AVX512-VNNI path. Fitted from the
-# decode tok/s of the models above (bench/RESULTS.md, "Will it run here?").
+# Fraction of the probe's read bandwidth (bandwidth_probe: numpy max over 128 MiB, all threads,
+# 50.9 GB/s here when quiet) that one decode step reaches per tensor type, on the JIT's
+# AVX512-VNNI path. Fitted from one quiet run of all 15 test models (bench/RESULTS.md, "Will it
+# run here?"; an earlier fit was spoiled by benchmarks running side by side).
 VNNI_DECODE_EFFICIENCY: dict[str, float] = {
     # repacked 16-row records (repack.py), streamed at one rate whatever the type: the mean
-    # over SmolLM2 Q4_1 (0.49), gemma-3 Q4_K_M (0.56) and qwen2.5 1.5B Q4_K_M (0.48)
-    "Q4_0": 0.50,
-    "Q4_1": 0.50,
-    "Q5_0": 0.50,
-    "Q5_1": 0.50,
-    "Q8_0": 0.50,
-    "Q4_K": 0.50,
-    "Q6_K": 0.50,
-    "F32": 0.50,  # norms and biases, part of every calibration model (a fraction of a percent)
-    # row-major kernels bound by their unpacking arithmetic: each from the SmolLM2 variant that
-    # holds one tensor group of the type, after the repacked rest at 0.50
-    "IQ1_S": 0.029,
-    "IQ1_M": 0.033,
-    "IQ2_XXS": 0.039,
-    "IQ2_XS": 0.026,
-    "IQ2_S": 0.018,
-    "IQ3_XXS": 0.022,
-    "IQ3_S": 0.055,
-    "IQ4_XS": 0.059,
-    "IQ4_NL": 0.21,
-    "MXFP4": 0.20,
-    "TQ1_0": 0.64,
-    "TQ2_0": 0.028,
+    # over two quiet runs of SmolLM2 Q4_1 (0.45, 0.54), gemma-3 Q4_K_M (0.37, 0.43) and
+    # qwen2.5 1.5B Q4_K_M (0.38, 0.39)
+    "Q4_0": 0.42,
+    "Q4_1": 0.42,
+    "Q5_0": 0.42,
+    "Q5_1": 0.42,
+    "Q8_0": 0.42,
+    "Q4_K": 0.42,
+    "Q6_K": 0.42,
+    "F32": 0.42,  # norms and biases, part of every calibration model (a fraction of a percent)
+    # Types that hold most of their variant's weights (its time is mostly theirs), measured:
+    "IQ4_NL": 0.37,
+    "MXFP4": 0.37,
+    # Types whose group (5-15 MB) took under 10% of the variant's time: indistinguishable from
+    # the repacked rate at that share (a rate of 0.05 would have made the variant ~40% slower
+    # than measured), so they take it. (IQ1_M and IQ2_S first read 2x slower: that run was
+    # their first use, before their lazily compiled kernels were in the disk cache.)
+    "IQ1_M": 0.42,
+    "IQ2_S": 0.42,
+    "IQ1_S": 0.42,
+    "IQ2_XXS": 0.42,
+    "IQ2_XS": 0.42,
+    "IQ3_XXS": 0.42,
+    "IQ3_S": 0.42,
+    "IQ4_XS": 0.42,
+    "TQ1_0": 0.42,
+    "TQ2_0": 0.42,
 }
 # Multiply-adds per second per thread of each type's mat-mul kernel at prefill (VNNI path),
-# fitted the same way from `engine bench -p 128` (repacked: 79 / 75 / 101 G, mean 83 G).
+# fitted the same way from `engine bench -p 128` (repacked: 84 / 74 / 123 G, mean 94 G; each
+# other type from its variant, where it takes 40-70% of the prefill time; IQ1_M and IQ2_S
+# from a second run with their kernels in the disk cache).
 VNNI_PREFILL_MACS_PER_THREAD: dict[str, float] = {
-    "Q4_0": 83e9,
-    "Q4_1": 83e9,
-    "Q5_0": 83e9,
-    "Q5_1": 83e9,
-    "Q8_0": 83e9,
-    "Q4_K": 83e9,
-    "Q6_K": 83e9,
-    "F32": 83e9,
-    "IQ1_S": 12.3e9,
-    "IQ1_M": 12.6e9,
-    "IQ2_XXS": 10.9e9,
-    "IQ2_XS": 8.9e9,
-    "IQ2_S": 6.9e9,
-    "IQ3_XXS": 9.1e9,
-    "IQ3_S": 11.7e9,
-    "IQ4_XS": 10.5e9,
-    "IQ4_NL": 16.3e9,
-    "MXFP4": 15.4e9,
-    "TQ1_0": 30.7e9,
-    "TQ2_0": 9.2e9,
+    "Q4_0": 94e9,
+    "Q4_1": 94e9,
+    "Q5_0": 94e9,
+    "Q5_1": 94e9,
+    "Q8_0": 94e9,
+    "Q4_K": 94e9,
+    "Q6_K": 94e9,
+    "F32": 94e9,
+    "IQ1_S": 31.5e9,
+    "IQ1_M": 30.9e9,
+    "IQ2_XXS": 32.5e9,
+    "IQ2_XS": 30.8e9,
+    "IQ2_S": 29.9e9,
+    "IQ3_XXS": 31.6e9,
+    "IQ3_S": 32.4e9,
+    "IQ4_XS": 34.2e9,
+    "IQ4_NL": 33.0e9,
+    "MXFP4": 33.1e9,
+    "TQ1_0": 41.4e9,
+    "TQ2_0": 38.0e9,
 }
 # Types without a measurement take the constant of the nearest measured kernel family.
 NEAREST_MEASURED: dict[str, str] = {
-    "Q2_K": "IQ2_XS",  # not repacked: row-major K-quant kernels, like the codebook types
-    "Q3_K": "IQ3_S",
-    "Q5_K": "IQ4_XS",
+    "Q2_K": "IQ4_NL",  # not repacked: row-major K-quant kernels, like the codebook types
+    "Q3_K": "IQ4_NL",
+    "Q5_K": "IQ4_NL",
     "F16": "Q8_0",
     "BF16": "Q8_0",
 }
@@ -110,7 +117,10 @@ NEAREST_MEASURED: dict[str, str] = {
 # for AVX2, LOCALCHAT_CPU=x86-64 for the generic path, LOCALCHAT_KERNELS=numpy) on SmolLM2 Q4_1
 # and gemma-3-270m, the mean of the two ratios (they differ: avx2 decode 0.66 / 0.90, prefill
 # 0.39 / 0.56; generic decode 0.26 / 0.25, prefill 0.061 / 0.069; numpy decode 0.014 / 0.0054,
-# prefill 0.072 / 0.010, so numpy predictions are rough). The numpy backend runs one thread
+# prefill 0.072 / 0.010, so numpy predictions are rough). Checked again on a quiet machine at
+# 22:52 UTC with bench_prediction (SmolLM2, gemma-3, qwen2.5 1.5B): generic decode +4 / -22 /
+# -5%; AVX2 +2 / -9 / +3% at the VNNI key's bandwidth (its own probe read 31 GB/s at load 1.5
+# and the predictions 37-45% low). The numpy backend runs one thread
 # and its probe measures one thread's bandwidth (17 vs 35 GB/s here); its factors are scaled
 # so that the same formula applies: decode x 35/17, prefill x 2 threads / 1.
 PATH_DECODE_FACTOR: dict[str, float] = {
