@@ -379,13 +379,15 @@ def planned_path(n_threads: int | None = None) -> tuple[int, str, str]:
         return 1, "numpy", ""
 
 
-def this_machine(n_threads: int | None = None, cache_path: Path | None = None) -> Machine:
-    """Threads, kernel path, read bandwidth (probed once per machine, then cached) and free
-    memory now."""
+def this_machine(
+    n_threads: int | None = None, cache_path: Path | None = None, *, remeasure: bool = False
+) -> Machine:
+    """Threads, kernel path, read bandwidth (probed once per machine, then cached; remeasure:
+    probe again and keep the better, see bandwidth_probe.read_bandwidth) and free memory now."""
     from engine.bandwidth_probe import machine_key, read_bandwidth
 
     threads, path, cpu = planned_path(n_threads)
-    bandwidth = read_bandwidth(machine_key(threads, path, cpu), cache_path)
+    bandwidth = read_bandwidth(machine_key(threads, path, cpu), cache_path, remeasure=remeasure)
     return Machine(threads, path, bandwidth.bytes_per_s, available_memory_bytes())
 
 

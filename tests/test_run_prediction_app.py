@@ -249,3 +249,36 @@ def test_usage_tooltip_says_when_other_programs_slow_the_reply(qtbot, monkeypatc
     monkeypatch.setattr(usage_panel.os, "getloadavg", lambda: (0.4, 0.3, 0.2))
     panel.show_usage({"completion_tokens": 60, "decode_tok_s": 140.0}, "stop")
     assert "load average" not in panel.fields["predicted_tok_s"].toolTip()
+
+
+def test_runner_probes_again_once_per_session_and_keeps_the_better(qtbot, tmp_path, monkeypatch):
+    """A probe taken while the machine was busy must not stay in the cache for good: the
+    first request of each app session measures again and keeps the better value."""
+    import engine.bandwidth_probe as bp
+    from engine.run_prediction import planned_path
+
+    cache = tmp_path / "bandwidth_probe.json"
+    threads, path, cpu = planned_path(None)
+    bp._write_cache(cache, bp.Bandwidth(10e9, bp.machine_key(threads, path, cpu), 0.0, 0.3))
+    measured = iter([30e9, 20e9])
+    calls = []
+    monkeypatch.setattr(
+        bp, "measure_read_bandwidth", lambda t: calls.append(t) or (next(measured), 0.3)
+    )
+    seen = []
+
+    def predict(p, n_ctx, cache_type, machine):
+        seen.append(machine.bandwidth_bytes_per_s)
+        return fake_prediction(p, memory=GB, free=None, decode=1.0)
+
+    model = str(FIXTURES / "tiny_llama.gguf")
+    for _session in range(2):  # two app sessions
+        runner = PredictionRunner(cache_path=cache, predict=predict)
+        for _ in range(2):
+            with qtbot.waitSignal(runner.predicted, timeout=WAIT_MS):
+                runner.request([model], 512, "f16", 0)
+            runner.wait()
+    # session 1: 10 cached -> probe 30 kept; its second request uses the cache; session 2:
+    # probe 20 < 30, the better one stays
+    assert calls == [threads, threads]
+    assert seen == [30e9, 30e9, 30e9, 30e9]

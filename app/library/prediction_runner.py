@@ -37,7 +37,8 @@ class PredictionRunner(QObject):
         super().__init__(parent)
         self.cache_path = cache_path
         self._predict = predict or _engine_predict
-        self._machine = machine or (lambda threads: _engine_machine(threads, cache_path))
+        self._machine = machine or self._engine_machine
+        self._probed = False
         self._generation = 0
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -80,6 +81,15 @@ class PredictionRunner(QObject):
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
 
+    def _engine_machine(self, threads: int | None):
+        """This machine; the first time in this app session the bandwidth is probed again and
+        the better of the new and the cached value kept (a probe taken while other programs
+        were busy reads low and would otherwise stay in the cache for good)."""
+        from engine.run_prediction import this_machine
+
+        first, self._probed = not self._probed, True
+        return this_machine(threads, self.cache_path, remeasure=first)
+
     def _emit(self, name: str, *args) -> None:
         """Emit from the worker thread; a runner deleted meanwhile (its window closed while a
         file was being read) has no one left to tell."""
@@ -90,12 +100,6 @@ class PredictionRunner(QObject):
         """For shutdown and tests: let running predictions end."""
         for thread in self._threads:
             thread.join(timeout)
-
-
-def _engine_machine(threads: int | None, cache_path: Path | None):
-    from engine.run_prediction import this_machine
-
-    return this_machine(threads, cache_path)
 
 
 def _engine_predict(path: str, n_ctx: int, cache_type: str, machine):
