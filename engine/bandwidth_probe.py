@@ -34,7 +34,7 @@ CACHE_FILE = "bandwidth_probe.json"
 # so the passes stream from DRAM as decode does (a 1.5B Q4 model is ~1 GB). Filling it costs
 # ~40 ms of the budget (first touch of every page).
 PROBE_BYTES = 128 * 2**20
-PROBE_SECONDS = 0.3  # passes after the first stop once this much time has gone
+PROBE_SECONDS = 0.25  # no pass starts after this (whole probe: ~0.3 s quiet, 0.6 s at load 7)
 PROBE_VERSION = 2  # bump when the measurement changes: old cached numbers are not comparable
 
 
