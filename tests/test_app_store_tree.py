@@ -25,7 +25,8 @@ def migrated_copy(tmp_path) -> Store:
 def test_a_schema_2_database_migrates_without_loss(tmp_path):
     assert sqlite3.connect(FIXTURE).execute("PRAGMA user_version").fetchone()[0] == 2
     store = migrated_copy(tmp_path)
-    assert store.schema_version == SCHEMA_VERSION == 5  # through 3 (tree), 4 (tools) to 5 (projects)
+    # through 3 (tree), 4 (tools) to 5 (projects)
+    assert store.schema_version == SCHEMA_VERSION == 5
     chats = {c.title: c for c in store.list_conversations()}
     assert set(chats) == {"Lighthouse", "JSON chat", "Empty chat"}
     assert chats["Lighthouse"].system_prompt == "Be brief."
