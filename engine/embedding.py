@@ -9,6 +9,7 @@ cache (`default_embedding_model_path`).
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ import platformdirs
 from engine.cancel import CancelToken, ForwardCancelled
 from engine.errors import ConfigValidationError
 from engine.gguf import open_gguf
-from engine.model_files import APP_NAME, ModelNotInstalledError
+from engine.model_files import APP_NAME, BUNDLED_MODELS_DIR, ModelNotInstalledError
 from engine.models.bert import EncoderConfig, EncoderModel, Pooling, pool
 from engine.tokenizer.wordpiece import read_wordpiece_vocab, wordpiece_tokenizer
 
@@ -38,6 +39,13 @@ class EmbeddingCancelled(ForwardCancelled):
 def default_embedding_model_path() -> Path:
     """The default embedding model's GGUF in the models cache (all-MiniLM-L6-v2, F16). Raises
     ModelNotInstalledError with the command that makes it when it is not there."""
+    # An all-in-one bundle (packaging/build.sh --with-default-model) carries the file beside the
+    # default chat model: a bundle's user has no set-up step that could convert it.
+    bundle_root = getattr(sys, "_MEIPASS", None)
+    if bundle_root is not None:
+        bundled = Path(bundle_root) / BUNDLED_MODELS_DIR / DEFAULT_EMBEDDING_FILE
+        if bundled.is_file():
+            return bundled
     path = embedding_models_dir() / DEFAULT_EMBEDDING_FILE
     if not path.is_file():
         raise ModelNotInstalledError(

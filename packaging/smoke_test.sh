@@ -47,6 +47,8 @@ model_args=()
 if [ "$with_model" = 1 ]; then
   [ -f "dist/LocalChat/_internal/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] \
     || fail "dist/LocalChat has no bundled model; build with --with-default-model"
+  [ -f "dist/LocalChat/_internal/models/all-MiniLM-L6-v2.F16.gguf" ] \
+    || fail "dist/LocalChat has no bundled embedding model; build with --with-default-model"
 else
   model=$(.venv/bin/python -c 'from engine.model_files import default_model_path; print(default_model_path())')
   model_args=(--model "$model")

@@ -64,3 +64,20 @@ def test_a_vocabulary_with_gaps_is_refused():
 
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def test_a_bundle_finds_its_own_embedding_model_before_the_cache(tmp_path, monkeypatch):
+    # A bundle's user has no set-up step: the all-in-one bundle's copy must be the one used.
+    import sys
+
+    from engine import embedding
+
+    bundled = tmp_path / "bundle" / "models" / embedding.DEFAULT_EMBEDDING_FILE
+    bundled.parent.mkdir(parents=True)
+    bundled.write_bytes(b"GGUF")
+    monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path / "bundle"), raising=False)
+    monkeypatch.setattr(embedding, "embedding_models_dir", lambda: tmp_path / "cache")
+    assert embedding.default_embedding_model_path() == bundled
+    bundled.unlink()  # a bundle built without it: the cache, and a clear error naming the command
+    with pytest.raises(embedding.ModelNotInstalledError, match="make_embedding_model"):
+        embedding.default_embedding_model_path()
