@@ -47,8 +47,8 @@ from app.chat_import import read_chat_export
 from app.controller import EngineController
 from app.export import export_file_name, render_export, safe_export_path, write_export
 from app.features.compaction import CompactionController
-from app.features.export import ExportFeature
 from app.features.documents import DocumentsController
+from app.features.export import ExportFeature
 from app.features.message_queue import MessageQueue
 from app.features.prefill_progress import PrefillStatus, describe_progress
 from app.features.projects import ProjectsFeature
