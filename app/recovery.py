@@ -258,16 +258,23 @@ def _working_copy(damaged: Path, scratch: Path) -> sqlite3.Connection | None:
 
 
 def _open_checked(path: Path) -> sqlite3.Connection | None:
-    try:
-        db = sqlite3.connect(path)
-    except sqlite3.Error:
-        return None
-    try:
-        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.Error:
-        db.close()
-        return None
-    return db
+    # A table whose root page was cut off (a truncated file: since schema 5 the search index's
+    # pages put later tables far into the file) makes SQLite refuse the whole schema. With
+    # writable_schema on it reads the schema as it is, so the tables whose pages remain can
+    # still be read; nothing is ever written to this working copy.
+    for tolerate_schema in (False, True):
+        try:
+            db = sqlite3.connect(path)
+        except sqlite3.Error:
+            return None
+        try:
+            if tolerate_schema:
+                db.execute("PRAGMA writable_schema=ON")
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.Error:
+            db.close()
+    return None
 
 
 def _fix_page_count(path: Path) -> bool:

@@ -70,15 +70,18 @@ def test_one_invalid_byte_in_a_message_is_found_repaired_and_the_original_kept(t
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed_page"])
 def test_damaged_file_is_kept_and_what_is_readable_recovered(tmp_path, damage):
     db = tmp_path / "chats.sqlite3"
-    make_chats(db, n_chats=6, n_pairs=5, filler=800).close()
+    # Enough messages that half the file holds some: the schema's own pages (tables, indexes,
+    # the search index's shadow tables) fill the first ~20 pages before any message.
+    make_chats(db, n_chats=10, n_pairs=6, filler=800).close()
     data = db.read_bytes()
-    assert len(data) > 16 * 4096
+    assert len(data) > 48 * 4096
     if damage == "garbage":
         damaged = os.urandom(len(data))
     elif damage == "truncated":
         damaged = data[: len(data) // 2]
-    else:  # one page in the middle zeroed
-        page = len(data) // 4096 // 2
+    else:  # the page holding a message of the middle chat zeroed (not an index or schema page)
+        page = data.find(b"answer 5.3 ") // 4096
+        assert page > 0
         damaged = data[: page * 4096] + bytes(4096) + data[(page + 1) * 4096 :]
     db.write_bytes(damaged)
     assert database_problem(db) is not None
@@ -92,7 +95,7 @@ def test_damaged_file_is_kept_and_what_is_readable_recovered(tmp_path, damage):
     if damage == "garbage":
         assert recovered == 0
     else:
-        assert 0 < recovered < 60  # what the intact pages hold, no more
+        assert 0 < recovered < 120  # what the intact pages hold, no more
     # The fresh database is healthy and writable.
     cid = store.create_conversation("after recovery")
     store.add_message(cid, "user", "still works")
@@ -275,3 +278,21 @@ def test_app_creates_its_data_directory_0700(tmp_path):
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE((data_dir / "chats.sqlite3").stat().st_mode) == 0o600
     assert stat.S_IMODE((data_dir / "settings.json").stat().st_mode) == 0o600
+
+
+def test_a_table_whose_root_page_was_cut_off_does_not_hide_the_tables_still_there(tmp_path):
+    # Cut the file before its first message page and the table just before it (the last one
+    # the schema created): every chat row (page 3) is intact, but a table's root page is gone
+    # and SQLite refuses the whole schema unless told to read on.
+    db = tmp_path / "chats.sqlite3"
+    make_chats(db, n_chats=4, n_pairs=2, filler=800).close()
+    data = db.read_bytes()
+    first_message_page = data.find(b"question 0.0 ") // 4096
+    assert first_message_page > 3
+    db.write_bytes(data[: (first_message_page - 1) * 4096])
+    assert database_problem(db) is not None
+
+    result = open_data(tmp_path)
+    titles = sorted(c.title for c in result.store.list_conversations())
+    assert titles == ["chat 0", "chat 1", "chat 2", "chat 3"]
+    result.store.close()
