@@ -39,9 +39,9 @@ def builtin_runs(monkeypatch):
     runs: list[tuple[str, dict]] = []
     real = tool_runner.run_builtin
 
-    def counting(name, arguments):
+    def counting(name, arguments, context=None):
         runs.append((name, dict(arguments)))
-        return real(name, arguments)
+        return real(name, arguments, context)
 
     monkeypatch.setattr(tool_runner, "run_builtin", counting)
     return runs
