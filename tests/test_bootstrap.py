@@ -137,3 +137,25 @@ def test_later_pip_runs_do_not_report_the_model_packages_undeclared_dependencies
     _, calls = bootstrap(checkout, "test")
     installs = [call for call in calls if "pip install" in call and "--upgrade pip" not in call]
     assert installs and all("--no-warn-conflicts" in call for call in installs)
+
+
+def test_every_launch_makes_sure_this_user_has_the_default_embedding_model(checkout):
+    # bootstrap skips all its work once installed, so a second user of the same checkout (or a
+    # cleared cache) would open the app with no embedding model for documents.
+    shutil.copy(ROOT / "tools" / "run_app.sh", checkout / "tools" / "run_app.sh")
+    assert bootstrap(checkout)[0].returncode == 0  # installed; the stamp is written
+    log = checkout / "calls.log"
+    log.unlink()
+    result = subprocess.run(
+        ["bash", str(checkout / "tools" / "run_app.sh")],
+        env={**os.environ, "BOOTSTRAP_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    assert not any("pip" in call for call in calls)  # still offline
+    made = [i for i, call in enumerate(calls) if call.startswith("-m tools.make_embedding_model")]
+    app = [i for i, call in enumerate(calls) if call.startswith("-m app")]
+    assert made and app and made[0] < app[0]
