@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.project_settings import Project, ProjectSettings
 from app.regular_files import NotRegularFileError, check_regular, is_special
 from app.store import (
     SCHEMA_VERSION,
@@ -36,6 +37,7 @@ from app.store import (
     STATUS_STREAMING,
     Conversation,
     Store,
+    StoredCompaction,
     StoredMessage,
     StoreWriteError,
 )
@@ -51,6 +53,9 @@ _TEXT_COLUMNS = {
     "conversations": ("title", "system_prompt"),
     "messages": ("role", "content", "reasoning", "status", "finish_reason", "json_mode"),
 }
+# Schema 5's tables: a database before it has none of them, and that is not damage.
+_OPTIONAL_TEXT_COLUMNS = {"projects": ("name", "system_prompt"), "compactions": ("summary",)}
+RECOVERED_PROJECT_NAME = "Recovered project"  # a project whose name could not be read
 
 
 @dataclass
@@ -59,6 +64,8 @@ class RecoveryReport:
     kept_as: Path  # where the original is now
     conversations: int = 0
     messages: int = 0
+    projects: int = 0
+    compactions: int = 0  # summaries standing in for older messages (schema 5)
     unreadable_rows: int = 0  # rows SQLite could not read at all (lost)
     repaired_values: int = 0  # text with invalid bytes replaced, or unreadable usage/tokens dropped
     incomplete: bool = False  # a table could not be scanned to its end (rows there may be lost)
@@ -69,6 +76,10 @@ class RecoveryReport:
             f"The chat database was damaged ({self.problem}).",
             f"Recovered {self.conversations} chats and {self.messages} messages into {self.into}.",
         ]
+        if self.projects or self.compactions:
+            lines.append(
+                f"Also recovered {self.projects} projects and {self.compactions} chat summaries."
+            )
         if self.repaired_values:
             lines.append(
                 f"{self.repaired_values} damaged values were repaired (unreadable characters "
@@ -121,8 +132,10 @@ def database_problem(path: Path) -> str | None:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version == 0 or version > SCHEMA_VERSION:
             return None  # empty, foreign or newer: Store decides
-        for table, columns in _TEXT_COLUMNS.items():
+        for table, columns in (_TEXT_COLUMNS | _OPTIONAL_TEXT_COLUMNS).items():
             names = _column_names(db, table)
+            if not names and table in _OPTIONAL_TEXT_COLUMNS:
+                continue  # a database before schema 5 (Store migrates it)
             if not names:
                 return f"table {table} is missing"
             # Only the text columns: usage/tokens JSON is read leniently by the store (a bad value
@@ -201,8 +214,10 @@ def recover_into(
         if db is None:
             return report
         try:
-            _recover_conversations(db, store, report)
-            _recover_messages(db, store, report)
+            projects = _recover_projects(db, store, report)
+            _recover_conversations(db, store, report, projects)
+            placed_in = _recover_messages(db, store, report)
+            _recover_compactions(db, store, report, placed_in)
         finally:
             db.close()
     return report
@@ -293,25 +308,101 @@ def _fix_page_count(path: Path) -> bool:
     return True
 
 
-def _recover_conversations(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> None:
+def _recover_projects(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> set[int]:
+    """Every readable project (schema 5), with its id so the chats' project_id still names it;
+    returns the ids restored."""
+    restored: set[int] = set()
+    if not _column_names(db, "projects"):
+        return restored  # before schema 5, or the table's schema entry is lost
     with store.restoring():
-        _copy_conversations(db, store, report)
+        for rowid in _row_ids(db, "projects", report):
+            record = _read_row(db, "projects", rowid, report)
+            if record is None:
+                continue
+            project = Project(
+                id=int(record["id"]),
+                # Control characters or a blank name would not pass clean_name; the name is
+                # what the user gave, so only an empty one is replaced.
+                name=_text(record.get("name"), report).strip() or RECOVERED_PROJECT_NAME,
+                system_prompt=_text(record.get("system_prompt"), report),
+                settings=ProjectSettings.from_json(_json(record.get("settings_json"), {}, report)),
+                position=_int(record.get("position")) or 0,
+                created_at=_number(record.get("created_at")),
+                updated_at=_number(record.get("updated_at", record.get("created_at"))),
+            )
+            store.restore_project(project)
+            restored.add(project.id)
+            report.projects += 1
+    return restored
 
 
-def _copy_conversations(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> None:
+def _recover_conversations(
+    db: sqlite3.Connection, store: Store, report: RecoveryReport, projects: set[int]
+) -> None:
+    with store.restoring():
+        _copy_conversations(db, store, report, projects)
+
+
+def _copy_conversations(
+    db: sqlite3.Connection, store: Store, report: RecoveryReport, projects: set[int]
+) -> None:
     for rowid in _row_ids(db, "conversations", report):
         record = _read_row(db, "conversations", rowid, report)
         if record is None:
             continue
+        project_id = _int(record.get("project_id"))
+        tools = _json(record.get("tools_json"), None, report)
         conv = Conversation(
             id=int(record["id"]),
             title=_text(record.get("title"), report) or "Recovered chat",
             system_prompt=_text(record.get("system_prompt"), report),
             created_at=_number(record.get("created_at")),
             updated_at=_number(record.get("updated_at", record.get("created_at"))),
+            # A chat whose project row was lost stays, in no project (as when it is deleted).
+            project_id=project_id if project_id in projects else None,
         )
-        store.restore_conversation(conv)
+        store.restore_conversation(conv, tools=tools if isinstance(tools, dict) else None)
         report.conversations += 1
+
+
+def _recover_compactions(
+    db: sqlite3.Connection, store: Store, report: RecoveryReport, placed_in: dict[int, int]
+) -> None:
+    """Every readable compaction whose messages were recovered. `placed_in` maps each restored
+    message id to the chat it went into, so a compaction follows its messages (into a
+    "Recovered messages" chat when its own chat row was lost); covered messages that were lost
+    are left out of it, and one that covers none of the recovered messages is dropped."""
+    if not _column_names(db, "compactions"):
+        return
+    with store.restoring():
+        for rowid in _row_ids(db, "compactions", report):
+            record = _read_row(db, "compactions", rowid, report)
+            if record is None:
+                continue
+            covered_value = _json(record.get("covered_json"), [], report)
+            covered = [
+                i
+                for i in (covered_value if isinstance(covered_value, list) else [])
+                if isinstance(i, int) and i in placed_in
+            ]
+            summary = _text(record.get("summary"), report)
+            if not covered or not summary.strip():
+                continue
+            chat = placed_in[covered[0]]
+            covered = [i for i in covered if placed_in[i] == chat]
+            receipt = _json(record.get("receipt_json"), None, report)
+            store.restore_compaction(
+                StoredCompaction(
+                    id=int(record["id"]),
+                    conversation_id=chat,
+                    covered=tuple(covered),
+                    summary=summary,
+                    active=bool(_int(record.get("active"))),
+                    receipt=receipt if isinstance(receipt, dict) else None,
+                    created_at=_number(record.get("created_at")),
+                )
+            )
+            report.compactions += 1
 
 
 @dataclass
@@ -336,7 +427,10 @@ class _Placed:
     selected: bool
 
 
-def _recover_messages(db: sqlite3.Connection, store: Store, report: RecoveryReport) -> None:
+def _recover_messages(
+    db: sqlite3.Connection, store: Store, report: RecoveryReport
+) -> dict[int, int]:
+    """Returns each restored message's id -> the chat it was restored into."""
     # The tree columns of every readable row first (keys only, so a large database is not held
     # in memory), the recovered tree planned from them, then the rows copied in batches.
     names = _column_names(db, "messages")
@@ -377,6 +471,7 @@ def _recover_messages(db: sqlite3.Connection, store: Store, report: RecoveryRepo
     # children to its own parent, so nothing below it is lost.
     restored: dict[int, int] = {}  # message id -> position it was restored at
     stand_in: dict[int, int | None] = {}  # unreadable message id -> its parent's id
+    placed_in: dict[int, int] = {}  # message id -> the chat it was restored into
     for start in range(0, len(plan), RESTORE_BATCH):
         with store.restoring():
             for conversation_id, placed in plan[start : start + RESTORE_BATCH]:
@@ -392,7 +487,9 @@ def _recover_messages(db: sqlite3.Connection, store: Store, report: RecoveryRepo
                 message.id, message.parent_id = placed.key.id, parent
                 store.restore_message(message, selected=placed.selected)
                 restored[message.id] = position
+                placed_in[message.id] = conversation_id
                 report.messages += 1
+    return placed_in
 
 
 def _first_selected(siblings: list[_Key]) -> _Key:

@@ -1218,17 +1218,54 @@ class Store:
         300 MB database take a minute."""
         return self._transaction()
 
-    def restore_conversation(self, conversation: Conversation) -> None:
+    def restore_conversation(self, conversation: Conversation, tools: dict | None = None) -> None:
+        """The chat with its id, its project (restored first) and its tools (`chat_tools`)."""
         with self._writing():
             self._db.execute(
-                "INSERT INTO conversations(id, title, system_prompt, created_at, updated_at)"
-                " VALUES (?,?,?,?,?)",
+                "INSERT INTO conversations(id, title, system_prompt, created_at, updated_at,"
+                " project_id, tools_json) VALUES (?,?,?,?,?,?,?)",
                 (
                     conversation.id,
                     conversation.title,
                     conversation.system_prompt,
                     conversation.created_at,
                     conversation.updated_at,
+                    conversation.project_id,
+                    json.dumps(tools) if tools is not None else None,
+                ),
+            )
+
+    def restore_project(self, project: Project) -> None:
+        """The project with its id (chats name it), position and times, as they were."""
+        with self._writing():
+            self._db.execute(
+                "INSERT INTO projects(id, name, system_prompt, settings_json, position,"
+                " created_at, updated_at) VALUES (?,?,?,?,?,?,?)",
+                (
+                    project.id,
+                    project.name,
+                    project.system_prompt,
+                    json.dumps(project.settings.to_json()),
+                    project.position,
+                    project.created_at,
+                    project.updated_at,
+                ),
+            )
+
+    def restore_compaction(self, c: StoredCompaction) -> None:
+        """The compaction as it was (active or not); its chat and messages are restored first."""
+        with self._writing():
+            self._db.execute(
+                "INSERT INTO compactions(id, conversation_id, covered_json, summary, active,"
+                " receipt_json, created_at) VALUES (?,?,?,?,?,?,?)",
+                (
+                    c.id,
+                    c.conversation_id,
+                    json.dumps(list(c.covered)),
+                    c.summary,
+                    int(c.active),
+                    json.dumps(c.receipt) if c.receipt is not None else None,
+                    c.created_at,
                 ),
             )
 
