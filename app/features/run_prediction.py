@@ -16,7 +16,6 @@ from pathlib import Path
 from PySide6.QtCore import QObject
 
 from app.library.prediction_runner import PredictionRunner
-from engine.bandwidth_probe import CACHE_FILE
 from engine.types import ModelInfo
 
 PREDICTION_TIP = "Predicted here before loading: "
@@ -27,6 +26,9 @@ class RunPredictionController(QObject):
         super().__init__(parent)
         self.usage_panel = usage_panel
         self.model_bar = model_bar
+        # imported here: engine.bandwidth_probe loads numpy, and the window opens before it does
+        from engine.bandwidth_probe import CACHE_FILE
+
         cache = data_dir / CACHE_FILE if data_dir is not None else None
         self.library_runner = PredictionRunner(self, cache_path=cache)
         self.loaded_runner = PredictionRunner(self, cache_path=cache)
