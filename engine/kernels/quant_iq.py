@@ -25,7 +25,7 @@ import functools
 
 import numpy as np
 
-from engine.kernels import quant_iq_vnni
+from engine.kernels import quant_iq_avx2, quant_iq_vnni
 from engine.kernels.ir import Fn, f32, mask, splat
 from engine.kernels.quant_chunk import Chunk
 from engine.quant_grids import IQ4NL_VALUES, KSIGNS, MXFP4_VALUES, grid
@@ -301,6 +301,8 @@ def _half_scale(f: Fn, blk: str, off: int, h: int, d: str, factor: float) -> str
 def unpack_iq2_xxs(f, blk, c, isa):
     if isa == "vnni":
         return quant_iq_vnni.UNPACK_VNNI["IQ2_XXS"](f, blk, c)
+    if isa == "avx2":
+        return quant_iq_avx2.UNPACK_AVX2["IQ2_XXS"](f, blk, c)
     d = f.half_to_float(blk)
     aux1 = _u32(f, blk, 2 + 8 * c + 4)
     rows = [
@@ -316,6 +318,8 @@ def unpack_iq2_xxs(f, blk, c, isa):
 def unpack_iq2_xs(f, blk, c, isa):
     if isa == "vnni":
         return quant_iq_vnni.UNPACK_VNNI["IQ2_XS"](f, blk, c)
+    if isa == "avx2":
+        return quant_iq_avx2.UNPACK_AVX2["IQ2_XS"](f, blk, c)
     d = f.half_to_float(blk)
     rows, signs = [], []
     for k in range(4):
@@ -329,6 +333,8 @@ def unpack_iq2_xs(f, blk, c, isa):
 def unpack_iq2_s(f, blk, c, isa):
     if isa == "vnni":
         return quant_iq_vnni.UNPACK_VNNI["IQ2_S"](f, blk, c)
+    if isa == "avx2":
+        return quant_iq_avx2.UNPACK_AVX2["IQ2_S"](f, blk, c)
     d = f.half_to_float(blk)
     qh = f.op(f"zext i8 {_u8(f, blk, 66 + c)} to i64")
     rows = []
@@ -344,6 +350,8 @@ def unpack_iq2_s(f, blk, c, isa):
 def unpack_iq3_xxs(f, blk, c, isa):
     if isa == "vnni":
         return quant_iq_vnni.UNPACK_VNNI["IQ3_XXS"](f, blk, c)
+    if isa == "avx2":
+        return quant_iq_avx2.UNPACK_AVX2["IQ3_XXS"](f, blk, c)
     d = f.half_to_float(blk)
     aux = _u32(f, blk, 66 + 4 * c)
     rows = [
@@ -359,6 +367,8 @@ def unpack_iq3_xxs(f, blk, c, isa):
 def unpack_iq3_s(f, blk, c, isa):
     if isa == "vnni":
         return quant_iq_vnni.UNPACK_VNNI["IQ3_S"](f, blk, c)
+    if isa == "avx2":
+        return quant_iq_avx2.UNPACK_AVX2["IQ3_S"](f, blk, c)
     d = f.half_to_float(blk)
     qh = f.op(f"zext i8 {_u8(f, blk, 66 + c)} to i64")
     rows = []
@@ -395,6 +405,8 @@ def _odd_scale(f: Fn, field: str, d: str) -> str:
 def unpack_iq1_s(f, blk, c, isa):
     if isa == "vnni":
         return quant_iq_vnni.UNPACK_VNNI["IQ1_S"](f, blk, c)
+    if isa == "avx2":
+        return quant_iq_avx2.UNPACK_AVX2["IQ1_S"](f, blk, c)
     d = f.half_to_float(blk)
     qh = f.op(f"zext i16 {f.load('i16', f.gep(blk, 34 + 2 * c), 1, 'w')} to i64")
     minus = f.op(f"lshr i64 {qh}, 15")
@@ -423,6 +435,8 @@ def _iq1_m_scale(f: Fn, blk: str) -> str:
 def unpack_iq1_m(f, blk, c, isa):
     if isa == "vnni":
         return quant_iq_vnni.unpack_iq1_m(f, blk, c, _iq1_m_scale)
+    if isa == "avx2":
+        return quant_iq_avx2.unpack_iq1_m(f, blk, c, _iq1_m_scale)
     d = _iq1_m_scale(f, blk)
     rows = []
     for k in range(4):
