@@ -1,4 +1,4 @@
-"""The one-token decode as native step lists (transformer._DecodePlan, JitBackend.step_*).
+"""The one-token decode as native step lists (decode_plan.DecodePlan, JitBackend.step_*).
 
 The claim is bit equality with the op-by-op loop the steps replace (LOCALCHAT_DECODE_STEPS=0):
 the same logits and the same float16 K/V rows, token after token, at 1 and 2 threads; and, for
@@ -21,7 +21,7 @@ from engine.kernels.elementwise import KvStoreSlots
 from engine.kernels.jit_backend import JitBackend
 from engine.kernels.threads import ThreadPool, pool_module, step_table
 from engine.models import build_model
-from engine.models.transformer import DECODE_STEPS_ENV, _DecodePlan
+from engine.models.decode_plan import DECODE_STEPS_ENV, DecodePlan
 from tests.cpu_targets import target_or_skip
 
 # K-quant rows are whole 256-value super-blocks; the others take the same shapes
@@ -37,7 +37,12 @@ def _decode(path, threads: int):
         cache = model.new_cache(32)
         logits = np.stack([model.forward([t], cache) for t in TOKENS])
         n = cache.n_tokens
-        return logits, cache.k[:, :n].copy(), cache.v[:, :n].copy(), model._plan
+        return (
+            logits,
+            cache.k[:, :n].copy(),
+            cache.v[:, :n].copy(),
+            model._plans.get(model.cache_type),
+        )
     finally:
         backend.close()
 
@@ -51,7 +56,7 @@ def test_step_decode_gives_the_op_by_op_bits(tmp_path, monkeypatch, arch, qtype,
     # qwen2: q/k/v biases (the bias steps); smollm3: layers without RoPE
     path = write_tiny_model(tmp_path / "m.gguf", arch, qtype, seed=3, **SHAPES)
     logits, k, v, plan = _decode(path, threads)
-    assert isinstance(plan, _DecodePlan), "the step lists were not used"
+    assert isinstance(plan, DecodePlan) and plan.path == "steps", "the step lists were not used"
     monkeypatch.setenv(DECODE_STEPS_ENV, "0")
     ref_logits, ref_k, ref_v, ref_plan = _decode(path, threads)
     assert ref_plan is False
@@ -61,11 +66,11 @@ def test_step_decode_gives_the_op_by_op_bits(tmp_path, monkeypatch, arch, qtype,
     np.testing.assert_array_equal(logits, ref_logits)
 
 
-def test_architectures_the_steps_do_not_cover_keep_the_op_loop(tmp_path):
-    # gemma3: per-head q/k norms and sandwich norms, which have no step form
+def test_q_k_norms_and_sandwich_norms_take_the_steps_too(tmp_path):
+    # gemma3: per-head q/k norms and sandwich norms, once outside the steps (issue 32)
     path = write_tiny_model(tmp_path / "g.gguf", "gemma3", Q.Q8_0, **SHAPES)
     *_, plan = _decode(path, 1)
-    assert plan is False
+    assert isinstance(plan, DecodePlan) and plan.path == "steps", plan and plan.fallbacks
 
 
 def _library_or_skip(cpu, monkeypatch) -> KernelLibrary:

@@ -833,14 +833,26 @@ class JitBackend(ReferenceBackend):
         args[s.COUNT] = a.size
         return Step(self._add, args, 0)
 
-    def step_glu(self, kind: str, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> Step:
-        """swiglu or geglu of (gate, up) into out."""
-        if kind not in ("swiglu", "geglu"):
+    def step_glu(
+        self,
+        kind: str,
+        gate: np.ndarray,
+        up: np.ndarray,
+        out: np.ndarray,
+        *,
+        alpha: float = 0.0,
+        limit: float = 0.0,
+    ) -> Step:
+        """swiglu, geglu or swiglu_oai (gpt-oss's clamped form, with its alpha and limit) of
+        (gate, up) into out."""
+        if kind not in ("swiglu", "geglu", "swiglu_oai"):
             raise ValueError(f"step_glu: {kind!r} has no step form")
         if not self._usable(gate, up, out) or not gate.shape == up.shape == out.shape:
             raise ValueError(f"step_glu: {_layout_why(gate, up, out)}")
         a = np.zeros(GluSlots.SIZE, np.int64)
         self._glu_args(a, gate, up, out)
+        if kind == "swiglu_oai":
+            a[GluSlots.ALPHA], a[GluSlots.LIMIT] = _f32_bits(alpha), _f32_bits(limit)
         return Step(self.library.address(kind), a, self._small_chunks(gate.size))
 
     def step_rope(
@@ -934,10 +946,12 @@ class JitBackend(ReferenceBackend):
         window: int = 0,
         softcap: float = 0.0,
         sinks: np.ndarray | None = None,
+        cache_type: str = "f16",
     ) -> Step:
-        """Attention of q (T, H, hd) against a float16 cache into out (T, H*hd), as `attention`
-        runs it without key splits. The caller sets K_CACHE / V_CACHE (the layer's cache
-        arrays) and P0 (the first query's position) in the step's args before it runs."""
+        """Attention of q (T, H, hd) against a float16 or q8_0 cache (`cache_type`, the
+        attention kernel of that row layout) into out (T, H*hd), as `attention` runs it without
+        key splits. The caller sets K_CACHE / V_CACHE (the layer's cache arrays) and P0 (the
+        first query's position) in the step's args before it runs."""
         tokens, n_head, head_dim = q.shape
         if self.split_keys:
             raise ValueError("step_attention: key splits are on (no step form)")
@@ -961,4 +975,6 @@ class JitBackend(ReferenceBackend):
         a[s.SCRATCH], a[s.SCRATCH_STRIDE] = scratch.ctypes.data, stride
         a[s.SINKS] = 0 if sinks is None else sinks.ctypes.data
         a[s.HEADS_PER_ITEM], a[s.N_SPLITS], a[s.PARTIAL] = heads_per_item, splits, 0
-        return Step(self._attention["f16"], a, chunks, scratch)
+        if cache_type not in self._attention:
+            raise ValueError(f"step_attention: no kernel for a {cache_type!r} cache")
+        return Step(self._attention[cache_type], a, chunks, scratch)

@@ -33,9 +33,7 @@ cancelled chunk is not committed to the KV cache (`engine.cancel.ForwardCancelle
 from __future__ import annotations
 
 import math
-import os
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,10 +42,10 @@ import numpy as np
 from engine.cancel import ForwardCancelled
 from engine.config import GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ModelConfig
 from engine.errors import ModelFileError
-from engine.kernels.attention import AttentionSlots
-from engine.kernels.elementwise import KvStoreSlots
 from engine.kernels.reference import dequantize_full
 from engine.kv_cache import KVCache
+from engine.models import decode_plan
+from engine.models.decode_plan import DecodePlan, LoopOps
 from engine.qtensor import QTensor
 from engine.types import KvCacheType
 
@@ -168,9 +166,9 @@ class TransformerModel:
         self._rope_factors, self._rope_factors_long = rope_factors(config, tensors)
         self._moe = _MoeBuffers(config) if config.n_expert else None
         self._state = _RunState(config, max_batch)
-        # The one-token decode's native step lists (_DecodePlan): None until first built,
-        # False where this model or backend has none.
-        self._plan: _DecodePlan | Literal[False] | None = None
+        # The one-token decode's recorded step lists (engine/models/decode_plan.py), per KV
+        # cache type: recorded on first use, False where this backend has none.
+        self._plans: dict[KvCacheType, DecodePlan | Literal[False]] = {}
         # Guards _state and the backend's shared buffers; held for one chunk at a time.
         self.forward_lock = threading.Lock()
 
@@ -433,20 +431,37 @@ class TransformerModel:
         each, rows concatenated in order); return each segment's logits (len(logit_rows),
         n_vocab) for its segment-relative rows. Prefill is one segment of T tokens, decode one
         of 1 token, batched decode N segments of 1 token: one layer loop serves them all."""
-        cfg, ops, st = self.config, self.backend, self._state
+        cfg, st = self.config, self._state
         ids = np.concatenate([np.asarray(seg.ids, dtype=np.int64).reshape(-1) for seg in segments])
         n = ids.size
         runs = _SegmentRuns(segments)
-        if n == 1 and runs[0].cache.cache_type is KvCacheType.F16:
-            plan = self._decode_plan()
+        if n == 1:
+            plan = self.decode_plan(runs[0].cache.cache_type)
             if plan is not None:
                 return [self._planned_decode(plan, runs[0], cancel)]
         x = st.x[:n]
-        ops.embedding(self.token_embd, ids, out=x)
+        self.backend.embedding(self.token_embd, ids, out=x)
         if cfg.embed_scale != 1.0:
             # Gemma multiplies by sqrt(d_model) rounded to the activation dtype (float32 here).
             x *= np.float32(cfg.embed_scale)
+        self._run_layers(LoopOps(self.backend), runs, cancel)
+        for run in runs:
+            run.cache.commit(run.ids)
 
+        # One output projection for every segment's rows (the largest matrix of a small model:
+        # reading it once per step, not once per sequence, is much of what batching saves).
+        wanted = runs.logit_rows()
+        logits = self._logits(x, np.concatenate(wanted))
+        bounds = np.cumsum([0] + [rows.size for rows in wanted])
+        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def _run_layers(self, ops, runs: _SegmentRuns, cancel) -> None:
+        """The layer, described once: every layer over the chunk's rows of the residual stream
+        (_RunState.x, embedded). `ops` is LoopOps (run each op now) or decode_plan's recorder
+        (capture each op as a native step), so the decode plan is this code recorded."""
+        cfg, st = self.config, self._state
+        n = sum(run.n for run in runs)
+        x = st.x[:n]
         h, proj, att = st.h[:n], st.proj[:n], st.att[:n]
         q, k, v = st.q[:n], st.k[:n], st.v[:n]
         gate, up = st.gate[:n], st.up[:n]
@@ -491,29 +506,23 @@ class TransformerModel:
                 )
                 for run, f in zip(runs, run_factors, strict=True)
             ]
-        temperature = None
-        if cfg.attn_temp_scale > 0.0:  # (n, 1) per-position query multiplier
-            temperature = (
-                1.0
-                + cfg.attn_temp_scale
-                * np.log1p(np.floor(positions.astype(np.float64) / cfg.attn_temp_length))
-            ).astype(np.float32)[:, None]
         for li, (layer, la) in enumerate(zip(self.layers, self._layer_attention, strict=True)):
             poll()
             # --- attention ---
+            src = h
             if layer.attn_norm is not None:
                 ops.rmsnorm(x, layer.attn_norm, cfg.norm_eps, out=h)
             else:  # OLMo 2: the sub-block reads the residual stream itself
-                h[...] = x
-            # q, k and v read the same h: one call, which the JIT runs as one pool job
-            ops.linear_many((layer.attn_q, layer.attn_k, layer.attn_v), h, (q, k, v))
+                src = x
+            # q, k and v read the same input: one call, which the JIT runs as one pool job
+            ops.linear_many((layer.attn_q, layer.attn_k, layer.attn_v), src, (q, k, v))
             for qkv, bias in (
                 (q, layer.attn_q_bias),
                 (k, layer.attn_k_bias),
                 (v, layer.attn_v_bias),
             ):
                 if bias is not None:  # Qwen2 has all three; each is optional in the file
-                    qkv += bias
+                    ops.add(qkv, bias, qkv)
             if layer.attn_q_norm is not None and cfg.qk_norm_full:
                 ops.rmsnorm(q, layer.attn_q_norm, cfg.norm_eps, out=q)
                 ops.rmsnorm(k, layer.attn_k_norm, cfg.norm_eps, out=k)
@@ -533,12 +542,12 @@ class TransformerModel:
                     ops.rope(q_rows, rows_positions, **args)
                     ops.rope(k_rows, rows_positions, **args)
                 if la.q_gain != 1.0:
-                    q_heads[..., : cfg.rope_dims] *= np.float32(la.q_gain)
-            if temperature is not None:
-                q *= temperature
+                    ops.scale(q_heads[..., : cfg.rope_dims], la.q_gain)
+            if cfg.attn_temp_scale > 0.0:  # a per-position query multiplier
+                ops.call("attn_temperature", self._attn_temperature, q, positions)
             for run in runs:  # attention: each sequence against its own cache
                 rows = slice(run.r0, run.r0 + run.n)
-                run.cache.write(li, run.p0, k_heads[rows], v_heads[rows])
+                ops.kv_write(run.cache, li, run.p0, k_heads[rows], v_heads[rows])
                 k_cache, v_cache = run.cache.layer(li)
                 for b0, q_block, att_block in run.blocks:
                     poll()
@@ -556,68 +565,74 @@ class TransformerModel:
             poll()
             ops.linear(layer.attn_output, att, out=proj)
             if layer.attn_output_bias is not None:
-                proj += layer.attn_output_bias
+                ops.add(proj, layer.attn_output_bias, proj)
             if layer.post_attention_norm is not None:
                 ops.rmsnorm(proj, layer.post_attention_norm, cfg.norm_eps, out=proj)
             if cfg.residual_scale != 1.0:  # Granite's residual_multiplier
-                proj *= np.float32(cfg.residual_scale)
-            x += proj
+                ops.scale(proj, cfg.residual_scale)
+            ops.add(x, proj, x)
             # --- feed-forward ---
             poll()
+            src = h
             if layer.ffn_norm is not None:
                 ops.rmsnorm(x, layer.ffn_norm, cfg.norm_eps, out=h)
             else:
-                h[...] = x
+                src = x
             if layer.experts is not None:
-                self._moe_ffn(layer, h, proj, poll)
+                # routing picks the expert weights per token: no fixed step list
+                ops.call("moe_ffn", self._moe_ffn, layer, src, proj, poll)
             else:
-                ops.linear_many((layer.ffn_gate, layer.ffn_up), h, (gate, up))
-                self._gated(gate, up)
+                ops.linear_many((layer.ffn_gate, layer.ffn_up), src, (gate, up))
+                self._gated(ops, gate, up)
                 poll()
                 ops.linear(layer.ffn_down, gate, out=proj)
             if layer.post_ffw_norm is not None:
                 ops.rmsnorm(proj, layer.post_ffw_norm, cfg.norm_eps, out=proj)
             if cfg.residual_scale != 1.0:
-                proj *= np.float32(cfg.residual_scale)
-            x += proj
-        for run in runs:
-            run.cache.commit(run.ids)
+                ops.scale(proj, cfg.residual_scale)
+            ops.add(x, proj, x)
 
-        # One output projection for every segment's rows (the largest matrix of a small model:
-        # reading it once per step, not once per sequence, is much of what batching saves).
-        wanted = runs.logit_rows()
-        logits = self._logits(x, np.concatenate(wanted))
-        bounds = np.cumsum([0] + [rows.size for rows in wanted])
-        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    def _attn_temperature(self, q: np.ndarray, positions: np.ndarray) -> None:
+        """q *= Llama 4 / Ministral 3's per-position query temperature."""
+        cfg = self.config
+        temperature = (
+            1.0
+            + cfg.attn_temp_scale
+            * np.log1p(np.floor(positions.astype(np.float64) / cfg.attn_temp_length))
+        ).astype(np.float32)[:, None]
+        q *= temperature
 
-    def _decode_plan(self) -> _DecodePlan | None:
-        """The native step lists of a one-token decode, built on first use; None where the
-        architecture or backend needs the op-by-op loop (or LOCALCHAT_DECODE_STEPS=0)."""
-        if self._plan is False:
-            return None
-        if self._plan is None:
-            self._plan = _DecodePlan.build(self) or False
-        return self._plan or None
+    def decode_plan(self, cache_type: KvCacheType) -> DecodePlan | None:
+        """The recorded one-token decode for caches of `cache_type`, recorded on first use; None
+        where the backend has no native steps (or LOCALCHAT_DECODE_STEPS=0)."""
+        plan = self._plans.get(cache_type)
+        if plan is None:
+            plan = decode_plan.record(self, cache_type) or False
+            self._plans[cache_type] = plan
+        return plan or None
 
-    def _planned_decode(self, plan: _DecodePlan, run: _Run, cancel) -> np.ndarray:
-        """One token through the layers as each layer's step list (the same kernels on the same
-        arrays as the op-by-op loop below, so the same bits), then the logits."""
-        cfg, ops = self.config, self.backend
-        ops.embedding(self.token_embd, run.ids, out=plan.x)
+    def decode_path(self, cache_type: KvCacheType | None = None) -> tuple[str, list[str]]:
+        """("steps" | "mixed" | "ops", the ops recorded as Python fallbacks) of a one-token
+        decode into a cache of `cache_type` (default: the model's)."""
+        with self.forward_lock:
+            plan = self.decode_plan(cache_type or self.cache_type)
+        if plan is None:
+            return "ops", []
+        return plan.path, sorted(set(plan.fallbacks))
+
+    def _planned_decode(self, plan: DecodePlan, run: _Run, cancel) -> np.ndarray:
+        """One token through the recorded layers (the same kernels on the same arrays as the
+        op-by-op loop, so the same bits), then the logits."""
+        cfg, x = self.config, self._state.x[:1]
+        self.backend.embedding(self.token_embd, run.ids, out=x)
         if cfg.embed_scale != 1.0:
-            plan.x *= np.float32(cfg.embed_scale)
-        plan.position[0] = run.p0
-        plan.attention_args[:, AttentionSlots.P0] = run.p0
-        plan.point_at(run.cache)
-        for table, count in plan.tables:
-            if cancel is not None and cancel.cancelled:
-                raise ForwardCancelled()
-            ops.run_steps(table, count)
+            x *= np.float32(cfg.embed_scale)
+        plan.run(run.cache, run.p0, cancel)
         run.cache.commit(run.ids)
         rows = run.logit_rows  # segment rows of a one-token segment: each is row 0
         if rows.size == 0:
             return np.zeros((0, cfg.n_vocab), np.float32)
-        logits = self._logits(plan.x, np.zeros(1, np.int64))
+        logits = self._logits(x, np.zeros(1, np.int64))
         return logits if rows.size == 1 else logits[np.zeros(rows.size, np.int64)]
 
     def _logits(self, x: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
@@ -670,7 +685,7 @@ class TransformerModel:
                 if biases is not None:
                     moe.gate1 += biases[expert][0]
                     moe.up1 += biases[expert][1]
-                self._gated(moe.gate1, moe.up1)
+                self._gated(self.backend, moe.gate1, moe.up1)
                 ops.linear(down_w, moe.gate1, out=moe.down1)
                 if biases is not None:
                     moe.down1 += biases[expert][2]
@@ -695,22 +710,23 @@ class TransformerModel:
             if biases is not None:
                 gate += biases[expert][0]
                 up += biases[expert][1]
-            self._gated(gate, up)
+            self._gated(self.backend, gate, up)
             down = ops.linear(down_w, gate)
             if biases is not None:
                 down += biases[expert][2]
             out[rows] += down * weights[rows, slots].astype(np.float32)[:, None]
 
-    def _gated(self, gate: np.ndarray, up: np.ndarray) -> None:
-        """gate <- the architecture's gated activation of (gate, up), in place."""
+    def _gated(self, ops, gate: np.ndarray, up: np.ndarray) -> None:
+        """gate <- the architecture's gated activation of (gate, up), in place (ops: the backend,
+        LoopOps or the decode-plan recorder)."""
         if self.config.activation == "swiglu_oai":
-            self.backend.swiglu_oai(
+            ops.swiglu_oai(
                 gate, up, alpha=GPT_OSS_SWIGLU_ALPHA, limit=GPT_OSS_SWIGLU_LIMIT, out=gate
             )
         elif self.config.activation == "gelu_tanh":
-            self.backend.geglu(gate, up, out=gate)
+            ops.geglu(gate, up, out=gate)
         else:
-            self.backend.swiglu(gate, up, out=gate)
+            ops.swiglu(gate, up, out=gate)
 
     def _factors_for(self, seq_len: int) -> np.ndarray | None:
         """The per-frequency RoPE divisors for a chunk whose last position is seq_len - 1:
@@ -722,142 +738,7 @@ class TransformerModel:
         return self._rope_factors
 
 
-DECODE_STEPS_ENV = "LOCALCHAT_DECODE_STEPS"  # "0": decode op by op (side-by-side checks)
-
-
-class _DecodePlan:
-    """A one-token decode as native step lists, one per layer (JitBackend.step_*): rmsnorm,
-    activation quantization, the q/k/v job, bias adds, RoPE, the float16 K/V row stores,
-    attention, the output projection and residual add, rmsnorm, the gate/up job, the gated
-    activation, ffn_down and its residual add. Python then makes one call per layer, instead of
-    ~15 op calls with their argument checks and the numpy adds between them (most of a small
-    model's decode step; at 2 threads the second thread spins through all of it). Every step
-    runs its kernel with the arguments and chunking of the op it replaces, on the same
-    _RunState rows, so the logits are bit-identical to the op-by-op loop (tests/
-    test_decode_steps.py) and hence to a prefill of the same tokens.
-
-    For the common architectures only: pre-norms, no q/k norms, no sandwich norms, dense FFN
-    (SwiGLU or GeGLU, as _gated picks), no residual / attention multipliers, a single RoPE table, quantized
-    weights, a float16 KV cache; anything else keeps the op-by-op loop."""
-
-    def __init__(self) -> None:
-        self.x = np.zeros((1, 1), np.float32)
-        self.position = np.zeros(1, np.int64)
-        self.attention_args = np.zeros((0, AttentionSlots.SIZE), np.int64)
-        self.kv_args: list[tuple[np.ndarray, np.ndarray]] = []  # per layer (k store, v store)
-        self.tables: list[tuple[np.ndarray, int]] = []
-        self._steps: list = []  # every Step, kept alive with the tables that point at them
-        self._cache: weakref.ref[KVCache] | None = None
-
-    @classmethod
-    def build(cls, model: TransformerModel) -> _DecodePlan | None:
-        cfg, ops = model.config, model.backend
-        if os.environ.get(DECODE_STEPS_ENV, "1").strip() == "0":
-            return None
-        if not hasattr(ops, "step_linear") or getattr(ops, "split_keys", False):
-            return None
-        if (
-            not cfg.pre_norms
-            or cfg.qk_norm
-            or cfg.sandwich_norms
-            or cfg.n_expert
-            or cfg.residual_scale != 1.0
-            or cfg.attn_temp_scale > 0.0
-            or cfg.activation == "swiglu_oai"  # its clamps have no step form
-            or model._rope_factors_long is not None
-            or cfg.head_dim % 16
-            or cfg.n_head % cfg.n_kv_head
-            or (cfg.rope_dims and cfg.rope_dims % 2)
-        ):
-            return None
-        if any(
-            la.q_gain != 1.0 or layer.attn_output_bias is not None
-            for layer, la in zip(model.layers, model._layer_attention, strict=True)
-        ):
-            return None
-        try:
-            return cls._build(model)
-        except ValueError:  # a step refused its arrays: keep the op-by-op loop
-            return None
-
-    @classmethod
-    def _build(cls, model: TransformerModel) -> _DecodePlan | None:
-        cfg, ops, st = model.config, model.backend, model._state
-        plan = cls()
-        x, h, proj, att = st.x[:1], st.h[:1], st.proj[:1], st.att[:1]
-        q, k, v, gate, up = st.q[:1], st.k[:1], st.v[:1], st.gate[:1], st.up[:1]
-        plan.x = x
-        q_heads = q.reshape(1, cfg.n_head, cfg.head_dim)
-        k_heads = k.reshape(1, cfg.n_kv_head, cfg.head_dim)
-        quant_h, bufs_h = ops.step_quantize(h)
-        quant_att, bufs_att = ops.step_quantize(att)
-        quant_gate, bufs_gate = ops.step_quantize(gate)
-        glu = "geglu" if cfg.activation == "gelu_tanh" else "swiglu"
-        attention_rows = []
-        for layer, la in zip(model.layers, model._layer_attention, strict=True):
-            assert layer.attn_norm is not None and layer.ffn_norm is not None
-            qkv = ops.step_linear((layer.attn_q, layer.attn_k, layer.attn_v), bufs_h, (q, k, v))
-            out_proj = ops.step_linear((layer.attn_output,), bufs_att, (proj,))
-            gate_up = ops.step_linear((layer.ffn_gate, layer.ffn_up), bufs_h, (gate, up))
-            down = ops.step_linear((layer.ffn_down,), bufs_gate, (proj,))
-            if qkv is None or out_proj is None or gate_up is None or down is None:
-                return None
-            steps = [ops.step_rmsnorm(x, layer.attn_norm, cfg.norm_eps, h), quant_h, qkv]
-            for rows, bias in (
-                (q, layer.attn_q_bias),
-                (k, layer.attn_k_bias),
-                (v, layer.attn_v_bias),
-            ):
-                if bias is not None:
-                    steps.append(ops.step_add(rows, bias, rows))
-            if la.rope:
-                rope_args: dict = dict(theta=la.theta, neox=cfg.rope_neox, freq_scale=la.freq_scale)
-                if cfg.rope_dims:
-                    rope_args["n_rot"] = cfg.rope_dims
-                if la.scaled and model._rope_factors is not None:
-                    rope_args["freq_factors"] = model._rope_factors
-                steps.append(ops.step_rope(q_heads, plan.position, **rope_args))
-                steps.append(ops.step_rope(k_heads, plan.position, **rope_args))
-            k_store, v_store = (
-                ops.step_kv_store(k, plan.position),
-                ops.step_kv_store(v, plan.position),
-            )
-            plan.kv_args.append((k_store.args, v_store.args))
-            attend = ops.step_attention(
-                q_heads,
-                att,
-                cfg.n_kv_head,
-                scale=la.scale,
-                window=la.window,
-                softcap=cfg.attn_logit_softcap,
-                sinks=layer.attn_sinks,
-            )
-            attention_rows.append(attend)
-            steps += [k_store, v_store, attend, quant_att, out_proj, ops.step_add(x, proj, x)]
-            steps += [ops.step_rmsnorm(x, layer.ffn_norm, cfg.norm_eps, h), quant_h, gate_up]
-            steps += [ops.step_glu(glu, gate, up, gate), quant_gate, down, ops.step_add(x, proj, x)]
-            plan._steps.append(steps)
-        # the attention blocks as rows of one array: a token sets every layer's P0 at once
-        plan.attention_args = np.stack([a.args for a in attention_rows])
-        for steps, attend in zip(plan._steps, attention_rows, strict=True):
-            i = next(j for j, s in enumerate(steps) if s is attend)
-            row = plan.attention_args[len(plan.tables)]
-            steps[i] = type(attend)(attend.fn, row, attend.chunks, attend.keep)
-            plan.tables.append((ops.step_list(steps), len(steps)))
-        return plan
-
-    def point_at(self, cache: KVCache) -> None:
-        """Aim the K/V stores and attention at this cache's layers (once per cache)."""
-        if self._cache is not None and self._cache() is cache:
-            return
-        s = AttentionSlots
-        for li, (k_args, v_args) in enumerate(self.kv_args):
-            k_layer, v_layer = cache.layer(li)
-            k_args[KvStoreSlots.DST] = k_layer.ctypes.data
-            v_args[KvStoreSlots.DST] = v_layer.ctypes.data
-            self.attention_args[li, s.K_CACHE] = k_layer.ctypes.data
-            self.attention_args[li, s.V_CACHE] = v_layer.ctypes.data
-        self._cache = weakref.ref(cache)
+DECODE_STEPS_ENV = decode_plan.DECODE_STEPS_ENV  # kept importable from here
 
 
 def rope_factors(
