@@ -15,7 +15,8 @@ without the time other processes hold the core; that is the figure compared. Wal
 the JSON.
 
 `--against REV` also times the codebook/grid types (engine/kernels/quant_iq.py's) as git
-revision REV's quant_iq*.py unpackers build them, as rows `TYPE@REV` in the same rounds on the
+revision REV's quant_iq*.py unpackers build them (quant_iq.py with that revision's
+quant_iq_vnni.py and quant_iq_avx2.py), as rows `TYPE@REV` in the same rounds on the
 same weights: a change to those kernels measured side by side in one run, which the shared
 machine's load makes far more telling than two runs minutes apart.
 """
@@ -66,28 +67,35 @@ def _source_at(rev: str, path: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+# quant_iq.py and the modules it imports its per-ISA unpackers from, in the order they must run
+# (quant_iq_avx2 imports quant_iq_vnni's helpers by name, and quant_iq only as a module object)
+_UNPACKER_MODULES = ("quant_iq_vnni", "quant_iq_avx2", "quant_iq")
+
+
 def revision_unpackers(rev: str) -> pytypes.ModuleType:
-    """engine/kernels/quant_iq.py as of `rev` (with its quant_iq_vnni.py, if it had one), as a
-    module object that does not replace the imported one."""
-    vnni_src = _source_at(rev, "engine/kernels/quant_iq_vnni.py")
-    src = _source_at(rev, "engine/kernels/quant_iq.py")
-    if src is None:
+    """engine/kernels/quant_iq.py as of `rev`, with the quant_iq_vnni.py / quant_iq_avx2.py it
+    had, as a module object that replaces none of the imported ones: while REV's modules run,
+    each sibling import resolves to REV's copy (registered in sys.modules, then restored)."""
+    sources = {n: _source_at(rev, f"engine/kernels/{n}.py") for n in _UNPACKER_MODULES}
+    if sources["quant_iq"] is None:
         raise SystemExit(f"--against {rev}: no engine/kernels/quant_iq.py at that revision")
     package = sys.modules["engine.kernels"]
-    current_vnni = sys.modules.get("engine.kernels.quant_iq_vnni")
+    current = {n: sys.modules.get(f"engine.kernels.{n}") for n in _UNPACKER_MODULES}
+    old = {n: pytypes.ModuleType(f"engine.kernels.{n}") for n, src in sources.items() if src}
     try:
-        if vnni_src is not None:  # the old quant_iq imports the old quant_iq_vnni
-            vnni = pytypes.ModuleType("engine.kernels.quant_iq_vnni")
-            exec(compile(vnni_src, f"{rev}:quant_iq_vnni.py", "exec"), vnni.__dict__)
-            sys.modules[vnni.__name__] = vnni
-            package.quant_iq_vnni = vnni  # type: ignore[attr-defined]
-        mod = pytypes.ModuleType(f"quant_iq@{rev}")
-        exec(compile(src, f"{rev}:quant_iq.py", "exec"), mod.__dict__)
+        for name, mod in old.items():  # all registered first: they import each other
+            sys.modules[mod.__name__] = mod
+            setattr(package, name, mod)
+        for name, mod in old.items():
+            exec(compile(sources[name], f"{rev}:{name}.py", "exec"), mod.__dict__)
     finally:
-        if current_vnni is not None:
-            sys.modules[current_vnni.__name__] = current_vnni
-            package.quant_iq_vnni = current_vnni  # type: ignore[attr-defined]
-    return mod
+        for name, mod in current.items():
+            if mod is None:
+                sys.modules.pop(f"engine.kernels.{name}", None)
+            else:
+                sys.modules[mod.__name__] = mod
+                setattr(package, name, mod)
+    return old["quant_iq"]
 
 
 def revision_module_ir(old: pytypes.ModuleType, qname: str, isa: str, symbol: str) -> str:
