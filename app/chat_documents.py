@@ -15,8 +15,8 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from engine.documents.context import DEFAULT_BUDGET_TOKENS
-from engine.documents.retrieve import DEFAULT_TOP_K
+# the light module: this file is read while the window opens, before numpy loads
+from engine.documents.defaults import DEFAULT_BUDGET_TOKENS, DEFAULT_TOP_K
 
 BUDGET_RANGE = (64, 32_768)  # tokens of the prompt the sources may take
 TOP_K_RANGE = (1, 50)

@@ -32,7 +32,7 @@ from app.tool_registry import ToolRegistry
 from app.tool_runner import ToolRunner
 from engine.compaction import edited_note, receipt_section, with_summary_note
 from engine.errors import EngineError
-from engine.events import Finished, ToolCallMalformed
+from engine.events import FINISH_CANCELLED, Finished, ToolCallMalformed, Usage
 from engine.receipt import with_compaction, with_sources
 from engine.types import GenerationRequest, JsonMode, MessageStatus, ModelInfo, Role
 
@@ -406,6 +406,9 @@ class ChatSession(QObject):
 
     def cancel(self) -> None:
         """Stop: the generation and any tool call running or waiting for approval."""
+        documents = self.documents
+        if self._recorder is not None and documents is not None and documents.cancel_retrieval():
+            self._stop_before_request()  # its sources were being found: no request started
         self.controller.cancel()
         self.tools.cancel()
 
@@ -630,8 +633,6 @@ class ChatSession(QObject):
         self._malformed = []
         request = self.build_request(cid)
         self._reply_sources = None
-        if self.documents is not None:
-            request, self._reply_sources = self.documents.apply(cid, request, continuing)
         built_on = self.request_compaction if request.messages is not None else None
         self._reply_compaction = (
             None
@@ -649,7 +650,43 @@ class ChatSession(QObject):
         self.messageAdded.emit(self._reply_message)
         if not continuing:
             self.busyChanged.emit(True)
+        if self.documents is None:
+            self.controller.generate(request)
+            return
+        # issue 34: the chat's sources go into the request first. Finding them embeds the
+        # question (a forward pass), so it runs on a thread while the reply row is open already;
+        # Stop meanwhile ends the reply (cancel).
+        self.documents.apply(
+            cid, request, continuing, functools.partial(self._generate_with_sources, cid, reply_id)
+        )
+
+    def _generate_with_sources(
+        self, cid: int, reply_id: int, request: GenerationRequest, sources: dict | None
+    ) -> None:
+        if self._recorder is None or self._recorder.message_id != reply_id:
+            return  # the reply ended (Stop, the chat left) while its sources were found
+        self._reply_sources = sources
+        self._prompt_estimate = self._estimate_prompt_tokens(cid, request)
         self.controller.generate(request)
+
+    def _stop_before_request(self) -> None:
+        """End the open reply as cancelled when no request was started for it: the same
+        Finished the engine gives for a Stop before its prompt was read, through the same path,
+        so the reply is saved as cancelled and the queue and busy state follow as after any Stop."""
+        info = self.controller.model
+        nothing = Usage(
+            prompt_tokens=0,
+            completion_tokens=0,
+            cached_tokens=None,
+            prefill_ms=0.0,
+            decode_ms=0.0,
+            ttft_ms=0.0,
+            prompt_tok_s=0.0,
+            decode_tok_s=0.0,
+            context_used=0,
+            context_limit=info.n_ctx if info is not None else 0,
+        )
+        self._on_finished(Finished(finish_reason=FINISH_CANCELLED, usage=nothing, text=""))
 
     def _estimate_prompt_tokens(self, cid: int, request: GenerationRequest) -> int:
         """For the live context bar until the engine reports the exact count: the last reply's

@@ -30,22 +30,30 @@ import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QWidget
 
 from app.chat_documents import ChatDocumentSettings, ChatDocumentsFile
 from app.features.index_runner import EmbedderCache, IndexRunner
-from engine.documents.collection import Collection, FileRecord, check_name
-from engine.documents.context import build_context
-from engine.documents.embedder import TextEmbedder
-from engine.documents.index import IndexProgress, IndexReport
-from engine.documents.record import changed_since, sources_record
-from engine.documents.retrieve import CANDIDATES_PER_LIST, RetrievalSettings, retrieve
+from app.features.prefill_progress import GENERATING
 from engine.errors import EngineError
 from engine.types import GenerationRequest, Role
 
+if TYPE_CHECKING:
+    # engine.documents loads numpy, and the window opens before numpy is loaded: its modules
+    # are imported inside the functions that use them (most run on a thread).
+    from engine.documents.collection import FileRecord
+    from engine.documents.embedder import TextEmbedder
+    from engine.documents.index import IndexProgress, IndexReport
+
 COLLECTIONS_DIR = "collections"
+FINDING_SOURCES = "Finding sources… (Esc to stop)"
+
+# What `apply` hands back when the request is ready: the request (with the passages in its system
+# message) and the receipt section recording them (None: no sources).
+SourcesReady = Callable[[GenerationRequest, "dict | None"], None]
 
 
 class DocumentsController(QObject):
@@ -54,6 +62,9 @@ class DocumentsController(QObject):
     indexingChanged = Signal(bool)
     reportReady = Signal(str, list, list)  # summary line, problems (each naming its file), paths
     problem = Signal(str)  # something the user must know (no embedding model, a bad name...)
+    statusText = Signal(str)  # the chat's status line while a reply's sources are found
+    # from the retrieval thread (queued to the GUI thread): job, sources text, section, error
+    _retrieved = Signal(int, object, object, str)
 
     def __init__(
         self,
@@ -76,6 +87,10 @@ class DocumentsController(QObject):
         self.last_report: IndexReport | None = None
         self._indexing: str | None = None  # the collection being indexed
         self._turn: tuple[int, str, dict] | None = None  # cid, sources text, receipt section
+        # the retrieval a reply waits for: job number, cid, the request, where it goes when ready
+        self._pending: tuple[int, int, GenerationRequest, SourcesReady] | None = None
+        self._jobs = 0
+        self._retrieved.connect(self._on_retrieved)
         self._panel = self._chat_view = self._window = None  # set by attach_views
         self.sources_dialog: QWidget | None = None  # the last Sources dialog opened
         session.documents = self  # the session asks `apply` and `replay_note` (duck-typed)
@@ -126,6 +141,8 @@ class DocumentsController(QObject):
         settings = self.current()
         if settings is None or settings.collection not in self.collection_names():
             return []
+        from engine.documents.collection import Collection
+
         try:
             with Collection.open(settings.collection, self.root, create=False) as collection:
                 return collection.files()
@@ -169,6 +186,8 @@ class DocumentsController(QObject):
 
     def use_collection(self, name: str) -> bool:
         """Make an existing collection (or a new empty one) the open chat's."""
+        from engine.documents.collection import check_name
+
         try:
             check_name(name)
         except EngineError as exc:
@@ -229,60 +248,110 @@ class DocumentsController(QObject):
         settings = self.current()
         if settings is None or settings.collection not in self.collection_names():
             return
-        try:
-            with Collection.open(settings.collection, self.root, create=False) as collection:
-                path = collection.embed_model_path
-        except EngineError:
-            return
-        if self.query_embedders.loaded(path):
-            return
 
         def load() -> None:
             # a failure is said when a question needs the model (apply), not here
             with contextlib.suppress(Exception):
-                self.query_embedders.get(path)
+                from engine.documents.collection import Collection
+
+                with Collection.open(settings.collection, self.root, create=False) as collection:
+                    path = collection.embed_model_path
+                if not self.query_embedders.loaded(path):
+                    self.query_embedders.get(path)
 
         threading.Thread(target=load, name="embedder-preload", daemon=True).start()
 
     # --- the session's hooks ---------------------------------------------------------------------
     def apply(
-        self, cid: int, request: GenerationRequest, continuing: bool
-    ) -> tuple[GenerationRequest, dict | None]:
-        """The request with the chat's sources in its system message, and the receipt section
-        that records them; the request as it was when the chat has no documents."""
+        self, cid: int, request: GenerationRequest, continuing: bool, done: SourcesReady
+    ) -> None:
+        """Give `done` the request with the chat's sources in its system message and the receipt
+        section that records them; the request as it was when the chat has no documents.
+
+        Finding the sources embeds the question (a forward pass of the encoder, and its model
+        load when the preload has not finished) and searches the collection, so it runs on a
+        thread and `done` is called later, on the GUI thread; the status line says "Finding
+        sources…" meanwhile and `cancel_retrieval` drops it. A chat without documents and a
+        tool round's continuation (which reuses the turn's sources, so every request of a turn
+        sees the same prompt) call `done` at once."""
         settings = self.settings_for(cid)
         if settings is None or request.messages is None:
             self._turn = None
-            return request, None
+            done(request, None)
+            return
         if continuing and self._turn is not None and self._turn[0] == cid:
             _, text, section = self._turn
-        else:
-            question = next(
-                (
-                    m.get("content") or ""
-                    for m in reversed(request.messages)
-                    if m["role"] == Role.USER
-                ),
-                "",
-            )
+            done(with_sources_text(request, text), section)
+            return
+        question = next(
+            (m.get("content") or "" for m in reversed(request.messages) if m["role"] == Role.USER),
+            "",
+        )
+        self._jobs += 1
+        job = self._jobs
+        self._pending = (job, cid, request, done)
+        self.statusText.emit(FINDING_SOURCES)
+
+        def run() -> None:
             try:
                 text, section = self.retrieve(settings, question)
             except (EngineError, OSError, ValueError) as exc:
-                self._turn = None
-                self.problem.emit(f"No sources were added to this reply: {exc}")
-                return request, None
-            self._turn = (cid, text, section)
-        if not text:
-            return request, section
-        messages = list(request.messages)
-        if messages and messages[0]["role"] == Role.SYSTEM:
-            messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
-        else:
-            messages.insert(0, {"role": Role.SYSTEM, "content": text})
-        return dataclasses.replace(request, messages=tuple(messages)), section
+                self._tell(job, None, None, f"No sources were added to this reply: {exc}")
+            except Exception as exc:  # a bug must reach the user, not leave the reply waiting
+                self._tell(
+                    job,
+                    None,
+                    None,
+                    f"No sources were added to this reply: {type(exc).__name__}: {exc}",
+                )
+            else:
+                self._tell(job, text, section, "")
+
+        threading.Thread(target=run, name="retrieve-sources", daemon=True).start()
+
+    def _tell(self, job: int, text: str | None, section: dict | None, error: str) -> None:
+        # the window may have closed (this object deleted) while the thread worked
+        with contextlib.suppress(RuntimeError):
+            self._retrieved.emit(job, text, section, error)
+
+    def _on_retrieved(self, job: int, text: str | None, section: dict | None, error: str) -> None:
+        pending = self._pending
+        if pending is None or pending[0] != job:
+            return  # its reply was stopped while the sources were found
+        self._pending = None
+        _, cid, request, done = pending
+        self.statusText.emit(GENERATING)
+        if error or text is None or section is None:
+            self._turn = None
+            self.problem.emit(error)
+            done(request, None)  # the reply goes on without sources
+            return
+        self._turn = (cid, text, section)
+        done(with_sources_text(request, text), section)
+
+    @property
+    def retrieving(self) -> bool:
+        """Whether a reply waits for its sources."""
+        return self._pending is not None
+
+    def cancel_retrieval(self) -> bool:
+        """Drop the sources a reply waits for (Stop): its `done` is never called and the thread's
+        result, when it comes, is ignored. True when one was waiting."""
+        if self._pending is None:
+            return False
+        self._pending = None
+        self._turn = None
+        self.statusText.emit("")
+        return True
 
     def retrieve(self, settings: ChatDocumentSettings, question: str) -> tuple[str, dict]:
-        """(the sources block, the receipt section) for `question` from the chat's collection."""
+        """(the sources block, the receipt section) for `question` from the chat's collection.
+        Runs on the retrieval thread (`apply`)."""
+        from engine.documents.collection import Collection
+        from engine.documents.context import build_context
+        from engine.documents.record import sources_record
+        from engine.documents.retrieve import CANDIDATES_PER_LIST, RetrievalSettings, retrieve
+
         with Collection.open(settings.collection, self.root, create=False) as collection:
             embedder = self.query_embedders.get(collection.embed_model_path)
             retrieval = retrieve(
@@ -314,6 +383,9 @@ class DocumentsController(QObject):
         n = len(section["sources"])
         used = f"The replay used the {n} recorded passage{'s' if n != 1 else ''}"
         name = str(section.get("collection") or "")
+        from engine.documents.collection import Collection
+        from engine.documents.record import changed_since
+
         try:
             with Collection.open(name, self.root, create=False) as collection:
                 changed = changed_since(collection, section)
@@ -418,6 +490,19 @@ class DocumentsController(QObject):
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.sources_dialog = dialog  # kept for tests and so it is not collected while open
         dialog.show()
+
+
+def with_sources_text(request: GenerationRequest, text: str) -> GenerationRequest:
+    """`request` with the sources block at the end of its system message (one made for it when
+    it has none); as it is for an empty block."""
+    if not text or request.messages is None:
+        return request
+    messages = list(request.messages)
+    if messages and messages[0]["role"] == Role.SYSTEM:
+        messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
+    else:
+        messages.insert(0, {"role": Role.SYSTEM, "content": text})
+    return dataclasses.replace(request, messages=tuple(messages))
 
 
 def attached_count(files: list[FileRecord]) -> tuple[int, int]:

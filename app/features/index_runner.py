@@ -15,14 +15,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
 from engine.cancel import CancelToken
-from engine.documents.collection import Collection
-from engine.documents.embedder import TextEmbedder
-from engine.documents.index import IndexProgress, IndexReport, index_paths
 from engine.errors import EngineError
+
+if TYPE_CHECKING:  # engine.documents loads numpy: imported on the index thread, when it runs
+    from engine.documents.embedder import TextEmbedder
+    from engine.documents.index import IndexProgress, IndexReport
 
 PROGRESS_INTERVAL_S = 0.1  # at most ten progress updates a second reach the window
 
@@ -87,6 +89,9 @@ class IndexRunner(QObject):
             report: IndexReport | None = None
             error = ""
             try:
+                from engine.documents.collection import Collection
+                from engine.documents.index import index_paths
+
                 with Collection.open(name, root) as collection:
                     embedder = self.embedders.get(collection.embed_model_path)
                     # recorded so a later run (and `python -m engine ask`) uses the same model

@@ -165,6 +165,7 @@ class MainWindow(QMainWindow):
         # issue 34: documents with citations (collections live beside the chat database)
         self.documents = DocumentsController(self.session, Path(store.path).parent, parent=self)
         self.documents.attach_views(self.documents_panel, self.chat_view, self.attach_button, self)
+        self.documents.statusText.connect(self.state_label.setText)  # "Finding sources…"
         # issue 35: will it run here? (library estimates; the loaded model's prediction error)
         self.run_prediction = RunPredictionController(
             self.usage_panel, self.model_bar, self.settings_file.path.parent, self

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.documents.defaults import DEFAULT_BUDGET_TOKENS
 from engine.documents.retrieve import Retrieved
 from engine.errors import ConfigValidationError
 
-DEFAULT_BUDGET_TOKENS = 1500
 INSTRUCTIONS = (
     "Answer using the numbered sources below. Cite the sources you use with their marker, "
     "like [1]. If the sources do not hold the answer, say so."

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.documents.collection import Collection, StoredChunk
+from engine.documents.defaults import DEFAULT_TOP_K
 from engine.documents.embedder import TextEmbedder
 from engine.documents.vectors import vector_search
 from engine.errors import ConfigValidationError
 
 RRF_K = 60
-DEFAULT_TOP_K = 8
 # Each list is searched deeper than the final top-k, so a chunk ranked modestly by both lists can
 # still fuse into the top.
 CANDIDATES_PER_LIST = 4
