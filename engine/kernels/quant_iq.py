@@ -11,8 +11,9 @@ with u unsigned bytes. How each family gets there:
   * IQ2 / IQ3: each 8 (IQ2) or 4 (IQ3) values are one row of a grid of unsigned magnitudes,
     loaded from a constant table in the module; signs come from explicit sign bytes or from a
     7-bit index into ksigns, expanded here to a table of 0x00/0xFF byte masks. On the VNNI
-    path the grid types decode a whole super-block with vector code instead
-    (engine/kernels/quant_iq_vnni.py);
+    and AVX2 paths the grid types decode a super-block's side data (scales, signs, wide row
+    indices) once with vector code instead (engine/kernels/quant_iq_vnni.py,
+    engine/kernels/quant_iq_avx2.py); this per-chunk code is the generic path's;
   * IQ1_S / IQ1_M: grid values g in {-1, 0, 1} plus a per-8 or per-32 delta of +-1/8 become
     exact integers u = 8g + 8*delta + 9 (offset 9, scale d/8): the grid table stores 8(g + 1)
     and the delta adds 0 or 2 to every byte of an 8-value row.
@@ -53,7 +54,9 @@ LAYOUTS_IQ = {
 # LLVM hoists every row's index math and spills to the stack (1.5-3x slower per call, 2048 x
 # 2048 decode mat-vec). The VNNI path decodes a block in vector registers, which leaves room
 # for rows that share each activation load and hide each other's lookup latency; measured
-# side by side (1 vs 2 vs 4 rows, bench/RESULTS.md), best per type:
+# side by side (1 vs 2 vs 4 rows, bench/RESULTS.md), best per type. AVX2 with its block-level
+# decoding (quant_iq_avx2.py) was re-measured at 2 rows: within the run's noise of 1 (+-10%
+# per type, some up, some down), so it keeps 1.
 GRID_TYPES = ("IQ3_S", "IQ3_XXS", "IQ2_XS", "IQ2_XXS", "IQ2_S", "IQ1_S", "IQ1_M")
 _TILE_ROWS_VNNI = {
     "IQ3_S": 4,
