@@ -45,6 +45,7 @@ from engine.errors import ModelFileError
 from engine.kernels.reference import dequantize_full
 from engine.kv_cache import KVCache
 from engine.models import decode_plan
+from engine.models.batch_decode import decode_batch
 from engine.models.decode_plan import DecodePlan, LoopOps
 from engine.qtensor import QTensor
 from engine.types import KvCacheType
@@ -439,6 +440,10 @@ class TransformerModel:
             plan = self.decode_plan(runs[0].cache.cache_type)
             if plan is not None:
                 return [self._planned_decode(plan, runs[0], cancel)]
+        if n > 1 and len(runs) == n:  # batched decode: N sequences, one token each
+            batched = decode_batch(self, runs, ids, cancel)
+            if batched is not None:
+                return batched
         x = st.x[:n]
         self.backend.embedding(self.token_embd, ids, out=x)
         if cfg.embed_scale != 1.0:
