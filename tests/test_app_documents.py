@@ -122,7 +122,9 @@ def test_send_carries_the_passages_and_the_receipt_records_them(qtbot, tmp_path)
         system = engine.requests[0].messages[0]
         assert system["role"] == Role.SYSTEM
         assert system["content"].startswith("Be brief.\n\nAnswer using the numbered sources")
-        assert "[1] museum.md > Visiting > Hours\n## Hours\n\n" + HOURS in system["content"]
+        # the "# Visiting" heading starts the Hours passage (engine/documents/chunk.py)
+        passage = "[1] museum.md > Visiting > Hours\n# Visiting\n\n## Hours\n\n" + HOURS
+        assert passage in system["content"]
         reply = window.store.messages(window.session.conversation_id)[-1]
         section = reply.receipt["sources"]
         first = section["sources"][0]

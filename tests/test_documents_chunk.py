@@ -82,3 +82,74 @@ def test_bad_sizes_are_refused_by_name():
         chunk_blocks([], count_words, max_tokens=4)
     with pytest.raises(ConfigValidationError, match="overlap_tokens"):
         chunk_blocks([], count_words, max_tokens=20, overlap_tokens=10)
+
+
+MUSEUM_MD = """# Visiting
+
+## Hours
+
+The museum opens at nine.
+
+## Parking
+
+Behind the station.
+
+# Appendix
+"""
+
+
+def test_a_heading_starts_the_next_chunk_instead_of_being_a_chunk_alone(tmp_path):
+    """'# Visiting' followed by the '## Hours' section: the heading goes at the start of the
+    Hours chunk (not a chunk of its own that matches every question about visiting); a heading
+    that ends the document stays, alone, rather than being lost."""
+    from engine.documents.extract import extract
+
+    path = tmp_path / "museum.md"
+    path.write_text(MUSEUM_MD, encoding="utf-8")
+    document = extract(str(path))
+    chunks = chunk_blocks(document.blocks, count_words, max_tokens=50, overlap_tokens=0)
+    assert [c.text for c in chunks] == [
+        "# Visiting\n\n## Hours\n\nThe museum opens at nine.",
+        "## Parking\n\nBehind the station.",
+        "# Appendix",
+    ]
+    assert [c.heading for c in chunks] == [
+        ("Visiting", "Hours"),
+        ("Visiting", "Parking"),
+        ("Appendix",),
+    ]
+    assert [c.ordinal for c in chunks] == [0, 1, 2]
+    for c in chunks:  # the joined chunk is still one span of the document's text
+        assert document.text[c.char_start : c.char_end] == c.text
+    assert chunks[0].n_tokens == 9 + 2  # its words, recounted whole, + [CLS]/[SEP]
+
+
+@pytest.mark.parametrize(
+    ("text", "heading"),
+    [
+        # ATX, a chain of three levels
+        ("# Guide\n\n## Safety\n\n### Power\n\nUnplug it first.\n", ("Guide", "Safety", "Power")),
+        # setext has two levels: "Power" (---) replaces "Safety" (---) under "Guide" (===)
+        (
+            "Guide\n=====\n\nSafety\n------\n\nPower\n-----\n\nUnplug it first.\n",
+            ("Guide", "Power"),
+        ),
+    ],
+)
+def test_a_chain_of_headings_joins_the_first_text_after_it(tmp_path, text, heading):
+    from engine.documents.extract import extract
+
+    path = tmp_path / "guide.md"
+    path.write_text(text, encoding="utf-8")
+    document = extract(str(path))
+    chunks = chunk_blocks(document.blocks, count_words, max_tokens=50, overlap_tokens=0)
+    assert len(chunks) == 1
+    assert chunks[0].text == document.text and chunks[0].text.endswith("Unplug it first.")
+    assert chunks[0].heading == heading
+
+
+def test_a_heading_is_not_joined_across_pages():
+    """A PDF page ending with a heading: each page's chunk keeps its own page number."""
+    blocks = [Block("Warranty", 3, ("Warranty",), 0), Block("Two years.", 4, ("Warranty",), 10)]
+    chunks = chunk_blocks(blocks, count_words, max_tokens=20, overlap_tokens=0)
+    assert [(c.text, c.page) for c in chunks] == [("Warranty", 3), ("Two years.", 4)]
