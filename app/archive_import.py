@@ -1,7 +1,9 @@
 """Read a LocalChat zip export (app/export_zip.py) back: its manifest.json names each chat's JSON
 member and project; each member is read as a JSON export (app/chat_import.py: every version of
-every message and each reply's receipt) and the store imports them all in one transaction
-(Store.import_conversations), so a bad archive adds nothing.
+every message and each reply's receipt) with its compactions (summaries, each covering messages
+by their ids in that file) and the store imports them all in one transaction
+(Store.import_conversations, which gives the messages new ids and maps the summaries to them),
+so a bad archive adds nothing.
 
 The archive is hostile input. Before a byte is unpacked: its size, its number of members, the
 sizes its members declare (one and all together: a zip bomb) and every member's name (no
@@ -37,9 +39,23 @@ MAX_MANIFEST_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
+class ImportedCompaction:
+    """A summary as the file has it: `covered` are message keys of its chat's file (checked to
+    be there), not database ids."""
+
+    covered: tuple[int, ...]
+    summary: str
+    active: bool
+    receipt: dict | None
+    created_at: float
+
+
+@dataclass(frozen=True)
 class ImportedArchive:
     chats: tuple[ImportedChat, ...]
     projects: tuple[str | None, ...]  # chats[i]'s project name, None for none
+    # chats[i]'s compactions, oldest first (an archive written before they were exported: none)
+    compactions: tuple[tuple[ImportedCompaction, ...], ...] = ()
 
 
 def is_archive(path: Path | str) -> bool:
@@ -81,15 +97,17 @@ class _ArchiveReader:
         members = self.check_members()
         manifest = self.manifest(members)
         entries = manifest["chats"]
-        chats, projects = [], []
+        chats, projects, compactions = [], [], []
         messages = 0
         for index, entry in enumerate(entries):
             member = self.member_name(entry, index, members)
             project = self.project_name(entry, index)
+            raw = self.unpack(members[member], MAX_IMPORT_BYTES)
             try:
-                chat = parse_chat_export(self.unpack(members[member], MAX_IMPORT_BYTES), member)
+                chat = parse_chat_export(raw, member)
             except ChatImportError as exc:
                 self.fail(f"{member}: {exc.problem}")
+            compactions.append(self.compactions(raw, chat, member))
             messages += len(chat.messages)
             if messages > MAX_ARCHIVE_MESSAGES:
                 self.fail(
@@ -98,7 +116,52 @@ class _ArchiveReader:
                 )
             chats.append(chat)
             projects.append(project)
-        return ImportedArchive(tuple(chats), tuple(projects))
+        return ImportedArchive(tuple(chats), tuple(projects), tuple(compactions))
+
+    # --- compactions --------------------------------------------------------------------------
+    def compactions(
+        self, raw: bytes, chat: ImportedChat, member: str
+    ) -> tuple[ImportedCompaction, ...]:
+        """The chat's "compactions" (absent: none). parse_chat_export has already checked the
+        member is UTF-8 JSON no deeper than the limit."""
+        items = json.loads(raw.decode("utf-8")).get("compactions")
+        if items is None:
+            return ()
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            self.fail(f'{member}: "compactions" is not a list of objects')
+        keys = {m.key for m in chat.messages}
+        result = []
+        for n, item in enumerate(items, start=1):
+            where = f"{member}: compaction {n}"
+            covered = item.get("covered")
+            if (
+                not isinstance(covered, list)
+                or not covered
+                or not all(type(k) is int for k in covered)
+            ):
+                self.fail(f'{where}: "covered" is not a list of message ids')
+            missing = [k for k in covered if k not in keys]
+            if missing:
+                self.fail(f"{where} covers message {missing[0]}, which is not in the chat")
+            summary = item.get("summary")
+            if not isinstance(summary, str) or not summary.strip():
+                self.fail(f'{where}: "summary" is not a non-empty text')
+            active = item.get("active", False)
+            if not isinstance(active, bool):
+                self.fail(f'{where}: "active" is not true or false')
+            receipt = item.get("receipt")
+            if receipt is not None and not isinstance(receipt, dict):
+                self.fail(f'{where}: "receipt" is not an object')
+            created_at = item.get("created_at", 0.0)
+            if type(created_at) not in (int, float):
+                self.fail(f'{where}: "created_at" is not a number')
+            result.append(
+                ImportedCompaction(tuple(covered), summary, active, receipt, float(created_at))
+            )
+        if sum(c.active for c in result) > 1:
+            # The chat would show two summaries standing in for overlapping messages.
+            self.fail(f"{member}: more than one compaction is active")
+        return tuple(result)
 
     # --- members ------------------------------------------------------------------------------
     def check_members(self) -> dict[str, zipfile.ZipInfo]:

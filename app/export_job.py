@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from app.store import Conversation, Store, StoredMessage
+from app.store import Conversation, Store, StoredCompaction, StoredMessage
 
 # Called after each chat with (chats done, chats in all); raises ExportCancelled when cancelled.
 Step = Callable[[int, int], None]
@@ -55,12 +55,14 @@ class ExportFormat(StrEnum):
 @dataclass(frozen=True)
 class ChatSnapshot:
     """One chat as exported: `branch` the visible messages, `tree` every version of every
-    message (parents before children), `project` the name of its project (None: no project)."""
+    message (parents before children), `project` the name of its project (None: no project),
+    `compactions` its summaries, active or not, oldest first."""
 
     conversation: Conversation
     branch: list[StoredMessage]
     tree: list[StoredMessage]
     project: str | None = None
+    compactions: tuple[StoredCompaction, ...] = ()
 
 
 class ExportError(Exception):
@@ -89,8 +91,25 @@ def snapshot_chats(
         tree = store.tree(cid)
         by_id = {m.id: m for m in tree}
         branch = [by_id[m.id] for m in store.messages(cid, with_tokens=False)]
-        chats.append(ChatSnapshot(conversation, branch, tree, (projects or {}).get(cid)))
+        chats.append(
+            ChatSnapshot(
+                conversation,
+                branch,
+                tree,
+                (projects or {}).get(cid),
+                tuple(store.compactions(cid)),
+            )
+        )
     return chats
+
+
+def exported(chats: list[ChatSnapshot], scope: ExportScope) -> list[ChatSnapshot]:
+    """The chats an export of `scope` writes: exporting everything leaves out chats without a
+    message (each "New chat" opened and never used is not worth sharing); one chat or a
+    project's chats are written as asked."""
+    if scope != ExportScope.EVERYTHING:
+        return chats
+    return [c for c in chats if c.tree]
 
 
 def cancellable_step(cancel: threading.Event, report: Step) -> Step:
@@ -150,12 +169,17 @@ def run_export(
     chats: list[ChatSnapshot],
     step: Step,
 ) -> Path:
-    """Write `chats` to `destination` in `export_format`; returns the path written."""
+    """Write `chats` to `destination` in `export_format`; returns the path written. Only the
+    chats `exported` keeps are written; a zip's manifest says how many empty ones were not."""
+    kept = exported(chats, scope)
+    empty, chats = len(chats) - len(kept), kept
     # Imported here: the PDF writer pulls in QtGui, which the zip and HTML exports do not need.
     if export_format == ExportFormat.ZIP:
         from app.export_zip import write_zip
 
-        return write_atomically(destination, lambda temp: write_zip(temp, chats, scope, step))
+        return write_atomically(
+            destination, lambda temp: write_zip(temp, chats, scope, step, left_out_empty=empty)
+        )
     if export_format == ExportFormat.HTML:
         from app.export_html import render_html
 

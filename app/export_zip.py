@@ -23,7 +23,11 @@ MANIFEST_NAME = "manifest.json"
 MEMBER_STEM_BYTES = 120
 
 
-def write_zip(path: Path, chats: list[ChatSnapshot], scope: ExportScope, step: Step) -> None:
+def write_zip(
+    path: Path, chats: list[ChatSnapshot], scope: ExportScope, step: Step, left_out_empty: int = 0
+) -> None:
+    """`left_out_empty`: how many chats without messages the caller left out (the manifest's
+    "left_out": {"empty_chats": n}, so a reader can tell the archive is not short of chats)."""
     names = _MemberNames()
     entries: list[dict] = []
     total = len(chats)
@@ -33,7 +37,7 @@ def write_zip(path: Path, chats: list[ChatSnapshot], scope: ExportScope, step: S
             base = names.unique(chat.project, chat.conversation.title)
             markdown_name, json_name = base + ".md", base + ".json"
             archive.writestr(markdown_name, to_markdown(chat.conversation, chat.branch))
-            archive.writestr(json_name, to_json(chat.conversation, chat.branch, chat.tree))
+            archive.writestr(json_name, _chat_json(chat))
             entries.append(
                 {
                     "title": chat.conversation.title,
@@ -55,9 +59,28 @@ def write_zip(path: Path, chats: list[ChatSnapshot], scope: ExportScope, step: S
                 "messages": sum(e["messages"] for e in entries),
                 "projects": len({c.project for c in chats if c.project is not None}),
             },
+            "left_out": {"empty_chats": left_out_empty},
             "chats": entries,
         }
         archive.writestr(MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+
+
+def _chat_json(chat: ChatSnapshot) -> str:
+    """The chat's JSON export (app/export.py) plus its compactions, each covering messages by
+    their "id" in the same file (the importer maps those to the new ids)."""
+    record = json.loads(to_json(chat.conversation, chat.branch, chat.tree))
+    if chat.compactions:
+        record["compactions"] = [
+            {
+                "covered": list(c.covered),
+                "summary": c.summary,
+                "active": c.active,
+                "receipt": c.receipt,
+                "created_at": c.created_at,
+            }
+            for c in chat.compactions
+        ]
+    return json.dumps(record, indent=2, ensure_ascii=False) + "\n"
 
 
 class _MemberNames:

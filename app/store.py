@@ -60,6 +60,7 @@ from app.project_settings import ChatDefaults, Project, ProjectSettings, chat_de
 from engine.types import MessageStatus
 
 if TYPE_CHECKING:
+    from app.archive_import import ImportedCompaction
     from app.chat_import import ImportedChat, ImportedMessage
 
 SCHEMA_VERSION = 5
@@ -1056,21 +1057,29 @@ class Store:
         return self.import_conversations([chat])[0]
 
     def import_conversations(
-        self, chats: Sequence[ImportedChat], projects: Sequence[str | None] | None = None
+        self,
+        chats: Sequence[ImportedChat],
+        projects: Sequence[str | None] | None = None,
+        compactions: Sequence[Sequence[ImportedCompaction]] | None = None,
     ) -> list[int]:
         """Many imported chats (a zip export, app/archive_import.py) in one transaction: all or
         none. `projects[i]` names chat i's project: the first project of that name, created when
-        there is none. Returns the new chats' ids in order."""
+        there is none; `compactions[i]` are chat i's summaries (covering messages by their keys
+        in the file). Returns the new chats' ids in order."""
         names = list(projects) if projects is not None else [None] * len(chats)
+        summaries = list(compactions) if compactions is not None else [()] * len(chats)
         with self._writing():
             with self._transaction():
                 project_ids: dict[str, int] = {}
-                ids = []
+                ids: list[int] = []
                 for chat, name in zip(chats, names, strict=True):
                     if name is not None and name not in project_ids:
                         project_ids[name] = self._project_named(name)
                     project = None if name is None else project_ids[name]
-                    ids.append(self._insert_imported(chat, project))
+                    cid, new_id = self._insert_imported(chat, project)
+                    for c in summaries[len(ids)]:
+                        self._insert_imported_compaction(cid, c, new_id)
+                    ids.append(cid)
             return ids
 
     def _project_named(self, name: str) -> int:
@@ -1081,8 +1090,29 @@ class Store:
         ).fetchone()
         return row[0] if row is not None else self.create_project(name)
 
-    def _insert_imported(self, chat: ImportedChat, project_id: int | None) -> int:
-        """One imported chat's rows (inside the caller's transaction)."""
+    def _insert_imported_compaction(
+        self, cid: int, c: ImportedCompaction, new_id: dict[int, int]
+    ) -> None:
+        """One imported summary, its covered messages' file keys mapped to their new ids (the
+        reader checked every key is one of the chat's messages)."""
+        self._db.execute(
+            "INSERT INTO compactions(conversation_id, covered_json, summary, active,"
+            " receipt_json, created_at) VALUES (?,?,?,?,?,?)",
+            (
+                cid,
+                json.dumps([new_id[k] for k in c.covered]),
+                c.summary,
+                int(c.active),
+                json.dumps(c.receipt) if c.receipt is not None else None,
+                c.created_at,
+            ),
+        )
+
+    def _insert_imported(
+        self, chat: ImportedChat, project_id: int | None
+    ) -> tuple[int, dict[int, int]]:
+        """One imported chat's rows (inside the caller's transaction): the chat's id and each
+        message's file key -> its new id."""
         on_branch = set(chat.branch)
         now = time.time()
         cur = self._db.execute(
@@ -1108,7 +1138,7 @@ class Store:
                 (cid, depth[m.key], parent, int(selected), *_message_row(m)),
             )
             new_id[m.key] = cur.lastrowid
-        return cid
+        return cid, new_id
 
     def _path_to(self, message: StoredMessage) -> list[int]:
         """Ids from the chat's first message down to `message` (following parents)."""
@@ -1324,6 +1354,18 @@ class Store:
             (conversation_id,),
         ).fetchone()
         return _compaction_from_row(row) if row is not None else None
+
+    def count_chats_with_messages(self) -> int:
+        """How many chats hold at least one message (what exporting everything writes)."""
+        row = self._db.execute("SELECT count(DISTINCT conversation_id) FROM messages").fetchone()
+        return row[0]
+
+    def compactions(self, conversation_id: int) -> list[StoredCompaction]:
+        """Every compaction of the chat, active or not, oldest first (an export carries them)."""
+        rows = self._db.execute(
+            "SELECT * FROM compactions WHERE conversation_id=? ORDER BY id", (conversation_id,)
+        ).fetchall()
+        return [_compaction_from_row(r) for r in rows]
 
     def compaction(self, compaction_id: int) -> StoredCompaction | None:
         row = self._db.execute("SELECT * FROM compactions WHERE id=?", (compaction_id,)).fetchone()

@@ -62,8 +62,8 @@ def test_the_menu_opens_the_dialog_with_the_scopes_that_apply(qtbot, window):
     assert dialog.scope() == ExportScope.CHAT and dialog.export_format() == ExportFormat.ZIP
     project = dialog.scope_buttons[ExportScope.PROJECT]
     assert project.isEnabled() and project.text() == "This project — Garden (2 chats)"
-    # the window's first chat (empty, made at start) counts too
-    assert dialog.scope_buttons[ExportScope.EVERYTHING].text() == "Everything — 3 chats"
+    # the window's first chat (empty, made at start) is left out of "everything"
+    assert dialog.scope_buttons[ExportScope.EVERYTHING].text() == "Everything — 2 chats"
     dialog.reject()
     # a chat in no project cannot export "this project"
     loose = window.store.create_conversation("Loose")
@@ -127,9 +127,10 @@ def test_cancel_stops_the_export_and_leaves_no_file(
     # the GUI thread is free while the export runs: progress shows the first chat done (a PDF
     # counts chats as their pages are printed, after all are laid out: none yet)
     done = 1 if export_format == ExportFormat.HTML else 0
-    qtbot.waitUntil(lambda: dialog.progress.maximum() == 5, timeout=WAIT_MS)
+    # 4 chats: the window's first chat (empty) is left out
+    qtbot.waitUntil(lambda: dialog.progress.maximum() == 4, timeout=WAIT_MS)
     qtbot.waitUntil(lambda: dialog.progress.value() == done, timeout=WAIT_MS)
-    assert dialog.progress.text() == f"{done} of 5 chats"
+    assert dialog.progress.text() == f"{done} of 4 chats"
     assert dialog.cancel_button.isVisible() and not dialog.export_button.isVisible()
     with qtbot.waitSignal(window.export_feature.runner.cancelled, timeout=WAIT_MS):
         qtbot.mouseClick(dialog.cancel_button, Qt.LeftButton)

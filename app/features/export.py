@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QFileDialog, QWidget
 
 from app.archive_import import read_archive
 from app.export import export_file_name
-from app.export_job import ExportFormat, ExportScope, snapshot_chats
+from app.export_job import ExportFormat, ExportScope, exported, snapshot_chats
 from app.export_runner import ExportRunner
 from app.store import Store
 from app.views.export_dialog import ExportDialog
@@ -86,7 +86,7 @@ class ExportFeature(QObject):
             conversation.title if conversation is not None else "",
             project.name if project is not None else None,
             len(self.chats_for(ExportScope.PROJECT)[0]) if project is not None else 0,
-            len(self.store.list_conversations()),
+            self.store.count_chats_with_messages(),  # "everything" leaves out empty chats
             self.window,
         )
         self.dialog.exportRequested.connect(self._on_export_requested)
@@ -128,13 +128,14 @@ class ExportFeature(QObject):
             path = path.with_name(path.name + export_format.extension)
         ids, projects = self.chats_for(scope)
         chats = snapshot_chats(self.store, ids, projects)
-        if not chats:
+        count = len(exported(chats, scope))  # run_export leaves out empty chats of "everything"
+        if not count:
             self.show_error("Export and share", "There are no chats to export.")
             return False
-        self._count = len(chats)
+        self._count = count
         if self.dialog is not None:
-            self.dialog.show_running(str(path), len(chats))
-        self.show_status(f"Exporting {len(chats):,} chat{'s' if len(chats) != 1 else ''}…")
+            self.dialog.show_running(str(path), count)
+        self.show_status(f"Exporting {count:,} chat{'s' if count != 1 else ''}…")
         self.runner.start(path, export_format, scope, chats)
         return True
 
@@ -171,4 +172,6 @@ class ExportFeature(QObject):
         """Add every chat of the zip export at `path` (ChatImportError or StoreWriteError when it
         cannot be; then nothing was added). Returns the new chats' ids in the archive's order."""
         archive = read_archive(path)
-        return self.store.import_conversations(archive.chats, archive.projects)
+        return self.store.import_conversations(
+            archive.chats, archive.projects, archive.compactions
+        )
