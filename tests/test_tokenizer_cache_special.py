@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 
+import numpy as np
 import pytest
 
 from engine.tokenizer import spm_merges
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (
 def test_a_fifo_as_the_merges_cache_is_ignored_unopened_and_replaced(tmp_path):
     path = tmp_path / "x.merges"
     os.mkfifo(path)
-    outcome = {}
+    outcome: dict[str, object] = {}
     reader = threading.Thread(target=lambda: outcome.update(value=spm_merges.read_cached(path)))
     reader.start()
     reader.join(60)
@@ -25,8 +26,9 @@ def test_a_fifo_as_the_merges_cache_is_ignored_unopened_and_replaced(tmp_path):
         reader.join(60)
         pytest.fail("reading the cache blocked on a FIFO")
     assert outcome == {"value": None}
-    spm_merges.write_cached(path, [("a", "b"), ("ab", "c")])
-    assert spm_merges.read_cached(path) == [("a", "b"), ("ab", "c")]
+    spm_merges.write_cached(path, np.array([[3, 4], [5, 6]]))  # merges as token-id pairs
+    cached = spm_merges.read_cached(path)
+    assert cached is not None and cached.tolist() == [[3, 4], [5, 6]]
 
 
 def test_a_device_as_the_merges_cache_is_not_read(tmp_path):

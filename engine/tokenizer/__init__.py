@@ -83,7 +83,7 @@ log = logging.getLogger(__name__)
 MERGES_CACHE_DIR: Path | None = Path(platformdirs.user_cache_dir("LocalChat")) / "tokenizers"
 
 
-def _spm_merges(tokens: list[str], attrs: list[int], scores: list[float], vocab: dict[str, int]):
+def _spm_merges(tokens: list[str], attrs: list[int], scores, vocab: dict[str, int]):
     return spm_merges.derive_merges(tokens, attrs, scores, vocab, skip_attrs=PARTITIONED)
 
 
@@ -106,7 +106,6 @@ class Tokenizer:
         add_space_prefix: bool,
         pre: str | None,
         clean_spaces: bool = False,
-        text_to_id: dict[str, int] | None = None,
     ):
         self.model = model  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
         self.pre = pre
@@ -134,8 +133,6 @@ class Tokenizer:
         # once per turn (context fitting, then the request), so without this every message is
         # re-tokenized every time, holding the GIL. Exact: fragments are tokenized independently.
         self._fragment_ids: dict[str, tuple[int, ...]] = {}
-        if text_to_id is not None:  # the vocabulary reader's table: not built a second time
-            self.__dict__["_text_to_id_table"] = text_to_id
         self._fragment_lock = threading.Lock()
 
     # --- construction ------------------------------------------------------------------------
@@ -273,16 +270,12 @@ class Tokenizer:
         return bool(self.attrs[token_id] & HIDDEN)
 
     def token_id(self, text: str) -> int | None:
-        """The id whose token text is exactly `text` (e.g. "<end_of_turn>"), or None."""
-        return self._text_to_id.get(text)
-
-    @property
-    def _text_to_id(self) -> dict[str, int]:
-        table = self.__dict__.get("_text_to_id_table")
-        if table is None:
-            table = {t: i for i, t in enumerate(self.tokens)}  # later ids win, as in llama.cpp
-            self.__dict__["_text_to_id_table"] = table
-        return table
+        """The id whose token text is exactly `text` (e.g. "<end_of_turn>"), or None.
+        Looked up in the HF model's vocabulary (built from the same texts, later ids winning as
+        in llama.cpp) instead of a Python table of every token (Gemma 3: ~14 MiB; issue 32)."""
+        if not isinstance(text, str):
+            return None
+        return self.hf.token_to_id(text)
 
     def _check_id(self, token_id: int) -> None:
         if (
@@ -324,31 +317,36 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
     else:
         assert v.pre is not None  # read_vocabulary resolves (or refuses) every gpt2 pre-tokenizer
         hf = hf_build.bpe_tokenizer(
-            v.tokens, v.text_to_id, v.attrs, v.merges, v.pre, v.bos_id, v.eos_id, v.add_bos,
+            v.tokens, v.text_to_id(), v.attrs, v.merges, v.pre, v.bos_id, v.eos_id, v.add_bos,
             v.add_eos,
         )  # fmt: skip
     return Tokenizer(
         model=v.model, tokens=v.tokens, attrs=v.attrs, hf=hf, bos_id=v.bos_id, eos_id=v.eos_id,
         eot_id=v.eot_id, eog_ids=v.eog_ids, add_bos=v.add_bos, add_eos=v.add_eos,
         add_space_prefix=v.add_space_prefix, pre=v.pre_name,
-        clean_spaces=bool(v.pre and v.pre.clean_spaces), text_to_id=v.text_to_id,
+        clean_spaces=bool(v.pre and v.pre.clean_spaces),
     )  # fmt: skip
 
 
 def _spm_bpe(v: Vocabulary):
-    """The SentencePiece BPE model, its merges read from the disk cache when it has them."""
+    """The SentencePiece BPE model, its merges read from the disk cache when it has them. The
+    vocabulary table and the merge list are temporaries (Gemma 3: ~60 MiB), dropped as soon as
+    the Rust side has built its own tables from them."""
     unk = v.tokens[v.unk_id] if v.unk_id is not None else None
     special = bytes(1 if a & PARTITIONED else 0 for a in v.attrs)
     cache_path = spm_merges.cache_path(MERGES_CACHE_DIR, v.tokens, v.scores, special)
+    vocab = v.text_to_id()
     cached = spm_merges.read_cached(cache_path)
-    if cached is not None:
+    if cached is not None and (cached.size == 0 or int(cached.max()) < len(v.tokens)):
         try:
-            return hf_build.spm_model(v.text_to_id, cached, unk)
+            return hf_build.spm_model(vocab, spm_merges.merges_from_ids(cached, v.tokens), unk)
         except TokenizerError:
             log.warning("ignoring inconsistent tokenizer cache file %s", cache_path)
-    merges = _spm_merges(v.tokens, v.attrs, v.scores, v.text_to_id)
-    bpe = hf_build.spm_model(v.text_to_id, merges, unk)
-    spm_merges.write_cached(cache_path, merges)
+    elif cached is not None:
+        log.warning("ignoring tokenizer cache file %s: ids outside the vocabulary", cache_path)
+    merges = _spm_merges(v.tokens, v.attrs, v.scores.tolist(), vocab)
+    bpe = hf_build.spm_model(vocab, merges, unk)
+    spm_merges.write_cached(cache_path, spm_merges.merge_ids(merges, vocab))
     return bpe
 
 

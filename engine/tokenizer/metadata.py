@@ -9,7 +9,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from engine.errors import TokenizerError
+from engine.gguf import NumericArray
 from engine.tokenizer.llama_tables import (
     ALWAYS_RENDERED,
     ATTR_CONTROL,
@@ -42,8 +45,10 @@ class Vocabulary:
     model: str  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
     tokens: list[str]
     attrs: list[int]  # llama.cpp's attribute bits per token (llama_tables.ATTR_*)
-    scores: list[float]
-    text_to_id: dict[str, int]  # later ids win, as in llama.cpp
+    # One score per token: the file's float32 array as a read-only view of the model file's map
+    # (engine.gguf), or float64 for metadata given as Python lists. Never a list of float objects
+    # (262k of them were 10 MiB for Gemma 3; issue 32).
+    scores: np.ndarray
     pre_name: str | None  # gpt2 only
     pre: PreTokenizer | None  # gpt2 only
     merges: list[str] | None  # gpt2 only: "left right" strings
@@ -55,6 +60,11 @@ class Vocabulary:
     eot_id: int | None
     unk_id: int | None
     eog_ids: frozenset[int]
+
+    def text_to_id(self) -> dict[str, int]:
+        """Token text -> id, later ids winning as in llama.cpp. Built on demand, not kept: for
+        Gemma 3 it is 262k entries (~14 MiB), needed only while a BPE model is built."""
+        return {t: i for i, t in enumerate(self.tokens)}
 
 
 def _token_id(metadata: Mapping[str, Any], key: str, n: int) -> int | None:
@@ -87,12 +97,22 @@ def _string(metadata: Mapping[str, Any], key: str) -> str | None:
 
 def _array(
     metadata: Mapping[str, Any], key: str, n: int | None, kind: str, types: frozenset[type]
-) -> list | None:
+) -> list | np.ndarray | None:
     """The array at `key` (None if absent), every element of one of `types`, and (with `n`) at
-    least n elements: llama.cpp reads one per token and ignores any beyond."""
+    least n elements: llama.cpp reads one per token and ignores any beyond. Long numeric arrays
+    come from engine.gguf as numpy views and are returned as such (checked by dtype)."""
     value = metadata.get(key)
     if value is None:
         return None
+    if isinstance(value, NumericArray):
+        value = value.array
+    if isinstance(value, np.ndarray):
+        kinds = "".join(_DTYPE_KINDS[t] for t in types if t in _DTYPE_KINDS)
+        if value.ndim != 1 or value.dtype.kind not in kinds or not kinds:
+            raise TokenizerError(f"{key} must be an array of {kind}, got an array of {value.dtype}")
+        if n is not None and len(value) < n:
+            raise TokenizerError(f"{key} has {len(value)} entries, fewer than the {n} tokens")
+        return value
     if not isinstance(value, (list, tuple)):
         raise TokenizerError(f"{key} must be an array of {kind}, got {_show(value)}")
     if n is not None and len(value) < n:
@@ -106,6 +126,8 @@ def _array(
 _STRINGS = frozenset({str})
 _INTEGERS = frozenset({int})
 _NUMBERS = frozenset({int, float})
+# numpy dtype kinds standing for each element type (bool, kind "b", is not an integer here).
+_DTYPE_KINDS = {int: "iu", float: "f"}
 
 
 def _show(value: Any) -> str:
@@ -117,16 +139,31 @@ def _show(value: Any) -> str:
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
-def _check_byte_tokens(model: str, tokens: list[str], types: list[int], attrs: list[int]) -> None:
+def _indices_of(types: list[int] | np.ndarray, value: int) -> Iterable[int]:
+    """Ids whose type is `value`, scanned at C speed (262k types, 256 byte tokens)."""
+    if isinstance(types, np.ndarray):
+        return np.flatnonzero(types == value).tolist()
+    return [i for i, t in enumerate(types) if t == value]
+
+
+def _attrs(types: list[int] | np.ndarray, n: int) -> list[int]:
+    """llama.cpp's attribute bits for the first n token types (unknown types: undefined)."""
+    if isinstance(types, np.ndarray):
+        table = np.array([TYPE_TO_ATTR[t] for t in range(len(TYPE_TO_ATTR))], dtype=np.int64)
+        head = types[:n].astype(np.int64)
+        known = (head >= 0) & (head < len(table))
+        # A list of small ints (cached objects): 8 bytes per token.
+        return np.where(known, table[np.where(known, head, 0)], ATTR_UNDEFINED).tolist()
+    return [TYPE_TO_ATTR.get(t, ATTR_UNDEFINED) for t in types[:n]]
+
+
+def _check_byte_tokens(
+    model: str, tokens: list[str], types: list[int] | np.ndarray, attrs: list[int]
+) -> None:
     """BYTE tokens render as their byte, read from the text "<0xNN>" (SentencePiece always; a
     byte-level BPE vocabulary only when the text has that form, else it is a byte-level char)."""
     rendered_otherwise = HIDDEN | ATTR_USER_DEFINED | ATTR_NORMAL
-    i = -1
-    while True:
-        try:
-            i = types.index(TYPE_BYTE, i + 1)  # a C-speed scan: 262k types, 256 byte tokens
-        except ValueError:
-            return
+    for i in _indices_of(types, TYPE_BYTE):
         text = tokens[i]
         if attrs[i] & rendered_otherwise or not (model == "llama" or text.startswith("<0x")):
             continue
@@ -163,9 +200,14 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
             f"tokenizer.ggml.token_type has {len(types)} entries but tokenizer.ggml.tokens has "
             f"{n}: there must be one type per token"
         )
-    attrs = [TYPE_TO_ATTR.get(t, ATTR_UNDEFINED) for t in types[:n]] if types else [ATTR_NORMAL] * n
-    scores = _array(metadata, "tokenizer.ggml.scores", n, "numbers", _NUMBERS)
-    scores = [float(s) for s in scores[:n]] if scores else [0.0] * n
+    attrs = _attrs(types, n) if types is not None and len(types) else [ATTR_NORMAL] * n
+    raw_scores = _array(metadata, "tokenizer.ggml.scores", n, "numbers", _NUMBERS)
+    if isinstance(raw_scores, np.ndarray):
+        scores = raw_scores[:n]  # the file's float32 view: nothing copied
+    elif raw_scores:
+        scores = np.array([float(s) for s in raw_scores[:n]], dtype=np.float64)
+    else:
+        scores = np.zeros(n, dtype=np.float64)
 
     pre_name = _string(metadata, "tokenizer.ggml.pre")
     pre = None
@@ -209,23 +251,33 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
             "tokenizer.ggml.add_eos_token is set but the file has no valid eos_token_id"
         )
 
-    text_to_id = {t: i for i, t in enumerate(tokens)}  # later ids win, as in llama.cpp
-    eot_id, eog_ids = _end_of_generation(metadata, tokens, attrs, eos_id, n, text_to_id)
-    if types:
+    # Only the texts llama.cpp looks up by name, not a table of the whole vocabulary (Gemma 3:
+    # 262k entries, ~14 MiB kept for the model's lifetime before issue 32); later ids win.
+    named = {t: i for i, t in enumerate(tokens) if t in _NAMED_TEXTS}
+    eot_id, eog_ids = _end_of_generation(metadata, tokens, attrs, eos_id, n, named)
+    if types is not None and len(types):
         _check_byte_tokens(model, tokens, types, attrs)
     merges = unk_id = None
     if model == "llama":
         unk_id = _token_id(metadata, "tokenizer.ggml.unknown_token_id", n)
     else:
-        merges = _array(metadata, "tokenizer.ggml.merges", None, "strings", _STRINGS)
-        if merges is None:
+        merge_array = _array(metadata, "tokenizer.ggml.merges", None, "strings", _STRINGS)
+        if merge_array is None:
             raise TokenizerError("a gpt2 tokenizer needs tokenizer.ggml.merges, which is missing")
+        merges = list(merge_array)  # strings are always a list (numpy arrays only hold numbers)
     return Vocabulary(
-        model=model, tokens=tokens, attrs=attrs, scores=scores, text_to_id=text_to_id,
+        model=model, tokens=tokens, attrs=attrs, scores=scores,
         pre_name=pre_name if model == "gpt2" else None, pre=pre, merges=merges, add_bos=add_bos,
         add_eos=add_eos, add_space_prefix=add_space_prefix, bos_id=bos_id, eos_id=eos_id,
         eot_id=eot_id, unk_id=unk_id, eog_ids=eog_ids,
     )  # fmt: skip
+
+
+_NAMED_TEXTS = frozenset(
+    EOG_TEXTS.union(EOT_TEXTS, EOM_TEXTS, FIM_PAD_TEXTS, FIM_REP_TEXTS, FIM_SEP_TEXTS).union(
+        FIM_OTHER_TEXTS, ALWAYS_RENDERED
+    )
+)
 
 
 def _end_of_generation(
