@@ -358,6 +358,7 @@ def test_search_shows_hits_with_snippets_and_opening_one_opens_its_chat(qtbot, t
     sidebar = window.sidebar
     try:
         sidebar.search.setText("puffin")
+        qtbot.keyClick(sidebar.search, Qt.Key_Return)  # Enter: no wait for the pause
         (hit,) = sidebar.chat_items()
         label = sidebar.tree.itemWidget(hit, 0)
         assert isinstance(label, QLabel)
@@ -369,9 +370,11 @@ def test_search_shows_hits_with_snippets_and_opening_one_opens_its_chat(qtbot, t
         assert hits == [(filled["loose"], window.store.branch(filled["loose"])[0].id)]
         # a title hit in a project names the project
         sidebar.search.setText("draft")
+        qtbot.keyClick(sidebar.search, Qt.Key_Return)  # Enter: no wait for the pause
         (hit,) = sidebar.chat_items()
         assert "in Essays · <b>Draft</b> one" in sidebar.tree.itemWidget(hit, 0).text()
         sidebar.search.setText("nothing like this")
+        qtbot.keyClick(sidebar.search, Qt.Key_Return)  # Enter: no wait for the pause
         assert sidebar.chat_items() == [] and sidebar.empty_label.isVisibleTo(sidebar)
         assert sidebar.empty_label.text() == "Nothing matches “nothing like this”."
         sidebar.search.setText("")
@@ -404,6 +407,7 @@ def test_without_fts5_the_search_box_says_it_matches_exact_text(qtbot, tmp_path,
         window.session.new_conversation()
         window.store.add_message(window.session.conversation_id, "user", "a_b% literally")
         window.sidebar.search.setText("b% lit")
+        qtbot.keyClick(window.sidebar.search, Qt.Key_Return)
         assert len(window.sidebar.chat_items()) == 1
     finally:
         close_window(window)

@@ -189,6 +189,7 @@ def test_conversations_persist_and_reload(qtbot, tmp_path):
     assert window.usage_panel.text_of("completion_tokens") == "2"
     assert window.system_prompt.text() == "You are terse."
     window.sidebar.search.setText("second")
+    qtbot.keyClick(window.sidebar.search, Qt.Key_Return)  # Enter searches at once
     assert len(window.sidebar.chat_items()) == 1
     close_window(window)
 

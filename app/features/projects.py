@@ -68,7 +68,7 @@ class ProjectsFeature(QObject):
         """Rebuild the list from the store: the tree, or the search hits while searching."""
         current = self.session.conversation_id
         projects = self.store.projects()
-        text = self.sidebar.search.text()
+        text = self.sidebar.search_text()  # the last search run, not a half-typed word
         if text.strip():
             self.sidebar.set_projects(projects)
             self.sidebar.set_search_results(self.store.search(text), current)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -40,6 +40,9 @@ KIND_CHAT, KIND_PROJECT = "chat", "project"
 HIT_ROLE = Qt.UserRole + 1
 PROJECT_ROLE = Qt.UserRole + 2  # a chat row's project id (None: in none)
 NAME_ROLE = Qt.UserRole + 3  # the row's name as stored (a hit row draws it in a label)
+# A search runs this long after the last keystroke (Enter: at once). One query took 0.3-0.5 s
+# for a one-letter prefix on a large store, and ran for every letter typed.
+SEARCH_DEBOUNCE_MS = 200
 
 
 def ask_name(parent: QWidget, title: str, label: str, text: str, what: str) -> str | None:
@@ -146,7 +149,13 @@ class Sidebar(QWidget):
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search chats and messages…")
         self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(self.searchChanged)
+        self._searched = ""  # the text of the search last run (searchChanged), "" for none
+        self._search_timer = QTimer(self)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.setInterval(SEARCH_DEBOUNCE_MS)
+        self._search_timer.timeout.connect(self.search_now)
+        self.search.textChanged.connect(self._search_edited)
+        self.search.returnPressed.connect(self.search_now)
         self.tree = ChatTree()
         self.tree.currentItemChanged.connect(self._on_current)
         self.tree.itemDoubleClicked.connect(lambda item, _column: self._double_clicked(item))
@@ -226,6 +235,26 @@ class Sidebar(QWidget):
             self.tree.setCurrentItem(current)
         self._end("" if conversations or projects else "No chats yet: type a message to start one.")
 
+    # --- search -------------------------------------------------------------------------------
+    def _search_edited(self, text: str) -> None:
+        if text.strip():
+            self._search_timer.start()  # restarts: only the last keystroke's text is searched
+        elif self._searched.strip():
+            self.search_now()  # cleared: the whole list comes back at once (no query to wait for)
+        else:
+            self._search_timer.stop()  # typed and erased before a search ran: nothing to undo
+
+    def search_now(self) -> None:
+        """Search for the box's text now (Enter, or the pause after typing)."""
+        self._search_timer.stop()
+        self._searched = self.search.text()
+        self.searchChanged.emit(self._searched)
+
+    def search_text(self) -> str:
+        """The text the list shows hits for ("" or blank: the list is not a search), which
+        lags the box while a search is waiting for the typing to pause."""
+        return self._searched
+
     def set_projects(self, projects: list[Project]) -> None:
         """The projects (for search hits' project names and the Move menu)."""
         self._projects = {p.id: p for p in projects}
@@ -258,7 +287,7 @@ class Sidebar(QWidget):
                 current = item
         if current is not None:
             self.tree.setCurrentItem(current)
-        self._end("" if hits else f"Nothing matches “{self.search.text().strip()}”.")
+        self._end("" if hits else f"Nothing matches “{self._searched.strip()}”.")
 
     def _chat_item(self, conv: Conversation) -> QTreeWidgetItem:
         item = QTreeWidgetItem([conv.title])
@@ -332,8 +361,8 @@ class Sidebar(QWidget):
         if kind != KIND_CHAT:
             return
         # read before emitting: opening the chat rebuilds the list, deleting `item`
-        message_id = item.data(0, HIT_ROLE) if self.search.text().strip() else None
-        searching = bool(self.search.text().strip())
+        searching = bool(self._searched.strip())  # the rows are hits, not the whole list
+        message_id = item.data(0, HIT_ROLE) if searching else None
         self.conversationSelected.emit(ident)
         if searching:
             self.searchHitOpened.emit(ident, message_id)
