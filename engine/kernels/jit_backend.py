@@ -43,6 +43,7 @@ from engine.kernels import (
     quant_matmul,
     repack,
     repack_jit,
+    step_ir,
 )
 from engine.kernels.act_quant import QuantizeSlots
 from engine.kernels.attention import AttentionSlots
@@ -51,6 +52,7 @@ from engine.kernels.elementwise import AddSlots, GluSlots, KvStoreSlots, Rmsnorm
 from engine.kernels.float_matmul import FloatMatmulSlots
 from engine.kernels.quant_matmul import QuantMatmulSlots
 from engine.kernels.reference import ReferenceBackend
+from engine.kernels.step_ir import MulSlots
 from engine.kernels.threads import ThreadPool, job_list_table, pool_module, step_table
 from engine.kv_quant import element_layout as kv_element_layout
 from engine.qtensor import QTensor
@@ -118,6 +120,7 @@ def kernel_modules(isa: str) -> list[tuple[str, str]]:
     modules += [("repack", repack_jit.module_ir())]
     modules += [(f"mmf_{k}", float_matmul.module_ir(k)) for k in float_matmul.ELEM]
     modules += [("elementwise", elementwise.module_ir()), ("attention", attention.module_ir(isa))]
+    modules += [("step_extra", step_ir.module_ir())]
     return modules
 
 
@@ -335,6 +338,8 @@ class JitBackend(ReferenceBackend):
         }
         self._add = self.library.address("add_f32")
         self._kv_store = self.library.address("kv_store_f16")
+        self._kv_store_q8 = self.library.address("kv_store_q8_0")
+        self._mul = self.library.address("mul_f32")
         self._attention = {
             cache_type: self.library.address(name) for cache_type, name in attention.KERNELS.items()
         }
@@ -877,15 +882,33 @@ class JitBackend(ReferenceBackend):
         self._rope_args(a, x, positions, inv_freq, neox, rot)
         return Step(self.library.address("rope"), a, self._small_chunks(x.size))
 
-    def step_kv_store(self, src: np.ndarray, position: np.ndarray) -> Step:
-        """src (one position's rows, float32, a multiple of 16 values) rounded to float16 into
-        a cache at row *position; the cache's address goes in args[KvStoreSlots.DST]."""
-        if not self._usable(src) or src.size % 16 or position.dtype != np.int64:
-            raise ValueError("step_kv_store: needs float32 rows of a multiple of 16 values")
+    def step_kv_store(self, src: np.ndarray, position: np.ndarray, cache_type: str = "f16") -> Step:
+        """src (one position's rows, float32, a multiple of 16 values; of 32 for q8_0) rounded
+        to float16, or quantized to q8_0 blocks as KVCache.write does, into a cache at row
+        *position; the cache's address goes in args[KvStoreSlots.DST] (the same slot of
+        KvStoreQ8Slots)."""
+        multiple = {"f16": 16, "q8_0": 32}.get(cache_type)
+        if multiple is None:
+            raise ValueError(f"step_kv_store: no row store for a {cache_type!r} cache")
+        if not self._usable(src) or src.size % multiple or position.dtype != np.int64:
+            raise ValueError(
+                f"step_kv_store: needs float32 rows of a multiple of {multiple} values"
+            )
         s = KvStoreSlots
         a = np.zeros(s.SIZE, np.int64)
         a[s.SRC], a[s.POS], a[s.COUNT] = src.ctypes.data, position.ctypes.data, src.size
-        return Step(self._kv_store, a, 0)
+        return Step(self._kv_store if cache_type == "f16" else self._kv_store_q8, a, 0)
+
+    def step_mul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
+        """out = a * b (float32, as many values each; out may be a): a multiplier given as a
+        row of factors, the same IEEE products numpy's `*=` gives."""
+        if not self._usable(a, b, out) or a.shape != out.shape or a.size != b.size:
+            raise ValueError(f"step_mul: {_layout_why(a, b, out)}")
+        s = MulSlots
+        args = np.zeros(s.SIZE, np.int64)
+        args[s.A], args[s.B], args[s.OUT] = a.ctypes.data, b.ctypes.data, out.ctypes.data
+        args[s.COUNT] = a.size
+        return Step(self._mul, args, 0)
 
     def step_quantize(self, x: np.ndarray) -> tuple[Step, _ActivationBuffers]:
         """x (T, n) quantized into buffers of the step's own (act_quant.py), as `_quantized`."""
@@ -935,6 +958,27 @@ class JitBackend(ReferenceBackend):
         table = job_list_table([(k, a.ctypes.data, chunks) for k, a in calls])
         # the table holds the blocks' addresses: the step keeps the blocks alive
         return Step(self._job_list_kernel, table, chunks * len(calls), [a for _, a in calls])
+
+    def step_linear_float(self, w: QTensor, x: np.ndarray, out: np.ndarray) -> Step | None:
+        """The mat-mul of a float weight (F32 / F16 / BF16: a float kernel, no activation
+        quantization) over x into out, as `linear` runs it. None for any other weight."""
+        if w.qtype.name not in self._float_kernels:
+            return None
+        call = self._weights.get(id(w))
+        if call is None or call.weight is not w:
+            call = self._weight_args(w)
+        tokens = x.shape[0] if x.ndim == 2 else -1
+        if (
+            call.quantized
+            or x.shape != (tokens, call.cols)
+            or out.shape != (tokens, call.rows)
+            or not self._usable(x, out)
+        ):
+            return None
+        f = FloatMatmulSlots
+        args = call.args.copy()  # the weight's block, pointed at this step's arrays
+        args[f.N_TOKENS], args[f.X], args[f.OUT] = tokens, x.ctypes.data, out.ctypes.data
+        return Step(call.kernel, args, self.pool.default_chunks)
 
     def step_attention(
         self,

@@ -59,6 +59,20 @@ class LoopOps:
         a *= np.float32(factor)
 
     @staticmethod
+    def mul(a: np.ndarray, factors: np.ndarray) -> None:
+        """a *= factors (a row of per-value multipliers, broadcast over a's rows)."""
+        np.multiply(a, factors, out=a)
+
+    @staticmethod
+    def mul_by_position(a: np.ndarray, positions: np.ndarray, factors_at) -> None:
+        """a *= factors_at(positions), (n, 1): a multiplier per row that its position decides."""
+        a *= factors_at(positions)
+
+    @staticmethod
+    def moe_ffn(model: Any, layer: Any, h: np.ndarray, out: np.ndarray, poll) -> None:
+        model._moe_ffn(layer, h, out, poll)
+
+    @staticmethod
     def kv_write(cache: KVCache, layer: int, p0: int, k: np.ndarray, v: np.ndarray) -> None:
         cache.write(layer, p0, k, v)
 
@@ -78,6 +92,10 @@ class DecodePlan:
         self.position = np.zeros(1, np.int64)  # what every step and fallback reads
         self.items: list[tuple[np.ndarray, int] | Callable[[], None]] = []
         self.fallbacks: list[str] = []  # the op names recorded as callables, in order
+        # Control flow run in Python between step tables (MoE routing: which experts' tables
+        # run): not an op, so not a fallback; `bench --json` lists it as decode_routed.
+        self.routed: list[str] = []
+        self.per_token: list[Callable[[int], None]] = []  # position-dependent factor rows
         self.attention_args: list[np.ndarray] = []  # P0 patched per token
         self.cache_slots: list[tuple[np.ndarray, int, int, int]] = []  # (args, slot, layer, k0/v1)
         # LongRoPE: (args, short inv_freq address, long inv_freq address)
@@ -100,6 +118,8 @@ class DecodePlan:
         for a in self.attention_args:
             a[AttentionSlots.P0] = p0
         self._point_at(cache)
+        for hook in self.per_token:
+            hook(p0)
         if self.rope_switch:
             long = p0 + 1 > self.long_after
             if long != self._long:
@@ -117,6 +137,14 @@ class DecodePlan:
                     run_steps(*item)
         finally:
             self.cache = None
+
+    def run_items(self, items: list) -> None:
+        """Run a sub-list of items (one MoE expert's) in order."""
+        for item in items:
+            if callable(item):
+                item()
+            else:
+                self.backend.run_steps(*item)
 
     def _point_at(self, cache: KVCache) -> None:
         self.cache = cache
@@ -138,7 +166,15 @@ class RecordingOps:
         self._positions = positions  # the loop's positions array: stands for plan.position
         self._model = model
         self._steps: list[Any] = []
+        self.items = plan.items  # where finished tables and fallbacks go
         self._quantized: dict[tuple[int, tuple[int, ...]], tuple[Any, Any]] = {}
+
+    def _child(self) -> RecordingOps:
+        """A recorder into a list of its own (one MoE expert's items), sharing the rest."""
+        child = object.__new__(RecordingOps)
+        child.__dict__.update(self.__dict__)
+        child._steps, child.items = [], []
+        return child
 
     # --- recording helpers ---------------------------------------------------------------
     def _step(self, step: Any) -> None:
@@ -147,13 +183,13 @@ class RecordingOps:
     def _flush(self) -> None:
         if self._steps:
             table = self.backend.step_list(self._steps)
-            self.plan.items.append((table, len(self._steps)))
+            self.items.append((table, len(self._steps)))
             self.plan.keep.append((table, self._steps))
             self._steps = []
 
     def _fallback(self, name: str, fn: Callable[[], None]) -> None:
         self._flush()
-        self.plan.items.append(fn)
+        self.items.append(fn)
         self.plan.fallbacks.append(name)
 
     def finish(self) -> DecodePlan:
@@ -194,7 +230,15 @@ class RecordingOps:
         step = None
         if quant[0] is not None:
             step = self.backend.step_linear(weights, quant[1], outs)
-        if step is None:
+        if step is None:  # float weights (an F32 MoE router): their own kernel, one per weight
+            floats = [
+                self.backend.step_linear_float(w, x, out)
+                for w, out in zip(weights, outs, strict=True)
+            ]
+            if all(s is not None for s in floats):
+                for s in floats:
+                    self._step(s)
+                return
             backend = self.backend
             if len(weights) == 1:
                 self._fallback("linear", lambda: backend.linear(weights[0], x, out=outs[0]))
@@ -219,12 +263,50 @@ class RecordingOps:
             self._fallback("add", lambda: np.add(a, b, out=out))
 
     def scale(self, a: np.ndarray, factor: float) -> None:
-        f = np.float32(factor)
+        # a row of the factor: the same IEEE product per value as numpy's `a *= factor`
+        self.mul(a, np.full(a.size, factor, np.float32), name="scale")
 
-        def run() -> None:
-            a.__imul__(f)
+    def mul(self, a: np.ndarray, factors: np.ndarray, name: str = "mul") -> None:
+        try:
+            self._step(self.backend.step_mul(a, factors, a))
+        except ValueError:
+            self._fallback(name, lambda: np.multiply(a, factors, out=a))
+            return
+        self.plan.keep.append(factors)
 
-        self._fallback("scale", run)
+    def mul_by_position(self, a: np.ndarray, positions: np.ndarray, factors_at) -> None:
+        row = np.zeros(a.size, np.float32)  # refilled for each token's position
+
+        def refill(p0: int) -> None:
+            row[:] = factors_at(np.array([p0], np.int64))[0, 0]
+
+        self.plan.per_token.append(refill)
+        self.mul(a, row, name="mul_by_position")
+
+    def moe_ffn(self, model: Any, layer: Any, h: np.ndarray, out: np.ndarray, poll) -> None:
+        """The router's mat-vec as steps; then, in Python, the routing (which experts) and for
+        each chosen expert its own recorded items (its mat-vecs, biases and activation as
+        steps) and the weighted sum, in the loop's order (TransformerModel._moe_ffn)."""
+        model._moe_router(self, layer, h)
+        experts = []
+        for expert in range(len(layer.experts)):
+            child = self._child()
+            model._moe_expert(child, layer, expert, h)
+            child._flush()
+            experts.append(child.items)
+        plan, down = self.plan, model._moe.down1
+
+        def route() -> None:
+            chosen, weights = model._moe_route()
+            out[...] = 0.0
+            for expert, weight in zip(chosen, weights, strict=True):
+                plan.run_items(experts[expert])
+                np.add(out, np.float32(weight) * down, out=out)
+
+        self._flush()
+        self.items.append(route)
+        plan.routed.append("moe_routing")
+        plan.keep.append(experts)
 
     def call(self, name: str, fn: Callable[..., Any], *args: Any) -> None:
         args = tuple(self._pos(a) for a in args)
@@ -280,10 +362,11 @@ class RecordingOps:
 
     def kv_write(self, cache: KVCache, layer: int, p0: int, k: np.ndarray, v: np.ndarray) -> None:
         plan = self.plan
-        if plan.cache_type is KvCacheType.F16:
+        if plan.cache_type in (KvCacheType.F16, KvCacheType.Q8_0):
             try:
-                k_store = self.backend.step_kv_store(k, plan.position)
-                v_store = self.backend.step_kv_store(v, plan.position)
+                kind = plan.cache_type.value
+                k_store = self.backend.step_kv_store(k, plan.position, kind)
+                v_store = self.backend.step_kv_store(v, plan.position, kind)
             except ValueError:
                 pass
             else:

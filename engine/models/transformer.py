@@ -165,6 +165,12 @@ class TransformerModel:
             for i in range(config.n_layers)
         ]
         self._rope_factors, self._rope_factors_long = rope_factors(config, tensors)
+        # Per layer, q's multipliers after a partial RoPE as a (q_dim,) row: the gain on each
+        # head's rotated dims, 1.0 (an exact product) on the rest; None where there is none.
+        self._q_gains = [
+            _q_gain_row(config, la.q_gain) if la.q_gain != 1.0 else None
+            for la in self._layer_attention
+        ]
         self._moe = _MoeBuffers(config) if config.n_expert else None
         self._state = _RunState(config, max_batch)
         # The one-token decode's recorded step lists (engine/models/decode_plan.py), per KV
@@ -546,10 +552,11 @@ class TransformerModel:
                         args = {**rope_args, "freq_factors": factors}
                     ops.rope(q_rows, rows_positions, **args)
                     ops.rope(k_rows, rows_positions, **args)
-                if la.q_gain != 1.0:
-                    ops.scale(q_heads[..., : cfg.rope_dims], la.q_gain)
+                gain = self._q_gains[li]
+                if gain is not None:
+                    ops.mul(q, gain)
             if cfg.attn_temp_scale > 0.0:  # a per-position query multiplier
-                ops.call("attn_temperature", self._attn_temperature, q, positions)
+                ops.mul_by_position(q, positions, self._attn_temperature)
             for run in runs:  # attention: each sequence against its own cache
                 rows = slice(run.r0, run.r0 + run.n)
                 ops.kv_write(run.cache, li, run.p0, k_heads[rows], v_heads[rows])
@@ -585,7 +592,7 @@ class TransformerModel:
                 src = x
             if layer.experts is not None:
                 # routing picks the expert weights per token: no fixed step list
-                ops.call("moe_ffn", self._moe_ffn, layer, src, proj, poll)
+                ops.moe_ffn(self, layer, src, proj, poll)
             else:
                 ops.linear_many((layer.ffn_gate, layer.ffn_up), src, (gate, up))
                 self._gated(ops, gate, up)
@@ -597,15 +604,14 @@ class TransformerModel:
                 ops.scale(proj, cfg.residual_scale)
             ops.add(x, proj, x)
 
-    def _attn_temperature(self, q: np.ndarray, positions: np.ndarray) -> None:
-        """q *= Llama 4 / Ministral 3's per-position query temperature."""
+    def _attn_temperature(self, positions: np.ndarray) -> np.ndarray:
+        """Llama 4 / Ministral 3's per-position query multiplier, (n, 1) float32."""
         cfg = self.config
-        temperature = (
+        return (
             1.0
             + cfg.attn_temp_scale
             * np.log1p(np.floor(positions.astype(np.float64) / cfg.attn_temp_length))
         ).astype(np.float32)[:, None]
-        q *= temperature
 
     def decode_plan(self, cache_type: KvCacheType) -> DecodePlan | None:
         """The recorded one-token decode for caches of `cache_type`, recorded on first use; None
@@ -663,6 +669,39 @@ class TransformerModel:
             logits = cap * np.tanh(logits / cap)
         return logits
 
+    def _moe_router(self, ops, layer: Layer, h: np.ndarray) -> None:
+        """One token's router logits (plus the router bias, gpt-oss) into the MoE buffers."""
+        moe = self._moe
+        assert moe is not None and layer.ffn_gate_inp is not None
+        ops.linear(layer.ffn_gate_inp, h, out=moe.router1)
+        if layer.ffn_gate_inp_bias is not None:
+            ops.add(moe.router1, layer.ffn_gate_inp_bias, moe.router1)
+
+    def _moe_route(self) -> tuple[list[int], list[float]]:
+        """The experts one token goes to (ascending ids) and their weights: the top
+        n_expert_used router logits, softmax over just those."""
+        assert self._moe is not None
+        router, k = self._moe.router1[0], self.config.n_expert_used
+        chosen = np.sort(np.argpartition(router, -k)[-k:])
+        weights = np.exp(router[chosen] - router[chosen].max())
+        weights /= weights.sum()
+        return chosen.tolist(), weights.tolist()
+
+    def _moe_expert(self, ops, layer: Layer, expert: int, h: np.ndarray) -> None:
+        """One expert's gated FFN (with its biases, gpt-oss) of one token into moe.down1."""
+        moe = self._moe
+        assert moe is not None and layer.experts is not None
+        gate_w, up_w, down_w = layer.experts[expert]
+        biases = layer.expert_biases[expert] if layer.expert_biases is not None else None
+        ops.linear_many((gate_w, up_w), h, (moe.gate1, moe.up1))
+        if biases is not None:
+            ops.add(moe.gate1, biases[0], moe.gate1)
+            ops.add(moe.up1, biases[1], moe.up1)
+        self._gated(ops, moe.gate1, moe.up1)
+        ops.linear(down_w, moe.gate1, out=moe.down1)
+        if biases is not None:
+            ops.add(moe.down1, biases[2], moe.down1)
+
     def _moe_ffn(self, layer: Layer, h: np.ndarray, out: np.ndarray, poll) -> None:
         """Mixture of experts (transformers' Qwen3MoeSparseMoeBlock and GptOssMLP, llama.cpp's
         build_moe_ffn with softmax gating over the chosen logits): the top n_expert_used experts
@@ -676,24 +715,12 @@ class TransformerModel:
         biases = layer.expert_biases
         n = h.shape[0]
         if n == 1:  # decode: fixed buffers (the backend's pointer caches keep hitting)
-            router = ops.linear(layer.ffn_gate_inp, h, out=moe.router1)[0]
-            if layer.ffn_gate_inp_bias is not None:
-                router += layer.ffn_gate_inp_bias
-            chosen = np.sort(np.argpartition(router, -k)[-k:])
-            weights = np.exp(router[chosen] - router[chosen].max())
-            weights /= weights.sum()
+            loop = LoopOps(ops)
+            self._moe_router(loop, layer, h)
+            chosen, weights = self._moe_route()
             out[...] = 0.0
-            for expert, weight in zip(chosen.tolist(), weights.tolist(), strict=True):
-                gate_w, up_w, down_w = layer.experts[expert]
-                ops.linear(gate_w, h, out=moe.gate1)
-                ops.linear(up_w, h, out=moe.up1)
-                if biases is not None:
-                    moe.gate1 += biases[expert][0]
-                    moe.up1 += biases[expert][1]
-                self._gated(self.backend, moe.gate1, moe.up1)
-                ops.linear(down_w, moe.gate1, out=moe.down1)
-                if biases is not None:
-                    moe.down1 += biases[expert][2]
+            for expert, weight in zip(chosen, weights, strict=True):
+                self._moe_expert(loop, layer, expert, h)
                 out += np.float32(weight) * moe.down1
             return
         logits = ops.linear(layer.ffn_gate_inp, h)  # (n, n_expert)
@@ -821,6 +848,13 @@ def _bias_rows(stack: QTensor, n_expert: int, rows: int) -> np.ndarray:
             f"tensor '{stack.name}' holds {values.size} values, expected {n_expert} x {rows}"
         )
     return values.reshape(n_expert, rows)
+
+
+def _q_gain_row(cfg: ModelConfig, gain: float) -> np.ndarray:
+    """(q_dim,) float32: `gain` on the first rope_dims dims of every head, 1.0 elsewhere."""
+    row = np.ones((cfg.n_head, cfg.head_dim), np.float32)
+    row[:, : cfg.rope_dims] = np.float32(gain)
+    return row.reshape(-1)
 
 
 def _rows(t: QTensor, start: int, stop: int, name: str) -> QTensor:
