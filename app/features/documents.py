@@ -65,6 +65,7 @@ class DocumentsController(QObject):
     statusText = Signal(str)  # the chat's status line while a reply's sources are found
     # from the retrieval thread (queued to the GUI thread): job, sources text, section, error
     _retrieved = Signal(int, object, object, str)
+    _checked = Signal(object, object, str)  # check_passages: its callback, states, note
 
     def __init__(
         self,
@@ -91,6 +92,7 @@ class DocumentsController(QObject):
         self._pending: tuple[int, int, GenerationRequest, SourcesReady] | None = None
         self._jobs = 0
         self._retrieved.connect(self._on_retrieved)
+        self._checked.connect(self._on_checked)
         self._panel = self._chat_view = self._window = None  # set by attach_views
         self.sources_dialog: QWidget | None = None  # the last Sources dialog opened
         session.documents = self  # the session asks `apply` and `replay_note` (duck-typed)
@@ -401,6 +403,42 @@ class DocumentsController(QObject):
             f"{used}, as they were; the documents changed since: {what}. A new reply would "
             "retrieve from the current text."
         )
+
+    def check_passages(
+        self, section: dict, done: Callable[[dict[int, str] | None, str], None]
+    ) -> None:
+        """Give `done` how each passage a receipt's sources section records stands in its
+        collection now (chunk id -> "unchanged", "changed" or "removed"), or None and why when
+        the collection is gone. Reads the collection on a thread (it loads numpy and the index);
+        `done` runs on the GUI thread, and not at all when its dialog was closed meanwhile."""
+        name = str(section.get("collection") or "")
+        root = self.root
+
+        def run() -> None:
+            states: dict[int, str] | None = None
+            note = ""
+            try:
+                from engine.documents.collection import Collection
+                from engine.documents.record import changed_since
+
+                with Collection.open(name, root, create=False) as collection:
+                    changed = {c.chunk_id: c.why for c in changed_since(collection, section)}
+                states = {
+                    int(s["chunk_id"]): changed.get(int(s["chunk_id"]), "unchanged")
+                    for s in section.get("sources") or []
+                }
+            except (EngineError, OSError, ValueError, KeyError, TypeError) as exc:
+                note = (
+                    f"The passages could not be checked: the collection {name!r} is gone ({exc})."
+                )
+            with contextlib.suppress(RuntimeError):  # the window closed meanwhile
+                self._checked.emit(done, states, note)
+
+        threading.Thread(target=run, name="check-passages", daemon=True).start()
+
+    def _on_checked(self, done: Callable, states: dict[int, str] | None, note: str) -> None:
+        with contextlib.suppress(RuntimeError):  # its dialog was closed (and deleted) meanwhile
+            done(states, note)
 
     def shutdown(self) -> None:
         self.runner.cancel()

@@ -826,6 +826,8 @@ class MainWindow(QMainWindow):
             self.details_dialog.close()
         dialog = ReceiptDialog(message_id, self.session.receipt(message_id), self)
         dialog.replayRequested.connect(self.session.replay)
+        if isinstance((dialog.receipt or {}).get("sources"), dict):  # issue 34: unchanged now?
+            self.documents.check_passages(dialog.receipt["sources"], dialog.show_passage_states)
         self.details_dialog = dialog
         dialog.show()
         return dialog

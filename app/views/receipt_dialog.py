@@ -1,6 +1,7 @@
 """A reply's "Details": its receipt (model file and sha256, engine, chat template, prompt, the
-preset with each value's source, seed, JSON mode, finish reason and usage) and Replay, which
-runs it again from the receipt and says whether it reproduces exactly or where it diverged."""
+preset with each value's source, seed, JSON mode, finish reason and usage, the document passages
+its prompt carried and the summary it was built on) and Replay, which runs it again from the
+receipt and says whether it reproduces exactly or where it diverged."""
 
 from __future__ import annotations
 
@@ -22,6 +23,17 @@ from PySide6.QtWidgets import (
 
 from engine.types import ReplayReport, TokenChoice
 
+# What the Sources section says of each passage against the collection now (the app checks it on
+# a thread, app/features/documents.py check_passages; until then: CHECKING).
+UNCHANGED, CHANGED, REMOVED = "unchanged", "changed", "removed"
+CHECKING = "checking"
+PASSAGE_STATE = {
+    UNCHANGED: "unchanged now",
+    CHANGED: "changed since (its document was edited)",
+    REMOVED: "no longer indexed",
+    CHECKING: "checking…",
+}
+
 NO_RECEIPT = (
     "No receipt was recorded for this reply: it was generated before receipts existed, "
     "it failed, or its engine does not record them. It cannot be replayed."
@@ -40,6 +52,10 @@ class ReceiptDialog(QDialog):
         layout = QVBoxLayout(self)
         self.body = QTextBrowser()
         self.body.setObjectName("receipt_body")
+        self.passage_states: dict[int, str] | None = (
+            None  # chunk id -> UNCHANGED/...; None: unknown
+        )
+        self.sources_note = ""  # why the passages could not be checked (the collection is gone)
         self.body.setHtml(receipt_html(receipt))
         layout.addWidget(self.body, 1)
         self.result = QLabel()
@@ -69,6 +85,14 @@ class ReceiptDialog(QDialog):
 
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(json.dumps(self.receipt, indent=2))
+
+    def show_passage_states(self, states: dict[int, str] | None, note: str = "") -> None:
+        """Each recorded passage's state in the collection now (chunk id -> UNCHANGED, CHANGED
+        or REMOVED); None with a note when they could not be checked."""
+        self.passage_states, self.sources_note = states, note
+        scroll = self.body.verticalScrollBar().value()  # the reader stays where they were
+        self.body.setHtml(receipt_html(self.receipt, states, note))
+        self.body.verticalScrollBar().setValue(scroll)
 
     # --- replay ---------------------------------------------------------------------------------
     def show_replay_started(self) -> None:
@@ -154,7 +178,87 @@ def _row(name: str, value) -> str:
     return f"<tr><td><b>{html.escape(name)}</b></td><td>{html.escape(str(value))}</td></tr>"
 
 
-def receipt_html(receipt: dict | None) -> str:
+def _file_name(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _where(source: dict) -> str:
+    """file.md p.3 › Heading › Sub: where a passage came from, as the Sources view says it."""
+    where = _file_name(str(source.get("file") or "?"))
+    if source.get("page") is not None:
+        where += f" p.{source['page']}"
+    heading = [str(h) for h in source.get("heading") or []]
+    return " › ".join([where, *heading])
+
+
+def sources_html(section: dict, states: dict[int, str] | None = None, note: str = "") -> str:
+    """The receipt's "sources" section: the collection and query, then each passage the prompt
+    carried (marker, file, page, heading, chunk id) and whether it is unchanged now."""
+    passages = section.get("sources") or []
+    left_out = section.get("left_out") or []
+    settings = section.get("settings") or {}
+    parts = ["<h3>Sources</h3><table>"]
+    parts += [
+        _row("Collection", section.get("collection")),
+        _row("Question searched", section.get("query")),
+        _row("Embedding model", section.get("embed_model")),
+        _row(
+            "Passages",
+            f"{len(passages)} in the prompt, {section.get('used_tokens')} of "
+            f"{section.get('budget_tokens')} tokens"
+            + (f"; {len(left_out)} more found but left out (over the budget)" if left_out else ""),
+        ),
+    ]
+    if settings.get("top_k") is not None:
+        parts.append(_row("Retrieved (top k)", settings["top_k"]))
+    parts.append("</table>")
+    if note:
+        parts.append(f"<p><i>{html.escape(note)}</i></p>")
+    if passages:
+        parts.append("<table>")
+        for s in passages:
+            chunk_id = int(s.get("chunk_id", -1))
+            state = CHECKING if states is None else states.get(chunk_id, REMOVED)
+            if note:
+                state = ""
+            colour = {CHANGED: "#c0392b", REMOVED: "#c0392b", UNCHANGED: "#2e8b57"}.get(state)
+            label = html.escape(PASSAGE_STATE.get(state, ""))
+            shown = f"<span style='color:{colour}'>{label}</span>" if colour else f"<i>{label}</i>"
+            parts.append(
+                f"<tr><td><b>[{html.escape(str(s.get('marker')))}]</b></td>"
+                f"<td>{html.escape(_where(s))}</td>"
+                f"<td>chunk {chunk_id}</td><td>{shown}</td></tr>"
+            )
+        parts.append("</table>")
+    return "".join(parts)
+
+
+def compaction_html(section: dict) -> str:
+    """The receipt's "compaction" section: the prompt was built on a summary of earlier
+    messages instead of the messages themselves."""
+    covered = section.get("covered_message_ids") or []
+    n = len(covered)
+    summary = str(section.get("summary") or "")
+    excerpt = summary if len(summary) <= 300 else summary[:300].rstrip() + "…"
+    parts = [
+        "<h3>Compaction</h3><table>",
+        _row(
+            "Built on",
+            f"a summary of {n} earlier message{'s' if n != 1 else ''} "
+            "(the summary went into the prompt instead of them)",
+        ),
+        _row("Summary sha256", section.get("summary_sha256")),
+        _row("Summary", excerpt),
+        "</table>",
+    ]
+    return "".join(parts)
+
+
+def receipt_html(
+    receipt: dict | None, passage_states: dict[int, str] | None = None, sources_note: str = ""
+) -> str:
+    """The receipt as HTML; `passage_states` (chunk id -> UNCHANGED/CHANGED/REMOVED) says how
+    each recorded passage stands now, None while it is being checked."""
     if receipt is None:
         return f"<p>{html.escape(NO_RECEIPT)}</p>"
     model = receipt.get("model", {})
@@ -200,4 +304,8 @@ def receipt_html(receipt: dict | None) -> str:
     if usage.get("decode_tok_s"):
         parts.append(_row("Decode speed", f"{usage['decode_tok_s']:.1f} tok/s"))
     parts.append("</table>")
+    if isinstance(receipt.get("sources"), dict):
+        parts.append(sources_html(receipt["sources"], passage_states, sources_note))
+    if isinstance(receipt.get("compaction"), dict):
+        parts.append(compaction_html(receipt["compaction"]))
     return "".join(parts)
