@@ -76,12 +76,16 @@ def revision_unpackers(rev: str) -> pytypes.ModuleType:
     """engine/kernels/quant_iq.py as of `rev`, with the quant_iq_vnni.py / quant_iq_avx2.py it
     had, as a module object that replaces none of the imported ones: while REV's modules run,
     each sibling import resolves to REV's copy (registered in sys.modules, then restored)."""
-    sources = {n: _source_at(rev, f"engine/kernels/{n}.py") for n in _UNPACKER_MODULES}
-    if sources["quant_iq"] is None:
+    sources: dict[str, str] = {}
+    for name in _UNPACKER_MODULES:
+        src = _source_at(rev, f"engine/kernels/{name}.py")
+        if src is not None:
+            sources[name] = src
+    if "quant_iq" not in sources:
         raise SystemExit(f"--against {rev}: no engine/kernels/quant_iq.py at that revision")
     package = sys.modules["engine.kernels"]
     current = {n: sys.modules.get(f"engine.kernels.{n}") for n in _UNPACKER_MODULES}
-    old = {n: pytypes.ModuleType(f"engine.kernels.{n}") for n, src in sources.items() if src}
+    old = {n: pytypes.ModuleType(f"engine.kernels.{n}") for n in sources}
     try:
         for name, mod in old.items():  # all registered first: they import each other
             sys.modules[mod.__name__] = mod
@@ -89,12 +93,13 @@ def revision_unpackers(rev: str) -> pytypes.ModuleType:
         for name, mod in old.items():
             exec(compile(sources[name], f"{rev}:{name}.py", "exec"), mod.__dict__)
     finally:
-        for name, mod in current.items():
-            if mod is None:
+        for name, was in current.items():
+            if was is not None:
+                sys.modules[was.__name__] = was
+                setattr(package, name, was)
+            elif name in old:  # not imported here before: leave no trace of REV's copy
                 sys.modules.pop(f"engine.kernels.{name}", None)
-            else:
-                sys.modules[mod.__name__] = mod
-                setattr(package, name, mod)
+                delattr(package, name)
     return old["quant_iq"]
 
 
