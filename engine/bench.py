@@ -147,6 +147,7 @@ def run_bench(
         result["decode_tok_s"] = statistics.median(tg[1:])
     # Ops that ran on numpy instead of a kernel, by "op: reason" -> calls (never silent).
     result["fallbacks"] = dict(getattr(backend, "fallbacks", {}))
+    result.update(decode_path_report(model))
     result["kernels"] = kernel_path(backend)
     # The peak is at least every RSS we sampled ourselves (see _peak_rss_mb on counter lag).
     result["peak_rss_mb"] = max(_peak_rss_mb(), result.get("rss_generating_mb", 0.0))
@@ -154,6 +155,20 @@ def run_bench(
     if close is not None:
         close()
     return result
+
+
+def decode_path_report(model) -> dict:
+    """How a one-token decode of this model runs (engine/models/decode_plan.py): decode_path
+    "steps" (every op a native step), "mixed" (some ops recorded as Python fallbacks, named in
+    decode_fallbacks) or "ops" (the op-by-op loop: no step backend, or LOCALCHAT_DECODE_STEPS=0);
+    decode_routed names the control flow run in Python between step tables (MoE routing)."""
+    describe = getattr(model, "decode_path", None)
+    if describe is None:  # a model without a layer loop (the encoder): nothing to report
+        return {}
+    path, fallbacks = describe()
+    plan = model.decode_plan(model.cache_type) if path != "ops" else None
+    routed = sorted(set(plan.routed)) if plan is not None else []
+    return {"decode_path": path, "decode_fallbacks": fallbacks, "decode_routed": routed}
 
 
 def format_table(r: dict) -> str:
@@ -182,7 +197,14 @@ def format_table(r: dict) -> str:
         extra.append(f"cold compile {r['cold_compile_s']:.2f} s")
     extra.append(f"warm start {r['warm_start_s']:.3f} s")
     extra.append(f"model load {r['load_s']:.2f} s")
-    return "\n".join([head, *rows, "", f"kernels: {r['kernels']}", ", ".join(extra)])
+    decode = ""
+    if "decode_path" in r:
+        fell = r["decode_fallbacks"]
+        decode = f"decode path: {r['decode_path']}" + (
+            f" (fell back: {', '.join(fell)})" if fell else ""
+        )
+    lines = [head, *rows, "", f"kernels: {r['kernels']}", ", ".join(extra)]
+    return "\n".join(lines + ([decode] if decode else []))
 
 
 def add_arguments(p) -> None:

@@ -12,6 +12,7 @@ K/V byte must match the same run with LOCALCHAT_DECODE_STEPS=0.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -156,3 +157,21 @@ def test_the_q8_0_row_store_step_quantizes_like_kv_quant(backend, head_dim):
             expected = quantize_q8_0(src.reshape(3, head_dim)).reshape(-1)
         np.testing.assert_array_equal(cache[2], expected)
         assert not cache[[0, 1, 3]].any()  # only the row at the position
+
+
+@pytest.mark.parametrize(
+    ("env", "cache_type", "expected"),
+    [("1", "f16", "steps"), ("1", "q8_0", "steps"), ("0", "f16", "ops")],
+)
+def test_bench_json_reports_the_decode_path(
+    tmp_path, capsys, monkeypatch, env, cache_type, expected
+):
+    from engine.__main__ import main
+
+    monkeypatch.setenv(DECODE_STEPS_ENV, env)
+    path = write_tiny_model(tmp_path / "g.gguf", "gemma3", Q.Q8_0, head_dim=32)
+    argv = ["bench", str(path), "-p", "4", "-n", "3", "-r", "1", "-t", "2", "--skip-cold"]
+    assert main([*argv, "--cache-type", cache_type, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["decode_path"] == expected
+    assert report["decode_fallbacks"] == [] and report["decode_routed"] == []
