@@ -32,6 +32,8 @@ Sampler = Callable[[np.ndarray], int]
 
 # top-p without top-k first tries this many most likely tokens, doubling until the nucleus fits
 _NUCLEUS_FIRST_GUESS = 1024
+# ids per block of an untruncated draw (_draw_untruncated): ~256 blocks at a 262k vocabulary
+_DRAW_BLOCK = 1024
 
 
 # --- processors ----------------------------------------------------------------------------------
@@ -221,8 +223,11 @@ def make_sampler(cfg: GenerationConfig, seed: int | None = None) -> Sampler:
     if not cfg.do_sample:
         return greedy
     rng = np.random.default_rng(cfg.seed if seed is None else seed)
+    whole_vocabulary = cfg.top_k <= 0 and cfg.top_p >= 1.0 and cfg.min_p <= 0.0
 
     def sample(logits: np.ndarray) -> int:
+        if whole_vocabulary and np.shape(logits)[-1] > _DRAW_BLOCK:
+            return _draw_untruncated(logits, cfg.temperature, rng.random())
         ids, probs = sampling_distribution(cfg, logits)
         if len(ids) == 1:
             rng.random()  # keep the RNG stream aligned whatever the candidate count
@@ -232,6 +237,38 @@ def make_sampler(cfg: GenerationConfig, seed: int | None = None) -> Sampler:
         return int(ids[min(index, len(ids) - 1)])
 
     return sample
+
+
+def _draw_untruncated(logits: np.ndarray, temperature: float, u: float) -> int:
+    """The token at u (in [0, 1)) of the inverse CDF of softmax(logits / temperature) over the
+    whole vocabulary, found in two levels: the block of _DRAW_BLOCK ids whose cumulative mass
+    passes u, then the id inside it. The same draw as a cumulative sum over the vocabulary up to
+    rounding (a u within ~1e-16 of a boundary may land on the neighbour), at a fraction of the
+    cost: a float64 cumulative sum of 262k values cost ~0.6 ms a token, serial work per stream
+    in every batched decode step (bench/RESULTS.md, issue 32). Ids of probability 0 (masked,
+    -inf) are never drawn."""
+    x = np.asarray(logits, dtype=np.float32)
+    peak = float(np.max(x))
+    if not np.isfinite(peak):
+        raise ModelOutputError(NO_FINITE_LOGIT)
+    weights = np.exp((x - np.float32(peak)) / np.float32(temperature))  # float32, as above
+    vocab, block = weights.shape[-1], _DRAW_BLOCK
+    whole = vocab - vocab % block
+    block_mass = weights[:whole].reshape(-1, block).sum(axis=1, dtype=np.float64)
+    if whole < vocab:
+        block_mass = np.append(block_mass, weights[whole:].sum(dtype=np.float64))
+    cumulative = np.cumsum(block_mass)
+    target = u * cumulative[-1]
+    # never a block of mass 0 (u * total can round up to the total itself)
+    b = min(
+        int(np.searchsorted(cumulative, target, side="right")), int(np.flatnonzero(block_mass)[-1])
+    )
+    inside = weights[b * block : (b + 1) * block]
+    before = cumulative[b - 1] if b else 0.0
+    running = np.cumsum(inside, dtype=np.float64)
+    i = int(np.searchsorted(running, target - before, side="right"))
+    # the block's own sum can round below its mass: never past its last id of nonzero weight
+    return b * block + min(i, int(np.flatnonzero(inside)[-1]))
 
 
 def greedy(logits: np.ndarray) -> int:
