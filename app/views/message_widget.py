@@ -37,6 +37,7 @@ from app.store import StoredMessage
 from app.theme import text_color
 from app.views.code_blocks import COPY_SCHEME, renumber_copy_links
 from app.views.markdown_style import set_markdown
+from app.views.sources_line import sources_line_html
 from app.views.sources_view import CITE_SCHEME, link_citations, reply_sources
 from engine.events import ToolCallStarted
 from engine.types import JsonMode, MessageStatus, Role
@@ -383,6 +384,14 @@ class MessageWidget(QFrame):
         self.sources_button: QToolButton | None = None  # made when the reply has sources
         self.sources: dict | None = None  # the receipt's "sources" section (set_sources)
         layout.addWidget(self.body)
+        # "Sources: [1] manual.md › Warranty · [2] …" under a reply with passages, cited or not
+        self.sources_line = QLabel()
+        self.sources_line.setObjectName("sources_line")
+        self.sources_line.setWordWrap(True)
+        self.sources_line.setTextFormat(Qt.RichText)
+        self.sources_line.linkActivated.connect(lambda link: self._on_citation(QUrl(link)))
+        self.sources_line.setVisible(False)
+        layout.addWidget(self.sources_line)
 
         self.json_status = QLabel()
         self.json_status.setObjectName("json_status")
@@ -533,6 +542,10 @@ class MessageWidget(QFrame):
         self.body.setVisible(bool(self.text) or streaming)
         self.usage_label.setText(_usage_line(m.usage) if not streaming else "")
         self.usage_label.setVisible(bool(self.usage_label.text()))
+        assistant = m.role == Role.ASSISTANT and not streaming
+        line = sources_line_html(self.sources or reply_sources(m.receipt)) if assistant else ""
+        self.sources_line.setText(line)
+        self.sources_line.setVisible(bool(line))
 
     def _with_citations(self, text: str) -> str:
         """The reply's [n] markers as links to its sources (issue 34), when its receipt has them;
