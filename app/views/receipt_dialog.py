@@ -215,7 +215,7 @@ def sources_html(section: dict, states: dict[int, str] | None = None, note: str 
     if note:
         parts.append(f"<p><i>{html.escape(note)}</i></p>")
     if passages:
-        parts.append("<table>")
+        parts.append("<table cellspacing='6'>")  # the passage rows: file and state apart
         for s in passages:
             chunk_id = int(s.get("chunk_id", -1))
             state = CHECKING if states is None else states.get(chunk_id, REMOVED)
