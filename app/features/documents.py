@@ -10,11 +10,16 @@ engine/documents (index, retrieve, context, record).
 - Each reply of a chat with documents carries the top passages for the user's question within
   the chat's token budget, in the system message with numbered markers ([1] file p.3 >
   Heading); the session calls `apply` when it starts a reply (a tool round's continuation
-  reuses the turn's sources, so every request of a turn sees the same prompt).
+  reuses the turn's sources, so every request of a turn sees the same prompt). Finding them
+  embeds the question, so it runs on a thread of its own while the reply row is already open
+  ("Finding sources…"); Stop meanwhile ends the reply as cancelled (`cancel_retrieval`).
 - The passages, their chunk ids, text hashes and texts, what was left out and the retrieval
   settings go into the reply's receipt (engine.receipt.with_sources). A replay runs the recorded
   prompt (which holds the recorded texts) and `replay_note` says whether the collection still
-  holds those passages unchanged.
+  holds those passages unchanged; a reply's Details check the same on a thread
+  (`check_passages`).
+- engine.documents loads numpy and the window opens before numpy is loaded, so its modules are
+  imported inside the functions that use them, most of which run on those threads.
 
 Token counts for the budget come from the embedding model's tokenizer: the chat model lives on
 the engine's worker thread, and a count made here must not wait for a generation. WordPiece
