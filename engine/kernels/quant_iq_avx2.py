@@ -4,8 +4,9 @@ engine/kernels/quant_iq.py's per-chunk scalar decoding (which stays for generic 
 Why: per 32 weights, the per-chunk path spent ~35 instructions before the dot product: an index
 extraction per grid row, four ksigns mask loads with their shifts and masks, and a scalar scale
 chain (convert, add, two multiplies, broadcast); IQ1_M also rebuilt its split fp16 scale for
-every chunk. Q4_K on AVX2 runs repacked 16-row records (packed_matmul.py) at ~2-3 cycles per
-32 weights, so those instructions were the whole gap. Here, as on the VNNI path
+every chunk. These kernels run at ~4.5 instructions per cycle, so their cost is their
+instruction count (repacked Q4_K, packed_matmul.py, takes ~2 cycles per 32 weights; this
+row-major path cannot get that close, bench/RESULTS.md). Here, as on the VNNI path
 (quant_iq_vnni.py, whose vector helpers this module reuses where they are plain AVX2), a
 super-block's side data is decoded once with a few 256-bit operations and shared by its 8
 chunks (the template emits all chunks of a block in one loop iteration):
