@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ModelFileError, UnsupportedModelError
+from engine.gguf import StringArray
 from engine.tensor_checks import check_tensors
 
 SUPPORTED_ARCHS = (
@@ -260,7 +261,8 @@ class ModelConfig:
             raise ModelFileError("tensor 'token_embd.weight' is missing")
         n_vocab = int(embd.shape[0])
         tokens = gguf_file.metadata.get("tokenizer.ggml.tokens")
-        if isinstance(tokens, list) and len(tokens) > n_vocab:
+        # A long vocabulary is a StringArray (issue 32), a short one a list.
+        if isinstance(tokens, (list, StringArray)) and len(tokens) > n_vocab:
             # Token ids index the embedding: every id the tokenizer can produce needs a row.
             raise ModelFileError(
                 f"tokenizer.ggml.tokens has {len(tokens)} tokens, but token_embd.weight has "

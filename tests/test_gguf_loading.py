@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from engine.gguf import SUPPORTED_QTYPES, open_gguf
+from engine.gguf import SUPPORTED_QTYPES, NumericArray, StringArray, open_gguf
 from tests.tiny_models import ALL_QTYPES, ARCHS, K_QUANTS
 
 Q = GGMLQuantizationType
@@ -68,7 +68,7 @@ def test_smollm2_header(smollm2_path):
     assert g.metadata["tokenizer.ggml.model"] == "gpt2"
     tokens = g.metadata["tokenizer.ggml.tokens"]
     assert (
-        isinstance(tokens, list)
+        isinstance(tokens, StringArray)  # one blob + offsets, not 49k str objects (issue 32)
         and len(tokens) == 49152
         and all(isinstance(t, str) for t in tokens[:100])
     )
@@ -114,7 +114,9 @@ def test_gemma3_header(gemma3_path):
     assert g.arch_value("attention.key_length") == 256
     assert len(g.metadata["tokenizer.ggml.tokens"]) == 262144
     scores = g.metadata["tokenizer.ggml.scores"]
-    assert isinstance(scores, list) and isinstance(scores[0], float)
+    # a list-like over the file's float32 array, not 262k float objects (issue 32)
+    assert isinstance(scores, NumericArray) and scores.array.dtype == np.float32
+    assert isinstance(scores[0], float) and len(scores) == 262144
     types = {t.qtype for t in g.tensors.values()}
     assert types <= set(SUPPORTED_QTYPES) and Q.Q4_K in types and Q.Q6_K in types
     assert g.tensors["blk.0.ffn_down.weight"].data.shape == (640, 2048 // 256 * 210)

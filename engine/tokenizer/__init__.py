@@ -60,12 +60,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import platformdirs
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import TokenizerError
+from engine.gguf import StringArray
 from engine.tokenizer import hf_build, spm_merges
-from engine.tokenizer.decoding import clean_spaces, clean_spaces_cut, render_pieces
+from engine.tokenizer.decoding import PieceTable, clean_spaces, clean_spaces_cut, render_pieces
 from engine.tokenizer.llama_tables import (
     HIDDEN,
     PARTITIONED,
@@ -106,11 +108,16 @@ class Tokenizer:
         add_space_prefix: bool,
         pre: str | None,
         clean_spaces: bool = False,
+        token_array: StringArray | None = None,
     ):
+        """tokens: the texts while building (a list); the tokenizer keeps them as a StringArray
+        (`token_array` when the caller has one) and the pieces as a PieceTable, not as 262k str
+        and bytes objects (issue 32)."""
         self.model = model  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
         self.pre = pre
-        self.tokens = tokens
-        self.attrs = attrs
+        self.tokens = token_array if token_array is not None else StringArray.from_list(tokens)
+        # llama.cpp's attribute bits (< 64) one byte per token: indexing gives ints as the list did
+        self.attrs = bytes(attrs)
         self.hf = hf
         self.bos_id = bos_id
         self.eos_id = eos_id
@@ -121,11 +128,10 @@ class Tokenizer:
         self.add_space_prefix = add_space_prefix
         self.clean_spaces = clean_spaces
         self.vocab_size = len(tokens)
-        self._special_pieces = render_pieces(model, tokens, attrs)
+        self._special_pieces = PieceTable.from_pieces(render_pieces(model, tokens, attrs))
         # User-visible text hides control and unknown tokens (token_to_piece with special=False).
-        self._pieces = [
-            b"" if a & HIDDEN else p for a, p in zip(attrs, self._special_pieces, strict=True)
-        ]
+        hidden = np.frombuffer(self.attrs, dtype=np.uint8) & HIDDEN != 0
+        self._pieces = self._special_pieces.hiding(hidden)
         self._specials = SpecialPartition(tokens, attrs, PARTITIONED, not_in_literal_attrs=HIDDEN)
         self._text_only_hf: HFTokenizer | None = None  # built on first use, see _encode_literal
         # Ids of recently encoded fragments (text between special tokens: in a chat, one message
@@ -324,7 +330,7 @@ def _build(metadata: Mapping[str, Any]) -> Tokenizer:
         model=v.model, tokens=v.tokens, attrs=v.attrs, hf=hf, bos_id=v.bos_id, eos_id=v.eos_id,
         eot_id=v.eot_id, eog_ids=v.eog_ids, add_bos=v.add_bos, add_eos=v.add_eos,
         add_space_prefix=v.add_space_prefix, pre=v.pre_name,
-        clean_spaces=bool(v.pre and v.pre.clean_spaces),
+        clean_spaces=bool(v.pre and v.pre.clean_spaces), token_array=v.token_array,
     )  # fmt: skip
 
 

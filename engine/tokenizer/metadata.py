@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import TokenizerError
-from engine.gguf import NumericArray
+from engine.gguf import NumericArray, StringArray
 from engine.tokenizer.llama_tables import (
     ALWAYS_RENDERED,
     ATTR_CONTROL,
@@ -43,7 +43,8 @@ class Vocabulary:
     """What the tokenizer is built from, with llama.cpp's defaults filled in."""
 
     model: str  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
-    tokens: list[str]
+    tokens: list[str]  # the texts, for building the tokenizer (then dropped)
+    token_array: StringArray  # the same texts as the tokenizer keeps them
     attrs: list[int]  # llama.cpp's attribute bits per token (llama_tables.ATTR_*)
     # One score per token: the file's float32 array as a read-only view of the model file's map
     # (engine.gguf), or float64 for metadata given as Python lists. Never a list of float objects
@@ -106,6 +107,8 @@ def _array(
         return None
     if isinstance(value, NumericArray):
         value = value.array
+    if isinstance(value, StringArray):
+        value = value.tolist()  # then checked like any list
     if isinstance(value, np.ndarray):
         kinds = "".join(_DTYPE_KINDS[t] for t in types if t in _DTYPE_KINDS)
         if value.ndim != 1 or value.dtype.kind not in kinds or not kinds:
@@ -185,13 +188,18 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
             f"{', '.join(SUPPORTED_MODELS)} (tokenizer.ggml.model; llama = SentencePiece, "
             "gpt2 = byte-level BPE)"
         )
-    tokens = _array(metadata, "tokenizer.ggml.tokens", None, "strings", _STRINGS)
-    if not tokens:
+    token_values = _array(metadata, "tokenizer.ggml.tokens", None, "strings", _STRINGS)
+    if token_values is None or not len(token_values):
         raise TokenizerError(
             "the model file has no vocabulary (tokenizer.ggml.tokens is missing or empty)"
         )
+    tokens: list[str] = list(token_values)  # a list already (numpy never holds strings)
     n = len(tokens)
-    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # as llama.cpp does
+    stored = metadata.get("tokenizer.ggml.tokens")
+    if not all(tokens):
+        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # as llama.cpp does
+        stored = None
+    token_array = stored if isinstance(stored, StringArray) else StringArray.from_list(tokens)
     types = _array(metadata, "tokenizer.ggml.token_type", n, "integers", _INTEGERS)
     if types is not None and len(types) > n:
         # One type per token: extra types describe tokens the file does not have (a fuzzed file
@@ -266,7 +274,7 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
             raise TokenizerError("a gpt2 tokenizer needs tokenizer.ggml.merges, which is missing")
         merges = list(merge_array)  # strings are always a list (numpy arrays only hold numbers)
     return Vocabulary(
-        model=model, tokens=tokens, attrs=attrs, scores=scores,
+        model=model, tokens=tokens, token_array=token_array, attrs=attrs, scores=scores,
         pre_name=pre_name if model == "gpt2" else None, pre=pre, merges=merges, add_bos=add_bos,
         add_eos=add_eos, add_space_prefix=add_space_prefix, bos_id=bos_id, eos_id=eos_id,
         eot_id=eot_id, unk_id=unk_id, eog_ids=eog_ids,

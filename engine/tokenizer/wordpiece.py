@@ -22,6 +22,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from engine.errors import TokenizerError
+from engine.gguf import StringArray
 
 PHANTOM_SPACE = "\u2581"
 CONTINUATION = "##"
@@ -55,6 +56,8 @@ def read_wordpiece_vocab(metadata: Mapping[str, Any]) -> WordPieceVocab:
             "vocabulary ('bert')"
         )
     tokens = metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, StringArray):  # a long vocabulary as engine.gguf stores it
+        tokens = tokens.tolist()
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
         raise TokenizerError("tokenizer.ggml.tokens is missing or not a list of strings")
     types = metadata.get("tokenizer.ggml.token_type")
