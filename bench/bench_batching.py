@@ -157,6 +157,9 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--prefill-tokens", type=int, default=400)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--skip-gap", action="store_true", help="throughput only (no prefill-gap measurement)"
+    )
     args = ap.parse_args()
     report: dict = {"load_average": os.getloadavg(), "prefill_slice": PREFILL_SLICE, "models": {}}
     for name in args.model:
@@ -174,18 +177,21 @@ def main() -> None:
                         f"(runs {', '.join(f'{r:.1f}' for r in runs)})",
                         flush=True,
                     )
-            gaps = [prefill_gap(lm, args.prefill_tokens, 48, t) for t in range(args.trials)]
-            gap = {k: statistics.median(g[k] for g in gaps) for k in gaps[0]}
+            gap: dict = {}
+            if not args.skip_gap:
+                gaps = [prefill_gap(lm, args.prefill_tokens, 48, t) for t in range(args.trials)]
+                gap = {k: statistics.median(g[k] for g in gaps) for k in gaps[0]}
             if not args.json:
                 base = rates.get(1)
                 for n, r in rates.items():
                     if base:
                         print(f"{name}: {n} streams = {r / base:.2f}x one stream")
-                print(
-                    f"{name}: gap while a {args.prefill_tokens}-token prompt prefills: "
-                    + ", ".join(f"{k} {v:.1f}" for k, v in gap.items()),
-                    flush=True,
-                )
+                if gap:
+                    print(
+                        f"{name}: gap while a {args.prefill_tokens}-token prompt prefills: "
+                        + ", ".join(f"{k} {v:.1f}" for k, v in gap.items()),
+                        flush=True,
+                    )
             report["models"][name] = {
                 "alone_tok_s": alone,
                 "aggregate_tok_s": rates,
