@@ -105,6 +105,64 @@ def aggregate_rate(lm, n: int, tokens: int, trial: int) -> float:
     return inside / (end - start)
 
 
+def step_phases(lm, n: int, tokens: int, trial: int) -> dict:
+    """Where a decode step of n streams goes (issue 32), from the same run as aggregate_rate:
+    per step in which all n streams decode one token, the median wall time of the batched
+    forward (all layers, then the output projection: "logits_ms", part of "forward_ms"), and
+    of the time between two such steps ("between_ms": every request's own pipeline of
+    sampling, detokenizing, stop strings and events, the greenlet switches and the scheduler's
+    bookkeeping). "cpu_ms_per_token" is the process's CPU time (every thread) per token of the
+    run: less sensitive to other processes than wall time on a shared machine."""
+    model = lm.model
+    # per forward_segments call: (start, end, rows or -1 unless one row per stream, logits s)
+    spans: list[tuple[float, float, int, float]] = []
+    logits = [0.0]  # the output projection's time inside the call running now
+    forward_segments, project = model.forward_segments, model._logits
+
+    def timed_forward(segments, cancel=None):
+        t0 = time.perf_counter()
+        logits[0] = float("nan")
+        out = forward_segments(segments, cancel)
+        rows = sum(len(seg.ids) for seg in segments)
+        one_each = rows if rows == len(segments) else -1
+        spans.append((t0, time.perf_counter(), one_each, logits[0]))
+        return out
+
+    def timed_logits(x, rows):
+        t0 = time.perf_counter()
+        out = project(x, rows)
+        logits[0] = time.perf_counter() - t0
+        return out
+
+    model.forward_segments, model._logits = timed_forward, timed_logits
+    cpu0 = time.process_time()
+    try:
+        with BatchScheduler(lm, max_concurrency=n) as scheduler:
+            streams = [
+                _Stream(
+                    scheduler.submit(
+                        _request(TOPICS[i % len(TOPICS)], tokens, 100 * trial + i), CancelToken()
+                    )
+                )
+                for i in range(n)
+            ]
+            for s in streams:
+                s.thread.join()
+    finally:
+        del model.forward_segments, model._logits  # the class's methods again
+    cpu = time.process_time() - cpu0
+    full = [i for i, span in enumerate(spans) if span[2] == n]
+    between = [
+        spans[i + 1][0] - spans[i][1] for i in full if i + 1 < len(spans) and spans[i + 1][2] == n
+    ]
+    return {
+        "forward_ms": 1000 * statistics.median(spans[i][1] - spans[i][0] for i in full),
+        "logits_ms": 1000 * statistics.median(spans[i][3] for i in full),
+        "between_ms": 1000 * statistics.median(between),
+        "cpu_ms_per_token": 1000 * cpu / sum(len(s.times) for s in streams),
+    }
+
+
 def alone_rate(lm, tokens: int, trial: int) -> float:
     """One request through engine.generate.generate directly (no scheduler): the baseline."""
     times = []
@@ -158,6 +216,11 @@ def main() -> None:
     ap.add_argument("--prefill-tokens", type=int, default=400)
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="also split each step into forward / logits / between steps (step_phases)",
+    )
+    ap.add_argument(
         "--skip-gap", action="store_true", help="throughput only (no prefill-gap measurement)"
     )
     args = ap.parse_args()
@@ -177,6 +240,17 @@ def main() -> None:
                         f"(runs {', '.join(f'{r:.1f}' for r in runs)})",
                         flush=True,
                     )
+            phases = {}
+            if args.phases:
+                for n in args.streams:
+                    runs = [step_phases(lm, n, args.tokens, t) for t in range(args.trials)]
+                    phases[n] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+                    if not args.json:
+                        print(
+                            f"{name}: {n} streams, per step: "
+                            + ", ".join(f"{k} {v:.2f}" for k, v in phases[n].items()),
+                            flush=True,
+                        )
             gap: dict = {}
             if not args.skip_gap:
                 gaps = [prefill_gap(lm, args.prefill_tokens, 48, t) for t in range(args.trials)]
@@ -196,6 +270,7 @@ def main() -> None:
                 "alone_tok_s": alone,
                 "aggregate_tok_s": rates,
                 "prefill_gap": gap,
+                "step_phases": phases,
             }
     report["load_average_after"] = os.getloadavg()
     if args.json:
