@@ -16,7 +16,9 @@ How (one scheduler thread; each running request a greenlet on it):
   call or ended; then cut a step from the pending calls (forward_work.cut_step: every decode
   whole, plus a prefill slice of at most PREFILL_SLICE tokens while others decode) and run it
   as one TransformerModel.forward_segments pass: the weights are read once per step for every
-  sequence, each sequence keeps its own KVCache.
+  sequence, each sequence keeps its own KVCache. A step of decodes only (one token per
+  sequence, the steady state) runs as native step lists, one call from Python per layer
+  (engine/models/batch_decode.py); a step with a prefill slice or a draft runs the layer loop.
 - Events go into the ticket's queue as they are made, so a slow reader never holds up the batch;
   the KV reservation is released before the Finished event is queued (a reader that sees
   Finished sees the memory free in stats()).
