@@ -34,8 +34,13 @@ def backend():
     backend.close()
 
 
+WINDOWED = ("gemma2", "gemma3")
+WINDOW = 8  # shorter than the longest sequence (14 + 12 tokens): the window slides
+
+
 def _model(tmp_path, arch: str, backend):
-    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, Q.Q8_0, seed=3, **SHAPES)
+    window = dict(sliding_window=WINDOW) if arch in WINDOWED else {}
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, Q.Q8_0, seed=3, **SHAPES, **window)
     gguf_file = open_gguf(path)
     model = build_model(gguf_file, ModelConfig.from_gguf(gguf_file), backend)
     model.cache_type = KvCacheType.F16
@@ -80,7 +85,9 @@ def _run(model, tokens: dict[int, list[int]], schedule, batched: bool):
     return logits, caches
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: the per-row q/k/v bias steps
+# qwen2: per-row q/k/v bias steps; qwen3: per-head q/k norms; gemma2/3: sandwich norms, q/k
+# norms (gemma3), GeGLU, soft-caps (gemma2), embedding scale, sliding windows
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3"])
 def test_a_batched_decode_step_gives_every_sequence_its_bits_alone(tmp_path, backend, arch):
     model = _model(tmp_path, arch, backend)
     rng = np.random.default_rng(11)
@@ -105,8 +112,8 @@ def test_a_batched_decode_step_gives_every_sequence_its_bits_alone(tmp_path, bac
 
 
 def test_architectures_without_a_step_form_keep_the_loop_and_its_bits(tmp_path, backend):
-    # qwen3's q/k norms are not in the batched steps: the loop runs, still exact
-    model = _model(tmp_path, "qwen3", backend)
+    # Granite's residual multiplier has no step here: the loop runs, still exact
+    model = _model(tmp_path, "granite", backend)
     rng = np.random.default_rng(4)
     tokens = {
         s: rng.integers(0, model.config.n_vocab, n + STEPS).tolist() for s, n in enumerate(PROMPTS)

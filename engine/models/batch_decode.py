@@ -75,8 +75,9 @@ def decode_batch(
 
 def supported(model: TransformerModel) -> bool:
     """True where every op of the layer loop has a step form that these plans build: pre-norms
-    without q/k or sandwich norms, a dense SwiGLU/GeGLU FFN, no residual, attention or RoPE
-    multipliers, one RoPE table, a backend with native steps and no key splits."""
+    (with or without per-head q/k norms and sandwich norms: Qwen3, Gemma 2 and 3), biases, a
+    dense SwiGLU/GeGLU FFN, no residual, attention or RoPE multipliers, one RoPE table, a
+    backend with native steps and no key splits."""
     cfg, ops = model.config, model.backend
     if os.environ.get(DECODE_STEPS_ENV, "1").strip() == "0":
         return False
@@ -84,8 +85,7 @@ def supported(model: TransformerModel) -> bool:
         return False
     if (
         not cfg.pre_norms
-        or cfg.qk_norm
-        or cfg.sandwich_norms
+        or cfg.qk_norm_full  # OLMo 2 (it has no pre-norms either)
         or cfg.n_expert
         or cfg.residual_scale != 1.0
         or cfg.attn_temp_scale > 0.0
@@ -96,10 +96,7 @@ def supported(model: TransformerModel) -> bool:
         or (cfg.rope_dims and cfg.rope_dims % 2)
     ):
         return False
-    return not any(
-        la.q_gain != 1.0 or layer.attn_output_bias is not None
-        for layer, la in zip(model.layers, model._layer_attention, strict=True)
-    )
+    return not any(la.q_gain != 1.0 for la in model._layer_attention)
 
 
 class BatchDecodePlan:
@@ -158,10 +155,13 @@ class BatchDecodePlan:
                 (k, layer.attn_k_bias),
                 (v, layer.attn_v_bias),
             ):
-                if bias is not None:  # the op loop's `rows += bias` broadcast, row by row
-                    for i in range(n):
-                        row = all_rows[i : i + 1]
-                        steps.append(ops.step_add(row, bias, row))
+                if bias is not None:  # the loop's add of one bias row, row by row
+                    steps += cls._bias_rows(ops, all_rows, bias)
+            if layer.attn_q_norm is not None:  # per head, over (n * heads, head_dim) rows
+                q_rows = q.reshape(n * cfg.n_head, cfg.head_dim)
+                k_rows = k.reshape(n * cfg.n_kv_head, cfg.head_dim)
+                steps.append(ops.step_rmsnorm(q_rows, layer.attn_q_norm, cfg.norm_eps, q_rows))
+                steps.append(ops.step_rmsnorm(k_rows, layer.attn_k_norm, cfg.norm_eps, k_rows))
             if la.rope:
                 rope_args: dict = dict(theta=la.theta, neox=cfg.rope_neox, freq_scale=la.freq_scale)
                 if cfg.rope_dims:
@@ -188,9 +188,17 @@ class BatchDecodePlan:
                 steps += [k_store, v_store, attend]
             plan.kv_args.append(layer_kv)
             attention_blocks.append(layer_attention)
-            steps += [quant_att, out_proj, ops.step_add(x, proj, x)]
+            steps += [quant_att, out_proj]
+            if layer.attn_output_bias is not None:
+                steps += cls._bias_rows(ops, proj, layer.attn_output_bias)
+            if layer.post_attention_norm is not None:
+                steps.append(ops.step_rmsnorm(proj, layer.post_attention_norm, cfg.norm_eps, proj))
+            steps += [ops.step_add(x, proj, x)]
             steps += [ops.step_rmsnorm(x, layer.ffn_norm, cfg.norm_eps, h), quant_h, gate_up]
-            steps += [ops.step_glu(glu, gate, up, gate), quant_gate, down, ops.step_add(x, proj, x)]
+            steps += [ops.step_glu(glu, gate, up, gate), quant_gate, down]
+            if layer.post_ffw_norm is not None:
+                steps.append(ops.step_rmsnorm(proj, layer.post_ffw_norm, cfg.norm_eps, proj))
+            steps += [ops.step_add(x, proj, x)]
             plan._steps.append(steps)
         # every attention block as a row of one array: a step sets all P0s at once
         plan.attention_args = np.stack(
@@ -203,6 +211,11 @@ class BatchDecodePlan:
                 steps[j] = type(attend)(attend.fn, row, attend.chunks, attend.keep)
             plan.tables.append((ops.step_list(steps), len(steps)))
         return plan
+
+    @staticmethod
+    def _bias_rows(ops, rows: np.ndarray, bias: np.ndarray) -> list:
+        """rows[i] += bias for every row, one add step each (a step adds equal-sized arrays)."""
+        return [ops.step_add(rows[i : i + 1], bias, rows[i : i + 1]) for i in range(rows.shape[0])]
 
     def run(self, model: TransformerModel, ids: np.ndarray, caches: list[KVCache], p0s, cancel):
         """Decode ids[i] into caches[i] at position p0s[i] for every sequence; the rows' final
