@@ -13,6 +13,7 @@ can be kept as a new version of the chat's reply ("Use this answer").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,6 +32,8 @@ from engine.events import (
     TokenSampled,
     Usage,
 )
+from engine.generate import PREFILL_CHUNK
+from engine.prefill_progress import describe_progress
 from engine.receipt import first_divergence
 from engine.types import GenerationRequest, JsonMode, MessageStatus, ResolvedPreset, Role
 
@@ -60,6 +63,12 @@ def confidence(token: TokenSampled) -> float:
     return math.exp(token.logprob)
 
 
+def _reading(column: ColumnState) -> bool:
+    """The column's request runs and its prompt is not read yet."""
+    progress = column.prefill
+    return column.running and progress is not None and progress.done < progress.total
+
+
 @dataclass
 class ColumnState:
     spec: ColumnSpec
@@ -75,6 +84,10 @@ class ColumnState:
     model_name: str = ""  # as the worker described it once the column started
     tokenizer_key: str = ""  # its vocabulary's fingerprint: equal keys, comparable token ids
     prefill: PrefillProgress | None = None  # the newest, while its prompt is read
+    # It waited for an earlier column's prompt while reading its own (prefill_waiting): the
+    # time of its first chunk includes that wait, so its speed and time left are not shown
+    # until a second chunk has been read.
+    waited: bool = False
 
     @property
     def running(self) -> bool:
@@ -402,9 +415,44 @@ class CompareRun(QObject):
         column.reasoning += "".join(batch.reasoning)
         if batch.progress is not None:
             column.prefill = batch.progress
+            self._note_waiting()
         if batch.usage is not None:
             column.usage = batch.usage
         self.columnChanged.emit(index)
+
+    # --- prompt reading in a shared batch ------------------------------------------------------
+    def prefill_waiting(self, index: int) -> int | None:
+        """The earlier column that column `index` is waiting for while it reads its prompt, or
+        None when it is not waiting. The engine's scheduler gives a step's whole prefill budget
+        to the earliest-started sequence still reading its prompt (engine/batching/
+        forward_work.py cut_step), so a later column gets no share of the batch until the
+        earlier ones have read theirs; a time left from its stalled rate said ~4 min 38 s for
+        a wait that ended seconds later."""
+        if not _reading(self.columns[index]):
+            return None
+        return next((i for i in range(index) if _reading(self.columns[i])), None)
+
+    def progress_text(self, index: int) -> str:
+        """The column's prompt-reading line: "Waiting for column 1's prompt · 0 / 3,000 tokens"
+        while it gets no share of the batch, else the usual line (engine/prefill_progress.py),
+        without speed and time left while its only measured chunk includes a wait."""
+        column = self.columns[index]
+        progress = column.prefill
+        assert progress is not None
+        ahead = self.prefill_waiting(index)
+        if ahead is not None:
+            return (
+                f"Waiting for column {ahead + 1}'s prompt · {progress.done:,} / "
+                f"{progress.total:,} tokens"
+            )
+        if column.waited and progress.done - progress.cached <= PREFILL_CHUNK:
+            progress = dataclasses.replace(progress, tok_s=None, eta_s=None)
+        return describe_progress(progress)
+
+    def _note_waiting(self) -> None:
+        for i, column in enumerate(self.columns):
+            if self.prefill_waiting(i) is not None:
+                column.waited = True
 
     def _on_finished(self, request_id: int, finished: Finished) -> None:
         index = self._column(request_id)

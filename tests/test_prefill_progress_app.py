@@ -12,7 +12,6 @@ from fake_model import BOS, batched_fake_lm, ids, script_tokens, use_fake_detoke
 
 from app.compare import ColumnSpec, ColumnState
 from app.features.prefill_progress import describe_progress
-from app.views.compare_view import CompareDialog
 from app.worker import EventBatch
 from engine.batching import BatchScheduler
 from engine.cancel import CancelToken
@@ -121,15 +120,22 @@ def test_stop_while_the_prompt_is_read_clears_the_status_line(qtbot, tmp_path):
 
 
 # --- a compare column ----------------------------------------------------------------------------
-def test_a_compare_column_shows_its_prompt_being_read():
-    column = ColumnState(ColumnSpec("A"), request_id=7, prefill=READING)
-    assert CompareDialog._usage_text(column) == (
-        "Reading prompt 1,024 / 3,800 tokens · 85 tok/s · ~33 s left"
-    )
-    read = ColumnState(
-        ColumnSpec("A"), request_id=7, prefill=PrefillProgress(3800, 3800, 0, 45.0, 84.4, 0.0)
-    )
-    assert "Reading prompt" not in CompareDialog._usage_text(read)
+def test_a_compare_column_shows_its_prompt_being_read(qtbot, tmp_path):
+    window = make_window(qtbot, tmp_path, FakeEngine(), load=False)
+    try:
+        dialog = window.open_compare()
+        column = ColumnState(ColumnSpec("A"), request_id=7, prefill=READING)
+        read = ColumnState(
+            ColumnSpec("A"), request_id=8, prefill=PrefillProgress(3800, 3800, 0, 45.0, 84.4, 0.0)
+        )
+        dialog.run.columns = [column, read]
+        assert dialog._usage_text(0, column) == (
+            "Reading prompt 1,024 / 3,800 tokens · 85 tok/s · ~33 s left"
+        )
+        assert "Reading prompt" not in dialog._usage_text(1, read)
+        dialog.close()
+    finally:
+        close_window(window)
 
 
 # --- the Serve status line's source --------------------------------------------------------------

@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.compare import ColumnSpec, CompareRun, Divergence, confidence
-from app.features.prefill_progress import describe_progress, prefill_running
+from app.features.prefill_progress import prefill_running
 from app.preset_state import format_value, parse_value
 from engine.events import TokenSampled
 
@@ -394,7 +394,7 @@ class CompareDialog(QDialog):
         widget.reply.setHtml(self._reply_html(i, marks))
         widget.error.setText(column.error or "")
         widget.error.setVisible(column.error is not None)
-        widget.usage.setText(self._usage_text(column))
+        widget.usage.setText(self._usage_text(i, column))
         if i > 0 and mine is not None:
             reference = self.run.columns[mine.reference].spec.label
             widget.divergence.setText(
@@ -441,10 +441,9 @@ class CompareDialog(QDialog):
             return html.escape(column.text).replace("\n", "<br>")
         return "".join(parts)
 
-    @staticmethod
-    def _usage_text(column) -> str:
+    def _usage_text(self, index: int, column) -> str:
         if column.running and not column.tokens and prefill_running(column.prefill):
-            return describe_progress(column.prefill)  # the column's prompt is being read
+            return self.run.progress_text(index)  # its prompt is being read, or waits its turn
         u = column.usage
         ttft = column.ttft_ms
         bits = []
