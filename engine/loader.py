@@ -205,22 +205,35 @@ def _return_freed_heap() -> None:
     trim(0)
 
 
+# Prompt tokens the warm-up reads in one multi-token forward (the prefill path). More tokens cost
+# load time on a large model (~0.1 s each on a 7B) for no further warming: the multi-token
+# kernels' first run is what is cold, not its size. No token is decoded after them: a second
+# token costs a whole output projection (gemma-3's 262k-row one: ~0.2 s CPU at load).
+WARM_UP_PROMPT_TOKENS = 8
+
+
 def warm_up(lm: LoadedModel) -> None:
-    """Generate one token from a one-token prompt, so the first real request does not pay the
-    one-off Python work: importing the generation modules and building every weight's kernel
-    argument block (measured: ~30 ms planning + ~110 ms first forward cold, vs ~2 ms + ~25 ms
-    warm). In the app that work holds the GIL on the worker thread and stalls the GUI; done here
-    it happens during the load, not after the user pressed Send. Numerics are untouched: a
-    throwaway KV cache, no prefix cache. A preset problem (e.g. an unreadable
-    generation_config.json) is left for the first real request to report with its full message."""
+    """Read a short prompt and sample one token, so the first real request does not pay the
+    one-off work: importing the generation modules and building every weight's kernel argument
+    block (measured: ~30 ms planning + ~110 ms first forward cold, vs ~2 ms + ~25 ms warm), and
+    the first run of the multi-token (prefill) path, which a one-token prompt never reached: on
+    gemma-3-270m the first 256-token chunk after a load took 1.3-1.6x the CPU time of the next
+    one read at the same positions, and the prefill's time left after that chunk was +89%
+    (bench/RESULTS.md, "Prefill time left"). In the app that work holds the GIL on the worker
+    thread and stalls the GUI; done here it happens during the load, not after the user pressed
+    Send. Numerics are untouched: a throwaway KV cache, no prefix cache. A preset problem (e.g.
+    an unreadable generation_config.json) is left for the first real request to report with its
+    full message."""
     from engine.errors import EngineError
     from engine.generate import generate
     from engine.types import GenerationRequest
 
     bos = getattr(lm.tokenizer, "bos_id", None)
+    # Room for the prompt and the sampled token in any context (a tiny test context too).
+    n_prompt = max(1, min(WARM_UP_PROMPT_TOKENS, lm.n_ctx - 2))
     request = GenerationRequest(
-        prompt_ids=[0 if bos is None else int(bos)],
-        overrides={"max_new_tokens": 1},
+        prompt_ids=[0 if bos is None else int(bos)] * n_prompt,
+        overrides={"max_new_tokens": 1, "do_sample": False},
         top_logprobs=5,
     )
     try:

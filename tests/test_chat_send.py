@@ -45,10 +45,19 @@ def test_fit_chat_gives_up_when_the_reply_alone_fills_the_context(lm):
     assert fit_chat(lm, CHAT, 40) is None
 
 
-def test_warm_up_runs_one_token_from_bos_and_keeps_no_state(lm):
+def test_warm_up_reads_a_multi_token_prompt_and_keeps_no_state(lm):
     warm_up(lm)
-    assert [(c.tokens, c.start) for c in lm.model.calls] == [([BOS], 0)]
-    assert lm.model.caches_created == [2]  # its own throwaway cache: prompt + one token
+    # the prefill path: 8 tokens in one forward (a one-token prompt left the first real
+    # prompt's first chunk cold)
+    assert [(c.tokens, c.start) for c in lm.model.calls] == [([BOS] * 8, 0)]
+    assert lm.model.caches_created == [9]  # its own throwaway cache: prompt + one token
+
+
+def test_warm_up_fits_a_context_smaller_than_its_prompt(monkeypatch):
+    use_fake_detokenizer(monkeypatch)
+    tiny = fake_lm(script_tokens(0, [token_id("Hello")] * 8), n_ctx=5)
+    warm_up(tiny)
+    assert [c.tokens for c in tiny.model.calls][0] == [BOS] * 3  # 5 - 2: room for its tokens
 
 
 def test_warm_up_leaves_a_broken_preset_file_to_the_first_request(lm, tmp_path):
