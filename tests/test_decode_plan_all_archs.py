@@ -175,3 +175,33 @@ def test_bench_json_reports_the_decode_path(
     report = json.loads(capsys.readouterr().out)
     assert report["decode_path"] == expected
     assert report["decode_fallbacks"] == [] and report["decode_routed"] == []
+
+
+class _CancelAfter:
+    """A cancel token that reads as set from its `after`-th look on (counting every look)."""
+
+    def __init__(self, after: int):
+        self.after, self.looks = after, 0
+
+    @property
+    def cancelled(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.after
+
+
+def test_stop_lands_between_layers_of_a_planned_decode(tmp_path, backend):
+    from engine.cancel import ForwardCancelled
+
+    path = write_tiny_model(tmp_path / "m.gguf", "gemma3", Q.Q8_0, seed=5, **SHAPES)
+    gguf_file = open_gguf(path)
+    model = build_model(gguf_file, ModelConfig.from_gguf(gguf_file), backend)
+    cache = model.new_cache(16)
+    model.forward([1, 2, 3], cache)
+    never = _CancelAfter(10**9)
+    model.forward([4], cache, cancel=never)
+    assert model._plans[model.cache_type].path == "steps"
+    assert never.looks >= model.config.n_layers  # looked at before every layer
+    stop = _CancelAfter(3)  # set while the third layer is due
+    with pytest.raises(ForwardCancelled):
+        model.forward([5], cache, cancel=stop)
+    assert cache.n_tokens == 4 and cache.tokens == [1, 2, 3, 4]  # the token was not committed

@@ -77,9 +77,8 @@ class LoopOps:
         cache.write(layer, p0, k, v)
 
     @staticmethod
-    def call(name: str, fn: Callable[..., Any], *args: Any) -> None:
-        """An op of the layer with no backend form (MoE routing, position-dependent scales)."""
-        fn(*args)
+    def layer_start() -> None:
+        """Where a layer begins (the loop polls its cancel token there already)."""
 
 
 class DecodePlan:
@@ -308,9 +307,10 @@ class RecordingOps:
         plan.routed.append("moe_routing")
         plan.keep.append(experts)
 
-    def call(self, name: str, fn: Callable[..., Any], *args: Any) -> None:
-        args = tuple(self._pos(a) for a in args)
-        self._fallback(name, lambda: fn(*args))
+    def layer_start(self) -> None:
+        # one table per layer: DecodePlan.run checks the cancel token between them, so Stop
+        # lands within a layer of a big model's token, as in the loop
+        self._flush()
 
     def _glu(self, kind: str, gate, up, out, **params: float) -> np.ndarray:
         try:

@@ -519,6 +519,7 @@ class TransformerModel:
             ]
         for li, (layer, la) in enumerate(zip(self.layers, self._layer_attention, strict=True)):
             poll()
+            ops.layer_start()  # a recorded plan checks the cancel token here too
             # --- attention ---
             src = h
             if layer.attn_norm is not None:
