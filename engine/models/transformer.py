@@ -21,8 +21,10 @@ Concurrency: what one request owns and what every request shares.
   so one chunk runs at a time; between chunks another request may run its own. On a 2-core CPU
   one forward at a time loses nothing (every forward already uses every core). Several
   sequences share one pass through `forward_segments` (one segment per sequence: its KVCache
-  and its token ids), which is how engine/batching decodes concurrent requests together;
-  prefill, decode and batched decode all run the one layer loop in `_forward_chunk`.
+  and its token ids), which is how engine/batching decodes concurrent requests together.
+The layer is described once, in `_run_layers`: prefill runs it op by op (through LoopOps), and
+a one-token decode runs it as the native step lists recorded from one run of that same code
+(engine/models/decode_plan.py; LOCALCHAT_DECODE_STEPS=0 keeps the op-by-op loop).
 A forward pass waiting for the lock, or running a chunk, polls its cancel token between its
 sub-steps (each layer's q/k/v projections, attention in blocks of ATTENTION_QUERY_BLOCK queries,
 the output projection, the feed-forward), so Stop lands within one such step (milliseconds)
