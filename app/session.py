@@ -420,7 +420,13 @@ class ChatSession(QObject):
             return {}
         chat = self.store.chat_tools(self.conversation_id)
         defaults = self.store.chat_defaults(self.conversation_id)
-        return {**chat, "enabled": list(defaults.tools), "source": defaults.tools_source}
+        project = defaults.project.name if defaults.project is not None else None
+        return {
+            **chat,
+            "enabled": list(defaults.tools),
+            "source": defaults.tools_source,
+            "project": project,  # the chat's project's name (the Tools panel says where from)
+        }
 
     @_reports_write_errors
     def set_tool_enabled(self, key: str, enabled: bool) -> None:
@@ -432,7 +438,7 @@ class ChatSession(QObject):
         keys = keys | {key} if enabled else keys - {key}
         chat["enabled"] = sorted(keys)
         self.store.set_chat_tools(cid, chat)
-        self.chatToolsChanged.emit(chat)
+        self.chatToolsChanged.emit(self.chat_tools())  # with where they come from: now the chat
 
     def answer_tool(self, message_id: int, decision: str) -> bool:
         """The user's answer to a tool call waiting for approval (engine.types.ToolApproval)."""

@@ -6,7 +6,9 @@ listed with their state (starting, ready, error with its message) and can be add
 stdio, or an http(s):// URL for streamable HTTP), restarted and removed.
 
 The panel shows plain records (ToolRegistry.snapshot / builtin_rows) and reports what the user
-does through signals; it never touches a server itself.
+does through signals; it never touches a server itself. A line under the intro says where the
+open chat's choice of tools comes from: its project's list (until a box is ticked here, which
+gives the chat its own) or the chat's own, as the preset panel says for the sampling values.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.project_settings import SOURCE_PROJECT
 from app.theme import text_color
 
 STATUS_TEXT = {"starting": "starting…", "ready": "ready", "error": "error"}
@@ -63,6 +66,11 @@ class ToolsPanel(QWidget):
         )
         intro.setWordWrap(True)
         content_layout.addWidget(intro)
+        self.source_label = QLabel()
+        self.source_label.setObjectName("tools_source")
+        self.source_label.setWordWrap(True)
+        self.source_label.setVisible(False)
+        content_layout.addWidget(self.source_label)
         self._list = QWidget()
         self._list_layout = QVBoxLayout(self._list)
         self._list_layout.setContentsMargins(0, 0, 0, 0)
@@ -103,11 +111,30 @@ class ToolsPanel(QWidget):
         self._rebuild()
 
     def show_chat_tools(self, chat: dict) -> None:
+        """The open chat's record (ChatSession.chat_tools): "enabled" keys, "source" ("chat",
+        "project" or ""), "project" (its project's name, None for none)."""
         self._enabled = set(chat.get("enabled") or [])
+        self._show_source(chat.get("source") or "", chat.get("project"))
         for key, box in self.boxes.items():
             box.blockSignals(True)
             box.setChecked(key in self._enabled)
             box.blockSignals(False)
+
+    def _show_source(self, source: str, project: str | None) -> None:
+        if project is None:
+            text, tip = "", ""
+        elif source == SOURCE_PROJECT:
+            text = f"From project “{project}”"
+            tip = (
+                f"This chat uses the tools chosen for project “{project}”. Ticking or clearing "
+                "a box gives this chat its own choice; the project's stays as it is."
+            )
+        else:
+            text = "This chat's own choice"
+            tip = f"This chat has its own choice of tools; project “{project}” has its own."
+        self.source_label.setText(text)
+        self.source_label.setToolTip(tip)
+        self.source_label.setVisible(bool(text))
 
     def show_add_error(self, message: str) -> None:
         self.add_error.setText(message)
