@@ -216,10 +216,11 @@ def warm_up(lm: LoadedModel) -> None:
     """Read a short prompt and sample one token, so the first real request does not pay the
     one-off work: importing the generation modules and building every weight's kernel argument
     block (measured: ~30 ms planning + ~110 ms first forward cold, vs ~2 ms + ~25 ms warm), and
-    the first run of the multi-token (prefill) path, which a one-token prompt never reached: on
-    gemma-3-270m the first 256-token chunk after a load took 1.3-1.6x the CPU time of the next
-    one read at the same positions, and the prefill's time left after that chunk was +89%
-    (bench/RESULTS.md, "Prefill time left"). In the app that work holds the GIL on the worker
+    the first run of the multi-token (prefill) path, which a one-token prompt never reached
+    (at 4db2fc1 gemma-3-270m's first 256-token chunk after a load ran cold and the prefill's time
+    left after it was +89%; at 2a2d7ed, on a machine at load 7-10, the first chunk's extra cost
+    was within the noise with or without this, and the warm-up's own time too: bench/RESULTS.md,
+    "Prefill time left"). In the app that work holds the GIL on the worker
     thread and stalls the GUI; done here it happens during the load, not after the user pressed
     Send. Numerics are untouched: a throwaway KV cache, no prefix cache. A preset problem (e.g.
     an unreadable generation_config.json) is left for the first real request to report with its
