@@ -205,3 +205,14 @@ def test_stop_lands_between_layers_of_a_planned_decode(tmp_path, backend):
     with pytest.raises(ForwardCancelled):
         model.forward([5], cache, cancel=stop)
     assert cache.n_tokens == 4 and cache.tokens == [1, 2, 3, 4]  # the token was not committed
+
+
+def test_an_op_the_recorder_does_not_know_is_recorded_as_itself(tmp_path, backend, monkeypatch):
+    # a backend op with no recording rule (here rmsnorm, its rule removed) still records: as a
+    # callable running that op alone on the same arrays, so the bits stay the loop's
+    from engine.models.decode_plan import RecordingOps
+
+    monkeypatch.delattr(RecordingOps, "rmsnorm")
+    path = write_tiny_model(tmp_path / "m.gguf", "olmo2", Q.Q8_0, seed=5, **SHAPES)
+    plan = _assert_same(path, KvCacheType.F16, backend, monkeypatch)
+    assert plan.path == "mixed" and set(plan.fallbacks) == {"rmsnorm"}

@@ -160,7 +160,7 @@ class RecordingOps:
     def __init__(self, plan: DecodePlan, cache: KVCache, positions: np.ndarray, model: Any):
         self.plan = plan
         self.backend = plan.backend
-        self._cache = cache  # the recording's own one-row cache: its arrays name the layers
+        # the recording's own one-row cache: its layer arrays tell attention which layer it is
         self._layer_of = {id(cache.layer(i)[0]): i for i in range(model.config.n_layers)}
         self._positions = positions  # the loop's positions array: stands for plan.position
         self._model = model
@@ -204,6 +204,7 @@ class RecordingOps:
 
         def record(*args: Any, **kwargs: Any) -> Any:
             args = tuple(self._pos(a) for a in args)
+            kwargs = {key: self._pos(a) for key, a in kwargs.items()}
             self._fallback(name, lambda: op(*args, **kwargs))
             return kwargs.get("out", args[0] if args else None)
 
@@ -415,8 +416,7 @@ def record(model: Any, cache_type: KvCacheType) -> DecodePlan | None:
         return None
     plan = DecodePlan(backend, cache_type)
     cache = KVCache.for_config(model.config, 1, cache_type)
-    recorder, runs = None, None
-    from engine.models.transformer import Segment, _SegmentRuns
+    from engine.models.transformer import Segment, _SegmentRuns  # (it imports this module)
 
     runs = _SegmentRuns([Segment(np.zeros(1, np.int64), cache, np.zeros(1, np.int64))])
     recorder = RecordingOps(plan, cache, runs.positions, model)
