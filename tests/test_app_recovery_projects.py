@@ -9,7 +9,7 @@ import sqlite3
 
 from app.app_data import open_app_data
 from app.project_settings import ProjectSettings
-from app.recovery import RecoveryReport, recover_into
+from app.recovery import RecoveryReport, database_problem, recover_into
 from app.settings import SettingsFile
 from app.store import Store
 from tests.data_dir_helpers import MARKER, flip_marker_byte
@@ -107,3 +107,19 @@ def test_a_summary_none_of_whose_messages_survived_is_dropped(tmp_path):
     assert report.compactions == 1
     assert store.compaction(k["old"]) is None
     assert store.active_compaction(k["a"]).id == k["new"]
+
+
+def test_an_invalid_byte_in_a_project_name_is_found_and_repaired(tmp_path):
+    # Python's sqlite3 fails to read such a name (the window's project list would not build),
+    # while SQLite's own check passes: the check must read the projects table too.
+    db = tmp_path / "chats.sqlite3"
+    store = Store(db)
+    store.create_project(f"Trip {MARKER}")
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    flip_marker_byte(db)
+    assert database_problem(db) == "projects row 1: name is not valid UTF-8"
+    result = open_app_data(db, SettingsFile(tmp_path / "settings.json"))
+    (project,) = result.store.projects()
+    assert project.name.startswith("Trip \ufffd")
+    result.store.close()
