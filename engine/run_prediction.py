@@ -141,7 +141,11 @@ PATH_PREFILL_FACTOR: dict[str, float] = {
 # Least squares over (49152, 144.2 MiB), (262144, 278.7 MiB), (151936, 230.7 MiB): SmolLM2,
 # gemma-3-270m, qwen2.5 1.5B, `engine bench -p 128 -n 32` (residuals +7, +7, -14 MiB).
 OVERHEAD_BASE_BYTES = 121 * 2**20
-OVERHEAD_PER_VOCAB_BYTES = 660
+# Issue 32 stored the vocabulary flat (one blob + offsets, no per-token objects): its steady cost
+# measured on gemma-3's 262k entries fell from 604 to 388 B per entry (metadata + tokenizer,
+# fresh process, heap trimmed; bench/RESULTS.md "The vocabulary stored flat"), so the fitted
+# 660 B per entry drops by those 216 B; the base is unchanged.
+OVERHEAD_PER_VOCAB_BYTES = 444
 # Prompt length the prefill prediction is for (llama-bench's pp512).
 PREFILL_TOKENS = 512
 # Context position a decode prediction is for: the KV read per token grows with it; a chat's

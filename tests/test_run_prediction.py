@@ -106,8 +106,8 @@ def test_decode_and_prefill_speed_by_hand(f32_model):
 def test_fits_against_free_memory_and_the_library_line(f32_model):
     roomy = rp.predict_file(f32_model, n_ctx=100, machine=replace(MACHINE, available_bytes=10**10))
     assert roomy.fits is True
-    # 361,728 + 25,600 + 121 MiB + 660 x 256 = 127,433,984 B
-    assert roomy.memory_bytes == 127_433_984
+    # 361,728 + 25,600 + 121 MiB + 444 x 256 = 127,378,688 B
+    assert roomy.memory_bytes == 127_378_688
     assert roomy.summary() == "needs ~0.1 GB of 10.0 GB free · ~9830 tok/s"
     tight = rp.predict_file(f32_model, n_ctx=100, machine=replace(MACHINE, available_bytes=10**6))
     assert tight.fits is False
@@ -245,7 +245,7 @@ def test_info_json_has_the_prediction(f32_chat_model, tmp_path, monkeypatch, cap
     assert predicted["threads"] == 1
     # weights: the f32 model's with a 49152-row output (49152 x 64 x 4 B) instead of 256 rows
     weights = 2 * 147_968 + 256 + 49152 * 64 * 4
-    overhead = 121 * 2**20 + 660 * 49152
+    overhead = 121 * 2**20 + 444 * 49152
     assert predicted["memory_mb"] == pytest.approx((weights + 25_600 + overhead) / 2**20, abs=0.05)
     assert predicted["decode_tok_s"] > 0 and predicted["prefill_tok_s"] > 0
     assert main(["info", str(f32_model), "--n-ctx", "100"]) == 0
