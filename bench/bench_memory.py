@@ -7,6 +7,8 @@ first token, each measured in a fresh child process, against issue 11's targets:
     python bench/bench_memory.py coder 7b -r 3          # the 1.5B and the synthetic 7B
     python bench/bench_memory.py path/to/model.gguf --json
     python bench/bench_memory.py coder --baseline /work/main   # A/B against another checkout
+    python bench/bench_memory.py gemma.gguf --fixed-cost -r 3 --baseline /tmp/before
+        # issue 32: RSS after each part loaded before any weight (runtime, metadata, tokenizer)
 
 `coder` is Qwen2.5-Coder-1.5B-Instruct Q4_K_M (python -m tools.fetch_qwen_coder), `7b` the file
 `python -m tools.make_synthetic_7b` writes. Before the rounds the file is read once (page cache)
@@ -120,11 +122,66 @@ def child(path: Path, n_ctx: int, n_gen: int, n_threads: int, prompt: str) -> di
     }
 
 
+FIXED_COST_STEPS = (
+    "python",
+    "+ numpy, tokenizers",
+    "+ llvmlite",
+    "+ kernel library (cached)",
+    "+ metadata (open_gguf)",
+    "+ tokenizer (heap trimmed)",
+)
+
+
+def fixed_cost_child(path: Path, n_threads: int) -> list[dict]:
+    """What a model costs before any weight, one part at a time in this (fresh) process:
+    VmRSS / RssAnon / VmHWM after each of FIXED_COST_STEPS (issue 32)."""
+    import contextlib
+    import ctypes
+    import gc
+
+    rows = [{"step": FIXED_COST_STEPS[0], **status_mb()}]
+    import numpy  # noqa: F401
+    import tokenizers  # noqa: F401
+
+    rows.append({"step": FIXED_COST_STEPS[1], **status_mb()})
+    import llvmlite.binding  # noqa: F401
+
+    rows.append({"step": FIXED_COST_STEPS[2], **status_mb()})
+    from engine.kernels.backend import get_backend
+
+    get_backend(n_threads=n_threads)
+    rows.append({"step": FIXED_COST_STEPS[3], **status_mb()})
+    from engine.gguf import open_gguf
+
+    gguf_file = open_gguf(path)
+    rows.append({"step": FIXED_COST_STEPS[4], **status_mb()})
+    from engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(gguf_file)
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # as engine.loader._return_freed_heap
+        ctypes.CDLL(None).malloc_trim(0)
+    rows.append({"step": FIXED_COST_STEPS[5], **status_mb()})
+    assert tokenizer.vocab_size > 0
+    return rows
+
+
+def format_fixed_cost(label: str, runs: list[list[dict]]) -> str:
+    lines = [f"[{label}] medians of {len(runs)} (MB)", "", "| step | RSS | anon | peak |"]
+    lines.append("|---|---|---|---|")
+    for i, step in enumerate(FIXED_COST_STEPS):
+        cells = [statistics.median(r[i][k] for r in runs) for k in ("VmRSS", "RssAnon", "VmHWM")]
+        lines.append(f"| {step} | " + " | ".join(f"{c:.0f}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def run_child(path: Path, args, root: Path = ROOT) -> dict:
     """One child measuring `path` with the engine of the checkout at `root`."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)]
     cmd += ["--n-ctx", str(args.n_ctx), "-n", str(args.n_gen), "-t", str(args.threads)]
     cmd += ["--prompt", args.prompt]
+    if args.fixed_cost:
+        cmd.append("--fixed-cost")
     env = {**os.environ, "PYTHONPATH": str(root)}
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env)
     if out.returncode != 0:
@@ -199,8 +256,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt", default=PROMPT, help="raw prompt text (default: ~17 tokens)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--baseline", help="another checkout (e.g. /work/main) measured alternately")
+    p.add_argument(
+        "--fixed-cost", action="store_true", help="RSS of each part before any weight (issue 32)"
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child and args.fixed_cost:
+        print(json.dumps(fixed_cost_child(Path(args.child), args.threads)))
+        return
     if args.child:
         result = child(Path(args.child), args.n_ctx, args.n_gen, args.threads, args.prompt)
         print(json.dumps(result))
@@ -217,12 +280,18 @@ def main(argv: list[str] | None = None) -> None:
     for _, root, path in variants:
         warm_page_cache(path)
         run_child(path, args, root)  # warm-up: JIT cache, tokenizer caches, page cache
-    rounds: dict[int, list[dict]] = {i: [] for i in range(len(variants))}
+    rounds: dict[int, list] = {i: [] for i in range(len(variants))}
     for _ in range(args.rounds):
         for i, (_, root, path) in enumerate(variants):  # alternate: noise hits every variant
             rounds[i].append(run_child(path, args, root))
     with open("/proc/loadavg") as fh:
         load_after = fh.read().split()[:3]
+    if args.fixed_cost:
+        print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}")
+        for i, (label, _, path) in enumerate(variants):
+            print()
+            print(format_fixed_cost(f"{label}] [{path.name}", rounds[i]))
+        return
     summaries = []
     for i, (label, _, path) in enumerate(variants):
         summaries.append({"engine": label, **summarise(path, rounds[i])})
