@@ -5,13 +5,17 @@ op-by-op layer loop of TransformerModel._forward_chunk: ~10 op calls per layer f
 mat-muls, plus a K/V write and an attention call per sequence per layer, each with its Python
 argument checks and its own pool hand-off. On SmolLM2 at 8 streams that Python and hand-off
 work was most of the step (bench/RESULTS.md, issue 32), while a single stream's decode already
-ran as one native step list per layer (`_DecodePlan`). This is the same idea for N rows:
-per layer one table of the JIT backend's steps (JitBackend.step_*):
+ran as one native step list per layer (engine/models/decode_plan.py). This is the same idea for
+N rows: per layer one table of the JIT backend's steps (JitBackend.step_*):
 
-    rmsnorm(N rows) -> quantize -> q/k/v job (N rows) -> per-row bias adds -> RoPE(N positions)
-    -> per sequence: K/V store at its position, attention against its own cache
-    -> quantize -> output projection -> residual add -> rmsnorm -> quantize -> gate/up job
-    -> gated activation -> quantize -> ffn_down -> residual add
+    rmsnorm(N rows) -> quantize -> q/k/v job (N rows) -> per-row bias adds -> per-head q/k
+    norms -> RoPE(N positions) -> per sequence: K/V store at its position, attention against
+    its own cache -> quantize -> output projection (-> per-row bias, post-attention norm)
+    -> residual add -> rmsnorm -> quantize -> gate/up job -> gated activation -> quantize
+    -> ffn_down (-> post-FFN norm) -> residual add
+
+Float16 KV caches only (the q8_0 row store has no step form); a step with a prefill slice or a
+speculative draft (a segment of several tokens) runs the layer loop.
 
 Every step runs its kernel with the arguments and chunking of the op it replaces on the same
 _RunState rows, so each row is bit-identical to the op-by-op loop's, and hence (as that loop's
@@ -24,7 +28,6 @@ so a steady batch pays one vectorised write of the positions per step.
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import TYPE_CHECKING, Literal
 
@@ -34,13 +37,13 @@ from engine.cancel import ForwardCancelled
 from engine.kernels.attention import AttentionSlots
 from engine.kernels.elementwise import KvStoreSlots
 from engine.kv_cache import KVCache
+from engine.models.decode_plan import DECODE_STEPS_ENV, steps_enabled
 from engine.types import KvCacheType
 
 if TYPE_CHECKING:  # the model calls in here; only the types are needed
     from engine.models.transformer import TransformerModel, _SegmentRuns
 
-# "0" turns native step lists off for every decode, single and batched (side-by-side checks)
-DECODE_STEPS_ENV = "LOCALCHAT_DECODE_STEPS"
+__all__ = ["DECODE_STEPS_ENV", "BatchDecodePlan", "decode_batch", "supported"]
 
 # per model, per row count: its plan, or False where the model or backend has none
 _plans: weakref.WeakKeyDictionary[TransformerModel, dict[int, BatchDecodePlan | Literal[False]]]
@@ -79,7 +82,7 @@ def supported(model: TransformerModel) -> bool:
     dense SwiGLU/GeGLU FFN, no residual, attention or RoPE multipliers, one RoPE table, a
     backend with native steps and no key splits."""
     cfg, ops = model.config, model.backend
-    if os.environ.get(DECODE_STEPS_ENV, "1").strip() == "0":
+    if not steps_enabled():  # LOCALCHAT_DECODE_STEPS=0: every decode op by op
         return False
     if not hasattr(ops, "step_linear") or getattr(ops, "split_keys", False):
         return False
