@@ -1,7 +1,11 @@
 """Which side is right on the ternary types (TQ1_0 / TQ2_0): teacher-forced logits of one file
 from llama.cpp, our JIT kernels and our numpy reference, each against a float64 judge.
 
-    .venv/bin/python bench/ternary_fidelity.py MODEL.gguf [--engines judge,q8k,numpy,jit,llamacpp]
+    .venv/bin/python bench/ternary_fidelity.py MODEL.gguf [--engines q8k,q8k-jitter,numpy,jit,llamacpp]
+    .venv/bin/python bench/ternary_fidelity.py OUT.gguf --requantize SRC.gguf --type TQ1_0
+
+`--requantize` first writes OUT.gguf (if absent) from SRC.gguf with llama.cpp's quantizer, as
+tools/make_quant_variants.py does (every `blk.*` weight whose rows fit the type's blocks).
 
 The judge is the numpy reference backend with every mat-mul replaced by gguf-py's dequantizer
 (an implementation independent of ours) times the activations, both in float64. `q8k` is the
@@ -142,8 +146,17 @@ def compare(judge: np.ndarray, other: np.ndarray) -> tuple[float, float, int, in
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", type=Path)
-    ap.add_argument("--engines", default="q8k,numpy,jit,llamacpp")
+    ap.add_argument("--engines", default="q8k,q8k-jitter,numpy,jit,llamacpp")
+    ap.add_argument("--requantize", type=Path, metavar="SRC")
+    ap.add_argument("--type", default="TQ1_0", choices=["TQ1_0", "TQ2_0"])
     args = ap.parse_args()
+    if args.requantize is not None and not args.model.exists():
+        from gguf import GGMLQuantizationType
+
+        from tools.make_quant_variants import _ggml, requantize
+
+        n = requantize(args.requantize, args.model, GGMLQuantizationType[args.type], _ggml())
+        print(f"wrote {args.model} ({n} tensors {args.type})")
     ids = token_ids(args.model)
     judge = engine_logits(args.model, ids, "judge")
     print(f"{args.model.name}: {len(ids)} positions, float64 judge vs each engine")
