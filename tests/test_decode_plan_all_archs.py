@@ -216,3 +216,30 @@ def test_an_op_the_recorder_does_not_know_is_recorded_as_itself(tmp_path, backen
     path = write_tiny_model(tmp_path / "m.gguf", "olmo2", Q.Q8_0, seed=5, **SHAPES)
     plan = _assert_same(path, KvCacheType.F16, backend, monkeypatch)
     assert plan.path == "mixed" and set(plan.fallbacks) == {"rmsnorm"}
+
+
+@pytest.mark.parametrize("source", ["qwen3moe", "tiny_mistral3"])
+def test_a_model_with_a_recorded_plan_is_freed_without_a_gc_pass(tmp_path, backend, source):
+    # the plan's callables (MoE routing, the per-position temperature) must not hold the model
+    # that holds the plan: an unloaded model's buffers go when its last reference does
+    import gc
+    import weakref
+
+    if source.startswith("tiny_"):
+        path = FIXTURES / f"{source}.gguf"
+    else:
+        path = write_tiny_model(tmp_path / "m.gguf", source, Q.Q8_0, seed=5, **SHAPES)
+    gc.collect()
+    gc.disable()
+    try:
+        gguf_file = open_gguf(path)
+        model = build_model(gguf_file, ModelConfig.from_gguf(gguf_file), backend)
+        cache = model.new_cache(8)
+        model.forward([1], cache)
+        model.forward([2], cache)
+        assert model._plans[model.cache_type]
+        ref = weakref.ref(model)
+        del model, cache, gguf_file
+        assert ref() is None
+    finally:
+        gc.enable()

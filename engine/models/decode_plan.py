@@ -163,7 +163,9 @@ class RecordingOps:
         # the recording's own one-row cache: its layer arrays tell attention which layer it is
         self._layer_of = {id(cache.layer(i)[0]): i for i in range(model.config.n_layers)}
         self._positions = positions  # the loop's positions array: stands for plan.position
-        self._model = model
+        # The model holds its plans: what the plan's callables keep of it is a weak proxy, so
+        # no reference cycle keeps an unloaded model's buffers alive until a gc pass.
+        self._model = weakref.proxy(model)
         self._steps: list[Any] = []
         self.items = plan.items  # where finished tables and fallbacks go
         self._quantized: dict[tuple[int, tuple[int, ...]], tuple[Any, Any]] = {}
@@ -276,9 +278,12 @@ class RecordingOps:
 
     def mul_by_position(self, a: np.ndarray, positions: np.ndarray, factors_at) -> None:
         row = np.zeros(a.size, np.float32)  # refilled for each token's position
+        method = weakref.WeakMethod(factors_at)  # a bound method of the model (see __init__)
 
         def refill(p0: int) -> None:
-            row[:] = factors_at(np.array([p0], np.int64))[0, 0]
+            fn = method()
+            assert fn is not None, "the model of this plan is gone"
+            row[:] = fn(np.array([p0], np.int64))[0, 0]
 
         self.plan.per_token.append(refill)
         self.mul(a, row, name="mul_by_position")
@@ -287,6 +292,7 @@ class RecordingOps:
         """The router's mat-vec as steps; then, in Python, the routing (which experts) and for
         each chosen expert its own recorded items (its mat-vecs, biases and activation as
         steps) and the weighted sum, in the loop's order (TransformerModel._moe_ffn)."""
+        model = self._model  # the weak proxy (see __init__)
         model._moe_router(self, layer, h)
         experts = []
         for expert in range(len(layer.experts)):
