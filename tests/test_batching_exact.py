@@ -102,6 +102,46 @@ def _check_forward_segments_equal_alone(lm):
         assert np.array_equal(mine[3].v[:, :n], theirs[3].v[:, :n])
 
 
+def test_decode_only_steps_equal_each_sequence_alone_smollm2(smollm2):
+    _check_decode_steps_equal_alone(smollm2)
+
+
+def test_decode_only_steps_equal_each_sequence_alone_gemma3(gemma3):
+    _check_decode_steps_equal_alone(gemma3)
+
+
+def _check_decode_steps_equal_alone(lm):
+    # steps of one token per sequence run as the batched step lists (engine/models/
+    # batch_decode.py) on the real weights' quant types; each row must be its alone row
+    from engine.models import batch_decode
+
+    model = lm.model
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(3, 2000, size=n).tolist() for n in (5, 23, 11)]
+    nexts = [rng.integers(3, 2000, size=6).tolist() for _ in prompts]
+    alone = []
+    for p, more in zip(prompts, nexts, strict=True):
+        cache = model.new_cache(64)
+        model.forward(p, cache)
+        alone.append(([model.forward([t], cache) for t in more], cache))
+    caches = [model.new_cache(64) for _ in prompts]
+    for p, cache in zip(prompts, caches, strict=True):
+        model.forward(p, cache)
+    got: list[list[np.ndarray]] = [[] for _ in prompts]
+    for step in range(6):
+        order = [step % 3, (step + 1) % 3, (step + 2) % 3]  # each cache visits every slot
+        out = model.forward_segments([Segment([nexts[s][step]], caches[s], [0]) for s in order])
+        for s, rows in zip(order, out, strict=True):
+            got[s].append(rows[0])
+    assert isinstance(batch_decode._plans[model][3], batch_decode.BatchDecodePlan)
+    for s, ((want, want_cache), mine) in enumerate(zip(alone, got, strict=True)):
+        for i, (a, b) in enumerate(zip(mine, want, strict=True)):
+            assert np.array_equal(a, b), f"sequence {s}, decode {i}: logits differ from alone"
+        n = want_cache.n_tokens
+        assert np.array_equal(caches[s].k[:, :n], want_cache.k[:, :n])
+        assert np.array_equal(caches[s].v[:, :n], want_cache.v[:, :n])
+
+
 def test_forward_segments_refuses_bad_input_before_touching_any_cache(smollm2):
     model = smollm2.model
     a, b = model.new_cache(8), model.new_cache(8)
