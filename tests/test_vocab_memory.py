@@ -171,3 +171,32 @@ def test_long_numeric_arrays_read_like_lists(tmp_path):
         scores == [i / 4 for i in range(300)] and scores[-1] == 74.75 and scores[2:4] == [0.5, 0.75]
     )
     assert g.metadata_types["test.scores"].element_type == GGUFValueType.FLOAT32
+
+
+def test_merges_cache_with_ids_outside_the_vocabulary_is_rebuilt(tmp_path, monkeypatch, caplog):
+    """The v3 cache stores token-id pairs: a well-formed file (right header and checksum) whose
+    ids do not fit this vocabulary is derived again and replaced, never indexed."""
+    import numpy as np
+
+    import engine.tokenizer as module
+    from engine.tokenizer import spm_merges
+
+    pieces = {"▁": -1.0, "a": -2.0, "b": -2.0, "ab": -0.5, "▁ab": -0.2}
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list(pieces)
+    metadata = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": [0.0] * 259 + list(pieces.values()),
+        "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256 + [1] * len(pieces),
+        "tokenizer.ggml.add_space_prefix": False,
+    }
+    monkeypatch.setattr(module, "MERGES_CACHE_DIR", tmp_path)
+    expected = Tokenizer.from_metadata(metadata).encode("ab ab", add_special=False)
+    (cache_file,) = tmp_path.iterdir()
+    good = cache_file.read_bytes()
+    spm_merges.write_cached(cache_file, np.array([[259, 10**6]]))  # well-formed, id out of range
+    assert Tokenizer.from_metadata(metadata).encode("ab ab", add_special=False) == expected
+    assert "ids outside the vocabulary" in caplog.text
+    assert cache_file.read_bytes() == good
+    # by hand: "ab" (262), then " ab" escaped to "▁ab" (263); no prefix space is added
+    assert expected == [262, 263]
