@@ -84,6 +84,7 @@ def run_demo(
     from app.store import Store
     from app.theme import apply_theme
     from app.views.main_window import MainWindow
+    from app.views.sidebar import KIND_CHAT
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +175,8 @@ def run_demo(
     # 7. dark theme, back on the first chat
     apply_theme(app, "dark", settings.font_size)
     conversations = store.list_conversations()
-    window.sidebar.list.setCurrentRow(len(conversations) - 1)
+    first_chat = window.sidebar.item_for(KIND_CHAT, conversations[-1].id)
+    window.sidebar.tree.setCurrentItem(first_chat)
     window.tabs.setCurrentIndex(0)
     shot("07-dark")
 
