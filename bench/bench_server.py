@@ -82,7 +82,7 @@ def _stream(host, port, model, topic, tokens, seed, times: list, failures: list)
     }
     connection = http.client.HTTPConnection(host, port, timeout=300)
     try:
-        connection.request("POST", "/v1/completions", json.dumps(body))
+        connection.request("POST", "/v1/completions", json.dumps(body), JSON_HEADERS)
         response = connection.getresponse()
         for line in response:
             if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
@@ -95,6 +95,11 @@ def _stream(host, port, model, topic, tokens, seed, times: list, failures: list)
         failures.append(repr(exc))
     finally:
         connection.close()
+
+
+# The server refuses a POST that does not say it is JSON (engine/server/access.py: a page in a
+# browser cannot send that header to a local server without asking first).
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def http_rate(host, port, model, n: int, tokens: int, trial: int) -> float:
@@ -134,7 +139,7 @@ def _health(host, port) -> dict:
 def disconnect_ms(host, port, model) -> float:
     body = {"model": model, "prompt": "1, 2, 3,", "max_tokens": 300, "stream": True}
     connection = http.client.HTTPConnection(host, port, timeout=60)
-    connection.request("POST", "/v1/completions", json.dumps(body))
+    connection.request("POST", "/v1/completions", json.dumps(body), JSON_HEADERS)
     response = connection.getresponse()
     chunks = 0
     while chunks < 5:
