@@ -172,6 +172,4 @@ class ExportFeature(QObject):
         """Add every chat of the zip export at `path` (ChatImportError or StoreWriteError when it
         cannot be; then nothing was added). Returns the new chats' ids in the archive's order."""
         archive = read_archive(path)
-        return self.store.import_conversations(
-            archive.chats, archive.projects, archive.compactions
-        )
+        return self.store.import_conversations(archive.chats, archive.projects, archive.compactions)
