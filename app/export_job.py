@@ -147,6 +147,9 @@ def write_atomically(destination: Path, write: Callable[[Path], None]) -> Path:
     temp = Path(temp_name)
     try:
         write(temp)
+        # mkstemp makes the file private (0600); a file written to share gets the mode any new
+        # file of this user gets (0666 less the umask), as a plain open() would have given it.
+        os.chmod(temp, 0o666 & ~_umask())
         os.replace(temp, destination)
     except OSError as exc:
         _remove(temp)
@@ -155,6 +158,16 @@ def write_atomically(destination: Path, write: Callable[[Path], None]) -> Path:
         _remove(temp)
         raise
     return destination
+
+
+def _umask() -> int:
+    """This process's umask, read without os.umask (setting it to read it would race with other
+    threads creating files). Linux says it in /proc; elsewhere the usual 022."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
 
 
 def _remove(path: Path) -> None:

@@ -329,3 +329,19 @@ def test_a_full_disk_is_named_and_leaves_no_file(store, tmp_path, monkeypatch):
         )
     assert caught.value.path == out and caught.value.problem == "the disk is full"
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("chats.db")] == []
+
+
+def test_an_exported_file_gets_the_users_usual_mode_not_a_private_temp_files(tmp_path):
+    # Written through a temp file (mkstemp: 0600) and renamed: a shared export must not stay
+    # private to this user while every other new file of theirs is readable by the group.
+    import os
+    import stat
+
+    from app.export_job import write_atomically
+
+    old = os.umask(0o022)
+    try:
+        target = write_atomically(tmp_path / "chat.html", lambda p: p.write_text("<p>hi</p>"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
