@@ -32,8 +32,7 @@ from engine.events import (
     TokenSampled,
     Usage,
 )
-from engine.generate import PREFILL_CHUNK
-from engine.prefill_progress import describe_progress
+from engine.prefill_progress import PREFILL_CHUNK, describe_progress
 from engine.receipt import first_divergence
 from engine.types import GenerationRequest, JsonMode, MessageStatus, ResolvedPreset, Role
 

@@ -108,7 +108,7 @@ from engine.events import (
 from engine.generation_config import GenerationConfig
 from engine.harmony import HarmonySplitter, is_harmony_vocabulary, prompt_channel
 from engine.model_protocol import LanguageModel
-from engine.prefill_progress import PrefillEstimate, ratio_for_config
+from engine.prefill_progress import PREFILL_CHUNK, PrefillEstimate, ratio_for_config
 from engine.presets import ResolvedPreset, resolve_preset
 from engine.prompt_ids import chat_prompt_ids
 from engine.reasoning import REASONING, ReasoningSplitter, prompt_opens_reasoning
@@ -125,7 +125,6 @@ from engine.stopping import StopStringMatcher, decide_finish_reason
 from engine.tool_calls.spec import ToolPlan, check_no_control_text, plan_tools
 from engine.types import GenerationRequest, JsonMode, PrefixHit, ToolCallFormat
 
-PREFILL_CHUNK = 256  # tokens per prefill forward; the model also polls the cancel token per layer
 MAX_TOP_LOGPROBS = 20
 MAX_DRAFT_TOKENS = 16
 

@@ -36,6 +36,11 @@ from dataclasses import dataclass
 
 from engine.events import PrefillProgress
 
+# Tokens per prefill forward (engine/generate.py reads the prompt in chunks of this size; the model
+# also polls the cancel token per layer). Here, in a module without numpy, so the window can know
+# it before the engine is loaded.
+PREFILL_CHUNK = 256
+
 # What one attention multiply-add (q.k, p.v over the f16 KV cache) costs against one of the weight
 # matmuls (quantized, VNNI), in this engine: per chunk CPU time on the 2-core development VM put
 # r at ~3.0e-4 for gemma-3-270m (3 of its 18 layers attend to the whole prompt, the others to a
