@@ -20,6 +20,7 @@ from engine.gguf import open_gguf
 from engine.kernels.jit_backend import JitBackend
 from engine.kernels.reference import ReferenceBackend
 from engine.models import build_model
+from engine.models.decode_plan import DECODE_STEPS_ENV
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CLEAR_MARGIN = 0.5  # int8 activations can swap near-ties; compare greedy steps clearer than this
@@ -119,6 +120,9 @@ def test_tiny_hf_model_on_jit_ops_matches_reference(jit, monkeypatch, name):
     monkeypatch.setattr(jit, "linear", lambda w, x, out=None: reference_linear(w, x, out=out))
     # the projections sharing an input (q/k/v, gate/up) go through linear_many, not linear
     monkeypatch.setattr(jit, "linear_many", reference_linear_many)
+    # The recorded decode plan runs native mat-vec steps, never jit.linear, so the swap above
+    # would not reach decode: check the op loop here (plan == loop: test_decode_plan_all_archs).
+    monkeypatch.setenv(DECODE_STEPS_ENV, "0")
     ops_only = build_model(gguf_file, backend=jit)
     oc = ops_only.new_cache(40)
     got = [ops_only.forward(tokens[:12], oc)] + [ops_only.forward([t], oc) for t in tokens[12:]]
@@ -170,6 +174,9 @@ def test_gpt_oss_runs_sinks_and_clamped_swiglu_in_jit_kernels(jit, monkeypatch, 
     monkeypatch.setattr(jit, "linear", lambda w, x, out=None: reference_linear(w, x, out=out))
     # the projections sharing an input (q/k/v, gate/up) go through linear_many, not linear
     monkeypatch.setattr(jit, "linear_many", reference_linear_many)
+    # The recorded decode plan runs native mat-vec steps, never jit.linear, so the swap above
+    # would not reach decode: check the op loop here (plan == loop: test_decode_plan_all_archs).
+    monkeypatch.setenv(DECODE_STEPS_ENV, "0")
     monkeypatch.setattr(jit, "fallbacks", {})
     fast = build_model(gguf_file, backend=jit)
     fc = fast.new_cache(32)
