@@ -680,18 +680,7 @@ class ChatSession(QObject):
         Finished the engine gives for a Stop before its prompt was read, through the same path,
         so the reply is saved as cancelled and the queue and busy state follow as after any Stop."""
         info = self.controller.model
-        nothing = Usage(
-            prompt_tokens=0,
-            completion_tokens=0,
-            cached_tokens=None,
-            prefill_ms=0.0,
-            decode_ms=0.0,
-            ttft_ms=0.0,
-            prompt_tok_s=0.0,
-            decode_tok_s=0.0,
-            context_used=0,
-            context_limit=info.n_ctx if info is not None else 0,
-        )
+        nothing = Usage.nothing_read(info.n_ctx if info is not None else 0)
         self._on_finished(Finished(finish_reason=FINISH_CANCELLED, usage=nothing, text=""))
 
     def _estimate_prompt_tokens(self, cid: int, request: GenerationRequest) -> int:

@@ -142,6 +142,22 @@ class Usage:
     # see which (a server's "cancelled" is an error here, not the user's Stop). None: local reply.
     server_finish_reason: str | None = None
 
+    @classmethod
+    def nothing_read(cls, context_limit: int) -> Usage:
+        """A request that ended before its prompt was read (a Stop before it started)."""
+        return cls(
+            prompt_tokens=0,
+            completion_tokens=0,
+            cached_tokens=None,
+            prefill_ms=0.0,
+            decode_ms=0.0,
+            ttft_ms=0.0,
+            prompt_tok_s=0.0,
+            decode_tok_s=0.0,
+            context_used=0,
+            context_limit=context_limit,
+        )
+
     @property
     def acceptance_rate(self) -> float | None:
         if not self.draft_tokens_proposed:

@@ -380,18 +380,7 @@ def generate(
 
 
 def cancelled_before_the_prompt(lm: LanguageModel) -> Finished:
-    nothing = Usage(
-        prompt_tokens=0,
-        completion_tokens=0,
-        cached_tokens=None,
-        prefill_ms=0.0,
-        decode_ms=0.0,
-        ttft_ms=0.0,
-        prompt_tok_s=0.0,
-        decode_tok_s=0.0,
-        context_used=0,
-        context_limit=lm.n_ctx,
-    )
+    nothing = Usage.nothing_read(lm.n_ctx)
     return Finished(finish_reason=FINISH_CANCELLED, usage=nothing, text="")
 
 
