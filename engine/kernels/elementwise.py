@@ -174,8 +174,14 @@ def glu_ir(kind: str) -> str:
 def add_ir() -> str:
     """out = a + b over `count` floats (the residual adds and bias adds of a decode step; the
     same IEEE sums numpy's `+=` gives)."""
+    return binary_f32_ir("add_f32", "fadd", AddSlots)
+
+
+def binary_f32_ir(name: str, instruction: str, s: type[AddSlots]) -> str:
+    """`out = a <instruction> b` over `count` floats, 16 lanes at a time with a masked tail, the
+    threads taking contiguous ranges. `s` names the slots A, B, OUT and COUNT of the block (any
+    class with AddSlots' layout)."""
     f = Fn()
-    s = AddSlots
     a, b, out = (f.arg("%args", i, "ptr") for i in (s.A, s.B, s.OUT))
     count = f.arg("%args", s.COUNT)
     c0, c1 = thread_range(f, count, "%tid", "%nth", 16)
@@ -186,13 +192,13 @@ def add_ir() -> str:
     f("br i1 %more, label %b, label %exit")
     f.put_label("b")
     m = mask16(f, "%i", c1)
-    y = f.op(f"fadd {V16F} {masked_load16(f, a, '%i', m)}, {masked_load16(f, b, '%i', m)}")
+    y = f.op(f"{instruction} {V16F} {masked_load16(f, a, '%i', m)}, {masked_load16(f, b, '%i', m)}")
     masked_store16(f, y, out, "%i", m)
     f("%i_next = add i64 %i, 16")
     f("br label %h")
     f.put_label("exit")
     f("ret void")
-    return f"define void @add_f32(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+    return f"define void @{name}(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
 
 
 def kv_store_ir() -> str:

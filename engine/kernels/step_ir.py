@@ -13,14 +13,13 @@ Argument slots: `MulSlots`, `KvStoreQ8Slots`.
 
 from __future__ import annotations
 
-from engine.kernels.ir import Fn, thread_range
-from engine.kernels.vec16 import MASKED_F32_DECLS, V16F, mask16, masked_load16, masked_store16
+from engine.kernels.elementwise import AddSlots, binary_f32_ir
+from engine.kernels.ir import Fn
+from engine.kernels.vec16 import MASKED_F32_DECLS, V16F
 
 
-class MulSlots:
-    """mul_f32: a, b, out (f32), count; SIZE: block length."""
-
-    A, B, OUT, COUNT, SIZE = range(5)
+class MulSlots(AddSlots):
+    """mul_f32: a, b, out (f32), count; SIZE: block length (add_f32's layout)."""
 
 
 class KvStoreQ8Slots:
@@ -32,25 +31,7 @@ class KvStoreQ8Slots:
 
 def mul_ir() -> str:
     """out = a * b over `count` floats."""
-    f = Fn()
-    s = MulSlots
-    a, b, out = (f.arg("%args", i, "ptr") for i in (s.A, s.B, s.OUT))
-    count = f.arg("%args", s.COUNT)
-    c0, c1 = thread_range(f, count, "%tid", "%nth", 16)
-    f("br label %h")
-    f.put_label("h")
-    f(f"%i = phi i64 [{c0}, %entry], [%i_next, %b]")
-    f(f"%more = icmp ult i64 %i, {c1}")
-    f("br i1 %more, label %b, label %exit")
-    f.put_label("b")
-    m = mask16(f, "%i", c1)
-    y = f.op(f"fmul {V16F} {masked_load16(f, a, '%i', m)}, {masked_load16(f, b, '%i', m)}")
-    masked_store16(f, y, out, "%i", m)
-    f("%i_next = add i64 %i, 16")
-    f("br label %h")
-    f.put_label("exit")
-    f("ret void")
-    return f"define void @mul_f32(ptr %args, i32 %tid, i32 %nth) {{\nentry:\n{f.text()}\n}}\n"
+    return binary_f32_ir("mul_f32", "fmul", MulSlots)
 
 
 def _half_bits(f: Fn, x: str) -> str:
