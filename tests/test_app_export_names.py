@@ -1,6 +1,8 @@
 """Export file names: a chat title longer than the file system's 255-byte name limit must still
 export (issue 17), cut on a character boundary with the extension kept."""
 
+from pathlib import Path
+
 from PySide6.QtWidgets import QFileDialog
 
 from app.export import export_file_name, truncate_file_name
@@ -27,7 +29,10 @@ def test_chat_with_a_long_title_exports_through_the_dialog(qtbot, tmp_path, monk
     window.session.rename_conversation(cid, LONG_ACCENTED_TITLE)
     suggested = []
 
-    def fake_dialog(parent, caption, name, filters):
+    def fake_dialog(parent, caption, start, filters):
+        # offered in a real folder (file_dialogs.start_folder), never the working directory
+        assert Path(start).is_absolute() and Path(start).parent.is_dir()
+        name = Path(start).name
         suggested.append(name)
         return str(tmp_path / "exports" / name), filters
 

@@ -44,8 +44,9 @@ def add_chats(window, n=3, project=None):
 def save_to(monkeypatch, path):
     asked = []
 
-    def fake_dialog(parent, caption, name, filters):
-        asked.append((name, filters))
+    def fake_dialog(parent, caption, start, filters):
+        assert Path(start).is_absolute()  # a real folder (file_dialogs), not the working directory
+        asked.append((Path(start).name, filters))
         return str(path), filters
 
     monkeypatch.setattr(QFileDialog, "getSaveFileName", fake_dialog)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QObject
-from PySide6.QtWidgets import QFileDialog, QWidget
+from PySide6.QtWidgets import QWidget
 
 from app.archive_import import read_archive
 from app.export import export_file_name
@@ -25,6 +25,7 @@ from app.export_job import ExportFormat, ExportScope, exported, snapshot_chats
 from app.export_runner import ExportRunner
 from app.store import Store
 from app.views.export_dialog import ExportDialog
+from app.views.file_dialogs import save_file
 
 ALL_CHATS_NAME = "LocalChat chats"
 
@@ -108,7 +109,7 @@ class ExportFeature(QObject):
 
     def _on_export_requested(self, scope_value: str, format_value: str) -> None:
         scope, export_format = ExportScope(scope_value), ExportFormat(format_value)
-        path, _ = QFileDialog.getSaveFileName(
+        path = save_file(
             self.dialog,
             "Export and share",
             self.suggested_name(scope, export_format),

@@ -18,7 +18,6 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (
     QDialog,
-    QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -35,6 +34,7 @@ from PySide6.QtWidgets import (
 from app.compare import ColumnSpec, CompareRun, Divergence, confidence
 from app.features.prefill_progress import prefill_running
 from app.preset_state import format_value, parse_value
+from app.views.file_dialogs import open_file
 from engine.events import TokenSampled
 
 SHADE = QColor(255, 160, 0)  # amber: uncertain tokens
@@ -268,9 +268,7 @@ class CompareDialog(QDialog):
     def _ask_file(self, index: int) -> None:
         loaded = self.run.controller.model
         start = str(Path(loaded.path).parent) if loaded is not None else ""
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Answer with another model file", start, "GGUF models (*.gguf)"
-        )
+        path = open_file(self, "Answer with another model file", "GGUF models (*.gguf)", start)
         if path:
             self.set_column_model(index, path)
 

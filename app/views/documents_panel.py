@@ -22,7 +22,6 @@ from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QComboBox,
-    QFileDialog,
     QInputDialog,
     QLabel,
     QMenu,
@@ -37,6 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.theme import text_color
+from app.views.file_dialogs import open_files, open_folder
 from app.views.flow_layout import FlowLayout
 
 NO_COLLECTION = ""  # the combo's data for "no documents in this chat"
@@ -290,12 +290,12 @@ class DocumentsPanel(QWidget):
             self.collectionChosen.emit(str(data))
 
     def _choose_files(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files to this chat")
+        paths = open_files(self, "Attach files to this chat")
         if paths:
             self.filesChosen.emit(paths)
 
     def _choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Attach a folder to this chat")
+        path = open_folder(self, "Attach a folder to this chat")
         if path:
             self.filesChosen.emit([path])
 
@@ -324,12 +324,12 @@ class AttachButton(QToolButton):
         self.setMenu(menu)
 
     def _files(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files to this chat")
+        paths = open_files(self, "Attach files to this chat")
         if paths:
             self.filesChosen.emit(paths)
 
     def _folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Attach a folder to this chat")
+        path = open_folder(self, "Attach a folder to this chat")
         if path:
             self.filesChosen.emit([path])
 

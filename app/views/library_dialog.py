@@ -14,7 +14,6 @@ from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
-    QFileDialog,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -29,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.theme import text_color
+from app.views.file_dialogs import open_folder
 from app.views.size_format import human_size
 from engine.types import ModelFileSummary
 
@@ -244,7 +244,7 @@ class LibraryDialog(QDialog):
 
     # --- folders ----------------------------------------------------------------------------
     def ask_add_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Add a folder of GGUF models")
+        path = open_folder(self, "Add a folder of GGUF models")
         if path:
             self.add_folder(path)
 

@@ -15,7 +15,6 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QCheckBox,
-    QFileDialog,
     QHBoxLayout,
     QInputDialog,
     QLabel,
@@ -67,6 +66,7 @@ from app.views.connections_dialog import ConnectionsDialog
 from app.views.documents_panel import AttachButton, DocumentsPanel
 from app.views.download_panel import DownloadPanel
 from app.views.elided_label import ElidedLabel
+from app.views.file_dialogs import open_file, save_file
 from app.views.json_mode_bar import JsonModeBar
 from app.views.library_dialog import LibraryDialog
 from app.views.model_bar import ModelBar
@@ -974,7 +974,7 @@ class MainWindow(QMainWindow):
     # --- export ---------------------------------------------------------------------------------
     def ask_export(self) -> None:
         conv = self.store.conversation(self.session.ensure_conversation())
-        path, _ = QFileDialog.getSaveFileName(
+        path = save_file(
             self, "Export chat", export_file_name(conv.title), "Markdown (*.md);;JSON (*.json)"
         )
         if path:
@@ -1005,9 +1005,7 @@ class MainWindow(QMainWindow):
             self.state_label.setText(f"Exported to {Path(path).name}")
 
     def ask_import(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Import chat", "", "LocalChat export (*.json *.zip);;All files (*)"
-        )
+        path = open_file(self, "Import chat", "LocalChat export (*.json *.zip);;All files (*)")
         if path:
             self.import_from(path)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
-    QFileDialog,
     QHBoxLayout,
     QLabel,
     QMenu,
@@ -17,6 +16,8 @@ from PySide6.QtWidgets import (
     QToolButton,
     QWidget,
 )
+
+from app.views.file_dialogs import open_file
 
 PANEL_GLYPHS = ("◧", "◨")  # the chats list (left) and the side panel (right)
 
@@ -121,9 +122,7 @@ class ModelBar(QWidget):
         return [a.data() for a in self.remote_menu.actions() if a.data()]
 
     def ask_open(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Open a GGUF model", "", "GGUF models (*.gguf);;All files (*)"
-        )
+        path = open_file(self, "Open a GGUF model", "GGUF models (*.gguf);;All files (*)")
         if path:
             self.openRequested.emit(path)
 
