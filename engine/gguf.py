@@ -517,38 +517,9 @@ class _HeaderParser:
             )
         return [self._array(f"{key}[{i}]", depth + 1)[0] for i in range(length)], element_type
 
-    def _string_array(self, key: str, length: int) -> list[str]:
-        # The hot loop of loading a model (262k tokens for Gemma): keep it to plain struct calls.
-        buf, size, pos = self.buf, self.size, self.pos
-        unpack_len = struct.Struct("<Q").unpack_from
-        out: list[str] = []
-        append = out.append
-        for i in range(length):
-            if pos + 8 > size:
-                self.pos = pos
-                self._need(8, f"length of {key}[{i}]")
-            (n,) = unpack_len(buf, pos)
-            pos += 8
-            if n > MAX_STRING_BYTES:
-                self.pos = pos
-                raise self._fail(
-                    f"{key}[{i}] claims {n} bytes (at most {MAX_STRING_BYTES} allowed; corrupt file?)"
-                )
-            if pos + n > size:
-                self.pos = pos
-                self._need(n, f"{key}[{i}] ({n} bytes)")
-            try:
-                append(buf[pos : pos + n].decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise self._fail(f"{key}[{i}] is not valid UTF-8 ({exc.reason})") from None
-            pos += n
-        self.pos = pos
-        return out
-
-    def _flat_string_array(self, key: str, length: int) -> StringArray:
-        """A StringArray of the strings at self.pos, with the same bounds checks and messages as
-        _string_array (which it calls again for the message when a string is not UTF-8)."""
-        start = self.pos
+    def _string_lengths(self, key: str, length: int) -> tuple[np.ndarray, int]:
+        """The byte lengths of the `length` strings at self.pos and the position after them,
+        every length field and string bounds-checked (errors name the element)."""
         buf, size, pos = self.buf, self.size, self.pos
         unpack_len = struct.Struct("<Q").unpack_from
         lengths = np.empty(length, dtype=np.int64)
@@ -568,6 +539,29 @@ class _HeaderParser:
                 self._need(n, f"{key}[{i}] ({n} bytes)")
             lengths[i] = n
             pos += n
+        return lengths, pos
+
+    def _string_array(self, key: str, length: int) -> list[str]:
+        """The strings at self.pos as Python strings (short arrays; long ones are flat)."""
+        lengths, end = self._string_lengths(key, length)
+        buf, pos = self.buf, self.pos
+        out: list[str] = []
+        for i, n in enumerate(lengths.tolist()):
+            pos += 8
+            try:
+                out.append(buf[pos : pos + n].decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise self._fail(f"{key}[{i}] is not valid UTF-8 ({exc.reason})") from None
+            pos += n
+        self.pos = end
+        return out
+
+    def _flat_string_array(self, key: str, length: int) -> StringArray:
+        """A StringArray of the strings at self.pos, with the same bounds checks and messages as
+        _string_array (which it calls again for the message when a string is not UTF-8)."""
+        start = self.pos
+        buf = self.buf
+        lengths, pos = self._string_lengths(key, length)
         # The strings without their 8-byte length fields, gathered by numpy in one pass.
         # A length field opens at each field start and closes 8 bytes later (which can be the
         # next field's start, for an empty string: hence add.at, not assignment).
